@@ -1,0 +1,3 @@
+from cramlm.cli import main
+
+main()

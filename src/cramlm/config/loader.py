@@ -1,0 +1,200 @@
+"""Resolve a config from YAML presets, group selections and ``key=value`` overrides.
+
+The command line follows cramming (Hydra): ``arch=crammed-bert`` selects the preset
+``recipes/arch/crammed-bert.yaml`` for the group ``arch`` (a path to a YAML file works too), and
+``train.optim.lr=1e-4`` sets one value. Values are parsed as YAML (``1e-4`` is a float, ``[a,b]`` a
+list, ``null`` is None). Every error names the full key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ValidationError
+
+from cramlm.config.base import ComponentConfig
+
+GROUPS = ("arch", "train", "data", "eval", "impl")
+
+
+class ConfigError(ValueError):
+    """A config could not be resolved; the message names the key path (and a close match)."""
+
+
+def recipes_dir() -> Path:
+    return Path(str(resources.files("cramlm") / "recipes"))
+
+
+def available_presets(group: str) -> list[str]:
+    folder = recipes_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_yaml(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what}: invalid YAML in {path}: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: {path} must hold a mapping, not {type(data).__name__}")
+    return data
+
+
+def load_preset(group: str, name: str) -> dict[str, Any]:
+    """``name`` is a preset of ``group`` or a path to a YAML file."""
+    path = Path(name).expanduser()
+    if name.endswith((".yaml", ".yml")) and path.is_file():
+        return load_yaml(path, group)
+    path = recipes_dir() / group / f"{name}.yaml"
+    if not path.is_file():
+        known = available_presets(group)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"{group}: no preset '{name}'; available: {', '.join(known)}.{hint}")
+    return load_yaml(path, group)
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and "type" not in value:
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value (e.g. train.optim.lr=1e-4)")
+    key, raw = text.split("=", 1)
+    key = key.strip().lstrip("+")
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}': empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for i, part in enumerate(path[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a mapping")
+        node = child
+    node[path[-1]] = value
+
+
+def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply group selections then key overrides to a command's ``defaults`` (a dict whose group
+    keys hold preset names)."""
+    tree = dict(defaults)
+    parsed = [parse_override(o) for o in overrides]
+    for path, value in parsed:  # group selections first, whatever their order on the command line
+        if len(path) == 1 and path[0] in GROUPS and isinstance(value, str):
+            tree[path[0]] = value
+    for group in GROUPS:
+        if isinstance(tree.get(group), str):
+            tree[group] = load_preset(group, tree[group])
+    for path, value in parsed:
+        if len(path) == 1 and path[0] in GROUPS and isinstance(value, str):
+            continue
+        set_path(tree, path, value)
+    try:  # OmegaConf resolves ${...} interpolations between keys, e.g. ${data.seq_length}
+        return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{getattr(e, 'full_key', '') or 'config'}: {e.msg if hasattr(e, 'msg') else e}") from None
+
+
+# ---------------------------------------------------------------- validation with full key paths
+
+
+def _unwrap(annotation: Any) -> list[type]:
+    """Model classes an annotation can hold (through Optional, list, Annotated, ...)."""
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+    return [c for arg in typing.get_args(annotation) for c in _unwrap(arg)]
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...], data: Any) -> type[BaseModel] | None:
+    """The config class that owns the key at ``loc[-1]`` (for close-match hints)."""
+    cls: type[BaseModel] | None = root
+    node = data
+    for part in loc[:-1]:
+        if cls is None:
+            return None
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            continue
+        field = cls.model_fields.get(part)
+        node = node.get(part) if isinstance(node, dict) else None
+        if field is None:
+            return None
+        candidates = _unwrap(field.annotation)
+        cls = candidates[0] if candidates else None
+        if cls is not None and issubclass(cls, ComponentConfig) and isinstance(node, dict):
+            from cramlm.config.registry import config_class
+
+            try:
+                cls = config_class(cls.kind, node.get("type"))
+            except KeyError:
+                return cls
+    return cls
+
+
+def format_errors(root: type[BaseModel], err: ValidationError, data: Any, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        path = prefix + ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(root, loc, data)
+            known = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            hint = f" Did you mean '{path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}'?" if close else ""
+            lines.append(f"{path}: unknown key.{hint} Known keys here: {', '.join(known)}")
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            got = e.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            lines.append(f"{path or '<root>'}: {msg}{shown}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def validate(root: type[BaseModel], data: dict[str, Any]) -> BaseModel:
+    """Validate ``data`` into ``root``; any error becomes a ConfigError naming the key paths."""
+    from cramlm.config.registry import RegistryError, load_builtins, load_plugins
+
+    load_builtins()
+    load_plugins(list(data.get("plugins") or []))
+    try:
+        return root.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_errors(root, err, data)) from None
+    except RegistryError as err:  # raised by load_plugins
+        raise ConfigError(str(err)) from None
+
+
+def resolve(root: type[BaseModel], defaults: dict[str, Any], overrides: list[str]) -> BaseModel:
+    return validate(root, compose(defaults, overrides))
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,106 @@
+"""A small, explicit registry: (kind, type name) -> (config class, builder).
+
+Kinds used by cramlm: ``model``, ``optimizer``, ``schedule``, ``source``, ``dataset``. Registering
+a component from your own module::
+
+    from cramlm.config import register, ComponentConfig
+
+    class MyModelConfig(ModelConfig):
+        type: Literal["my-model"] = "my-model"
+        width: int = 256
+
+    @register("model", "my-model", MyModelConfig)
+    def build_my_model(cfg: MyModelConfig, vocab_size: int) -> torch.nn.Module: ...
+
+and then ``cramlm pretrain plugins=[my_package.my_module] arch.type=my-model`` (or set the
+``CRAMLM_PLUGINS`` environment variable to a comma-separated list of modules).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cramlm.config.base import ComponentConfig
+
+
+@dataclass(frozen=True)
+class Entry:
+    config: type[ComponentConfig]
+    builder: Callable[..., Any]
+
+
+_REGISTRY: dict[str, dict[str, Entry]] = {}
+# Modules that register cramlm's own components; imported lazily so that `import cramlm` and
+# `cramlm --help` stay fast.
+_BUILTIN_MODULES = (
+    "cramlm.models",
+    "cramlm.train.optim",
+    "cramlm.train.schedules",
+    "cramlm.data.sources",
+)
+_loaded_builtins = False
+
+
+class RegistryError(ValueError):
+    """Unknown or clashing registration (a ValueError, so config validation reports its key path)."""
+
+
+def register(kind: str, name: str, config: type[ComponentConfig]):
+    """Decorator registering ``builder`` under ``(kind, name)`` with its config class."""
+
+    def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
+        section = _REGISTRY.setdefault(kind, {})
+        if name in section and section[name].builder is not builder:
+            raise RegistryError(f"{kind} '{name}' is already registered by {section[name].builder!r}")
+        section[name] = Entry(config, builder)
+        return builder
+
+    return wrap
+
+
+def load_builtins() -> None:
+    global _loaded_builtins
+    if not _loaded_builtins:
+        _loaded_builtins = True
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+        load_plugins(os.environ.get("CRAMLM_PLUGINS", "").split(","))
+
+
+def load_plugins(modules: list[str]) -> None:
+    for module in modules:
+        module = module.strip()
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise RegistryError(f"plugins: cannot import '{module}': {e}") from e
+
+
+def names(kind: str) -> list[str]:
+    load_builtins()
+    return sorted(_REGISTRY.get(kind, {}))
+
+
+def entry(kind: str, name: str | None) -> Entry:
+    load_builtins()
+    section = _REGISTRY.get(kind, {})
+    if name not in section:
+        known = sorted(section)
+        close = difflib.get_close_matches(str(name), known, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise RegistryError(f"unknown {kind} type '{name}'; registered: {', '.join(known)}.{hint}")
+    return section[name]
+
+
+def config_class(kind: str, name: str | None) -> type[ComponentConfig]:
+    return entry(kind, name).config
+
+
+def build(kind: str, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> Any:
+    """Build the component described by ``cfg`` (its ``type`` selects the builder)."""
+    return entry(kind, cfg.type).builder(cfg, *args, **kwargs)

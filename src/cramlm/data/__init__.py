@@ -1,0 +1,1 @@
+"""The data stage: sources -> tokenizer -> packed tokens -> datasets and collators."""

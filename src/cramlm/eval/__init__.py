@@ -1,0 +1,1 @@
+"""The evaluation stage: labelled tasks, fine-tuning, metrics."""

@@ -1,0 +1,1 @@
+"""The training stage: budget, schedules, optimizers, the loop, checkpoints."""
