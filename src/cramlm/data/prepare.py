@@ -43,6 +43,17 @@ class DataConfig(Config):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+class PrepareConfig(Config):
+    """Root config of ``cramlm data prepare`` (same keys as in ``cramlm pretrain``)."""
+
+    data: DataConfig = DataConfig()
+    cache: str = "outputs/data"
+    plugins: list[str] = []
+
+
+PREPARE_DEFAULTS: dict = {"data": "default"}
+
+
 @dataclass
 class PreparedData:
     folder: Path

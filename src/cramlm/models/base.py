@@ -3,13 +3,17 @@ logic inside; the trainer only calls ``model(**batch)["loss"]``."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from cramlm.config.base import ComponentConfig
 
 
 class ModelConfig(ComponentConfig):
     kind: ClassVar[str] = "model"
+    # the pretraining objective the model's forward computes from a batch: masked LM (batch has
+    # input_ids + labels with -100 at unscored positions) or causal LM (input_ids + labels shifted
+    # inside the model). The data stage builds batches to match.
+    objective: ClassVar[Literal["mlm", "clm"]] = "mlm"
     max_seq_length: int = 128
 
 

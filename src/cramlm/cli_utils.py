@@ -1,0 +1,49 @@
+"""Helpers shared by the subcommands of ``cramlm`` (each stage defines its own in ``<stage>/cli.py``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import click
+
+# ignore_unknown_options lets `key=value` overrides through untouched
+OVERRIDES = {"help_option_names": ["-h", "--help"], "ignore_unknown_options": True}
+
+# command name -> "module:ROOT_CLASS:DEFAULTS"; resolved lazily so `cramlm --help` stays fast
+COMMAND_CONFIGS: dict[str, str] = {
+    "pretrain": "cramlm.pretrain:PretrainConfig:DEFAULTS",
+    "eval": "cramlm.evaluate:EvalRunConfig:DEFAULTS",
+    "data": "cramlm.data.prepare:PrepareConfig:PREPARE_DEFAULTS",
+}
+
+
+def command_spec(command: str) -> tuple[type, dict[str, Any]]:
+    if command not in COMMAND_CONFIGS:
+        raise click.BadParameter(f"unknown command '{command}'; choose {', '.join(COMMAND_CONFIGS)}")
+    module, root, defaults = COMMAND_CONFIGS[command].split(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, root), getattr(mod, defaults)
+
+
+def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str]):
+    """The validated root config of ``command``; a config error exits with its message."""
+    from cramlm.config.loader import ConfigError, resolve
+
+    root, defaults = command_spec(command)
+    try:
+        return resolve(root, defaults, list(overrides))
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a stage; expected failures (bad data, bad files, bad values) print one clear line, exit 1."""
+    from cramlm.data.packed import PackedFormatError
+    from cramlm.data.sources import DataError
+    from cramlm.eval.tasks import TaskError
+
+    try:
+        return fn(*args)
+    except (DataError, PackedFormatError, TaskError, FileNotFoundError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
