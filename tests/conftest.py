@@ -1,0 +1,43 @@
+"""Shared fixtures. Everything runs offline and on CPU, with tiny configs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# overrides that make `cramlm pretrain` tiny and quick (a few seconds on 2 cores)
+TINY_PRETRAIN = [
+    "arch.hidden_size=32",
+    "arch.num_layers=2",
+    "arch.num_heads=2",
+    "arch.intermediate_size=64",
+    "arch.max_seq_length=32",
+    "data.seq_length=32",
+    "data.tokenizer.vocab_size=512",
+    "data.max_entries_in_raw_dataset=20",
+    "train.batch_size=8",
+    "impl.microbatch_size=8",
+    "impl.progress=false",
+]
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """../shared/data when present (tests using it skip cleanly without it)."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip("shared/data not available")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    """Run in a fresh temporary working directory (outputs/ lands there)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
