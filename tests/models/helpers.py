@@ -9,7 +9,7 @@ from cramlm.config.registry import config_class
 from cramlm.models import build_model
 from cramlm.models.transformer import TransformerConfig
 
-VOCAB = 97
+VOCAB = 300
 # small widths applied to every preset: same choices, seconds on 2 cores
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_seq_length=64, dropout=0.0, attention_dropout=0.0)
 
