@@ -11,6 +11,7 @@ import click
 from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
 from cramlm.data.cli import data
 from cramlm.eval.cli import eval_command
+from cramlm.models.cli import export
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,6 +49,7 @@ def config_show(command: str, overrides: tuple[str, ...]) -> None:
 
 main.add_command(data)
 main.add_command(eval_command)
+main.add_command(export)
 
 if __name__ == "__main__":
     main()

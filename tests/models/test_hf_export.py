@@ -89,3 +89,17 @@ def test_import_real_minilm_checkpoint():
     reference = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
     with torch.no_grad():
         torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,auto", [("crammed-bert-tiny", "AutoModelForMaskedLM"), ("gpt2-tiny", "AutoModelForCausalLM")])
+def test_remote_code_export_gives_the_same_logits(name, auto, tokenizer, tmp_path):
+    overrides = {"norm": "rmsnorm"} if name == "gpt2-tiny" else {}  # a GPT-2 no stock class matches
+    model = tiny_model(name, **overrides)
+    assert stock_architecture(model.cfg) is None
+    cls = export_hf(model, tokenizer, tmp_path)
+    assert cls.startswith("Cramlm") and (tmp_path / "modeling_cramlm.py").is_file()
+    hf = getattr(transformers, auto).from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert type(hf).__name__ == cls
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, model(ids)["logits"], rtol=1e-4, atol=1e-4)

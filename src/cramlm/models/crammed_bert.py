@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.layers import ACTIVATIONS, IGNORE_INDEX, Trunk, init_weights, make_norm
+from cramlm.models.layers import IGNORE_INDEX, MLMHead, Trunk, init_weights
 from cramlm.models.transformer import TransformerConfig, trunk_flops_per_token
 
 __all__ = ["CrammedBert", "CrammedBertConfig", "IGNORE_INDEX"]
@@ -29,20 +29,6 @@ class CrammedBertConfig(TransformerConfig):
     bias: bool = False
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
     sparse_prediction: bool = True  # run the MLM head only where labels != -100
-
-
-class MLMHead(nn.Module):
-    """dense -> activation -> norm -> decoder to the vocabulary (BERT's and cramming's head)."""
-
-    def __init__(self, cfg: CrammedBertConfig, vocab_size: int):
-        super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.act = ACTIVATIONS[cfg.activation]
-        self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
-        self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
-        return self.decoder(self.norm(self.act(self.dense(hidden))))
 
 
 class CrammedBert(nn.Module):

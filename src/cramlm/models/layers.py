@@ -70,8 +70,11 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
+
+    def inverse_frequencies(self) -> torch.Tensor:  # (D/2,)
+        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = position_ids[..., None].float() * self.inv_freq  # (B or 1, T, D/2)
@@ -238,6 +241,20 @@ class Trunk(nn.Module):
         for block in self.blocks:
             x = block(x, mask, rotary, is_causal)
         return self.final_norm(x)
+
+
+class MLMHead(nn.Module):
+    """dense -> activation -> norm -> decoder to the vocabulary (BERT's and cramming's head)."""
+
+    def __init__(self, cfg, vocab_size: int):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.act = ACTIVATIONS[cfg.activation]
+        self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
 
 
 def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:
