@@ -11,7 +11,7 @@ import torch
 from tests.models.helpers import random_ids, tiny_model
 
 
-@pytest.mark.parametrize("name", ["crammed-bert-tiny", "gpt2-tiny", "llama-tiny"]  # one per registered type)
+@pytest.mark.parametrize("name", ["crammed-bert-tiny", "gpt2-tiny", "llama-tiny"])  # one per registered type
 def test_model_compiles_and_matches_eager(name):
     torch._dynamo.reset()
     model = tiny_model(name).train()
