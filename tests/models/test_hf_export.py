@@ -103,3 +103,9 @@ def test_remote_code_export_gives_the_same_logits(name, auto, tokenizer, tmp_pat
     ids = random_ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, model(ids)["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_import_from_the_hub_offline_fails_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="hf://cramlm-test/not-cached"):
+        import_hf_bert("hf://cramlm-test/not-cached")

@@ -159,3 +159,26 @@ def test_token_classifier_ignores_unscored_positions():
     assert out["logits"].shape == (2, 10, 5)
     manual = torch.nn.functional.cross_entropy(out["logits"][:, 1:].reshape(-1, 5), labels[:, 1:].reshape(-1))
     torch.testing.assert_close(out["loss"], manual)
+
+
+def test_weight_tying_and_init_schemes():
+    gpt = tiny_model("gpt2-tiny", num_layers=8, hidden_size=256, intermediate_size=1024)
+    assert gpt.lm_head.weight is gpt.trunk.tokens.weight
+    llama = tiny_model("llama-tiny")
+    assert llama.lm_head.weight is not llama.trunk.tokens.weight  # llama presets are untied
+    block = gpt.trunk.blocks[0]
+    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    scaled = 0.02 / (2 * 8) ** 0.5  # GPT-2: residual outputs get std / sqrt(2 L)
+    assert block.attn.out.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    assert block.ffn.down.weight.std().item() == pytest.approx(scaled, rel=0.05)
+    bert = tiny_model("crammed-bert-tiny", hidden_size=256, intermediate_size=1024)  # init: normal
+    assert bert.trunk.blocks[0].attn.out.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_config_rejects_inconsistent_shapes():
+    from pydantic import ValidationError
+
+    from tests.models.helpers import preset
+
+    with pytest.raises(ValidationError, match="do not divide"):
+        preset("llama-tiny", num_kv_heads=3)
