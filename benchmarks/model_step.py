@@ -5,7 +5,8 @@ width, depth, heads, FFN width and vocabulary, on the same MLM batch, in the sam
     python benchmarks/model_step.py --sizes base --steps 5 --batch 8 --profile
 
 Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
-processes hits both alike; the median step time is reported. Both run in fp32 without dropout
+processes hits both alike; tokens/s come from the best step of each (the least disturbed), the
+median is reported beside it. Both run in fp32 without dropout
 (cramming pretrains without it); both get 25% of positions scored (cramming's masking rate), which
 crammed-bert's sparse prediction exploits and BERT's dense head cannot.
 """
@@ -70,7 +71,9 @@ def bench_size(size: str, args) -> dict:
         times["crammed-bert"].append(step(ours, batch))
         times["hf-bert"].append(step(theirs, batch))
     tokens = args.batch * args.seq
-    tps = {k: tokens / statistics.median(v) for k, v in times.items()}
+    # best step: the one least disturbed by other processes (timeit's rule); median for the record
+    tps = {k: tokens / min(v) for k, v in times.items()}
+    tps_median = {k: tokens / statistics.median(v) for k, v in times.items()}
     params = {"crammed-bert": sum(p.numel() for p in ours.parameters()),
               "hf-bert": sum(p.numel() for p in theirs.parameters())}
     model = ours._orig_mod if args.compile else ours
@@ -85,6 +88,8 @@ def bench_size(size: str, args) -> dict:
         "steps": args.steps, "compile": args.compile, "threads": torch.get_num_threads(),
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "speedup": round(tps["crammed-bert"] / tps["hf-bert"], 3),
+        "tokens_per_s_median": {k: round(v, 1) for k, v in tps_median.items()},
+        "speedup_median": round(tps_median["crammed-bert"] / tps_median["hf-bert"], 3),
         "params_M": {k: round(v / 1e6, 2) for k, v in params.items()},
         "train_gflop_per_token": {"crammed-bert": round(model.flops_per_token(args.seq, rate) / 1e9, 4),
                                   "hf-bert": round(bert_flops / 1e9, 4)},
@@ -116,11 +121,11 @@ def main() -> None:
     args = parser.parse_args()
     results = [bench_size(size, args) for size in args.sizes]
     print(json.dumps(results, indent=2))
-    print("\n| size | hidden x layers | crammed-bert tokens/s | HF BertForMaskedLM tokens/s | speedup | FLOP ratio |")
-    print("|---|---|---|---|---|---|")
+    print("\n| size | hidden x layers | crammed-bert tokens/s | HF BertForMaskedLM tokens/s | speedup (best) | speedup (median) | FLOP ratio |")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         t = r["tokens_per_s"]
-        print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | {r['flop_ratio']:.2f} |")
+        print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | {r['speedup_median']:.2f}x | {r['flop_ratio']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
