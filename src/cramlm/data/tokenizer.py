@@ -49,9 +49,18 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    tok.model = models.WordPiece(canonical_vocab(tok.get_vocab()), unk_token="[UNK]", max_input_chars_per_word=100)
     add_bert_template(tok)
     check_special_ids(tok, "trained tokenizer")
     return tok
+
+
+def canonical_vocab(vocab: dict[str, int]) -> dict[str, int]:
+    """Special tokens first, then the rest in sorted order. The trainer numbers tokens of equal
+    count in hash order, which differs between runs; WordPiece encodes by longest match, so the
+    ids are free to renumber and this makes them reproducible."""
+    rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
+    return {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
 
 
 def add_bert_template(tok: Tokenizer) -> None:

@@ -115,6 +115,10 @@ def train(
                 break
         if done and result.steps > 0:
             optimizer.zero_grad(set_to_none=True)  # drop the partial step at the deadline
+            if window_micro:  # log the last (short) window so the summary's last loss is current
+                result.losses.append(round(window_loss / window_micro, 5))
+                log.write(json.dumps({"step": result.steps, "t": 1.0, "elapsed": round(elapsed, 3),
+                                      "tokens": result.tokens, "loss": result.losses[-1], "lr": lr}) + "\n")
             break
         # (a run whose budget ends inside its very first step still takes that step)
         if cfg.grad_clip:
