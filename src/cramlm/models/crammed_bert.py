@@ -49,6 +49,14 @@ class CrammedBert(nn.Module):
         if cfg.tie_embeddings:
             self.head.decoder.weight = self.trunk.tokens.weight
 
+    @property
+    def tokens(self) -> nn.Embedding:  # the token embedding (its weight is the tied decoder's)
+        return self.trunk.tokens
+
+    @property
+    def decoder(self) -> nn.Linear:
+        return self.head.decoder
+
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **positions) -> torch.Tensor:
         """(B, T) -> (B, T, H). ``positions``: position_ids, document_ids, token_type_ids."""
         return self.trunk(input_ids, attention_mask, **positions)

@@ -60,6 +60,10 @@ class CausalLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.trunk.tokens.weight
 
+    @property
+    def tokens(self) -> nn.Embedding:
+        return self.trunk.tokens
+
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **positions) -> torch.Tensor:
         return self.trunk(input_ids, attention_mask, **positions)  # (B, T, H)
 
