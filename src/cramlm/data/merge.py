@@ -107,8 +107,11 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
     in_output = np.zeros(len(docs), bool)
     in_output[sequence] = True
     drop(keep & ~in_output, "capped")  # every copy fell beyond max_seq_in_tokenized_dataset
-    with PackedWriter(out, vocab_size, fp) as writer:
-        write_documents(parts, part_of[sequence], local[sequence], writer)
+    if len(parts) == 1 and len(sequence) == parts[0].num_documents and np.array_equal(local[sequence], np.arange(len(sequence))):
+        os.replace(parts[0].path, out)  # one shard, nothing removed or reordered: the shard file is the output
+    else:
+        with PackedWriter(out, vocab_size, fp) as writer:
+            write_documents(parts, part_of[sequence], local[sequence], writer)
     return {"documents": int(keep.sum()), "copies_written": len(sequence), "capped_copies": capped,
             "tokens": int(lengths[sequence].sum())}
 

@@ -145,6 +145,13 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return {t: i for t in dict.fromkeys(names) if (i := tok.token_to_id(t)) is not None}
 
 
+_fingerprints: dict[int, tuple[Tokenizer, bytes]] = {}
+
+
 def fingerprint(tok: Tokenizer) -> bytes:
-    """16 bytes identifying the tokenizer (sha256 of its canonical JSON)."""
-    return hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16]
+    """16 bytes identifying the tokenizer (sha256 of its canonical JSON; cached per object, as
+    serializing a large vocabulary takes a while)."""
+    cached = _fingerprints.get(id(tok))
+    if cached is None or cached[0] is not tok:
+        cached = _fingerprints[id(tok)] = (tok, hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16])
+    return cached[1]
