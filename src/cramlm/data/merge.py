@@ -17,20 +17,12 @@ import numpy as np
 from cramlm.data.clean import first_occurrences, near_duplicates
 from cramlm.data.pack import DOC_RECORD, SPLITS
 from cramlm.data.packed import PackedFormatError, PackedTokens, PackedWriter, read_packed
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a fixed pseudo-random uint64 per input (vectorized)."""
-    with np.errstate(over="ignore"):
-        x = (x + np.uint64(0x9E3779B97F4A7C15)).astype(np.uint64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+from cramlm.data.permute import Permutation, uniform
 
 
 def mixture_copies(numbers: np.ndarray, weights: np.ndarray, seed: int) -> np.ndarray:
     """How many times each document is packed: floor(w), plus one with probability frac(w)."""
-    u = (_mix64(numbers.astype(np.uint64) ^ np.uint64(seed)) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    u = uniform(numbers.astype(np.uint64) ^ np.uint64(seed))
     return (np.floor(weights) + (u < weights - np.floor(weights))).astype(np.int64)
 
 
@@ -93,7 +85,7 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
     sequence = np.repeat(np.arange(len(docs)), copies)  # documents, repeated by mixture weight
 
     if cfg.ordering == "random":
-        sequence = sequence[np.random.default_rng([cfg.seed, 1]).permutation(len(sequence))]
+        sequence = sequence[Permutation(len(sequence), cfg.seed)(np.arange(len(sequence)))] if len(sequence) else sequence
     elif cfg.ordering == "sentence-length-curriculum":
         # cramming orders sequences so that many short sentences come first; at document level:
         # shortest documents first (ties keep read order)
