@@ -92,23 +92,42 @@ def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
             return
 
 
-def get_tokenizer(cfg: DataConfig, folder: Path) -> Tokenizer:
-    """The configured tokenizer, saved as ``folder/tokenizer.json`` (trained once, then reused)."""
-    saved = folder / "tokenizer.json"
+def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokenizer:
+    """The configured tokenizer, saved as ``folder/tokenizer.json`` (trained once, then reused).
+
+    HF tokenizer training is not deterministic (ties are broken in hash-map order), so all shards
+    must share one tokenizer: the first process to take ``tokenizer.lock`` trains it, the others
+    wait for it."""
+    saved, lock = folder / "tokenizer.json", folder / "tokenizer.lock"
+    folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    while not saved.is_file():
+        try:
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break  # ours to train
+        except FileExistsError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock}: another process is training the tokenizer; remove the lock if it died") from None
+            time.sleep(1.0)
     if saved.is_file():
         return load_tokenizer(saved, strict=False)
-    if cfg.tokenizer.path:
-        tok = load_tokenizer(cfg.tokenizer.path, strict=False)
-    else:
-        limit = cfg.max_entries_in_raw_dataset
-        if cfg.tokenizer.max_training_docs:
-            limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
-        tok = train_tokenizer(cfg.tokenizer, iter_documents(cfg, SkipReport(limit=limit)))
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
-    tok.save(str(tmp))
-    os.replace(tmp, saved)
+    try:
+        tok = _make_tokenizer(cfg)
+        tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
+        tok.save(str(tmp))
+        os.replace(tmp, saved)
+    finally:
+        lock.unlink(missing_ok=True)
     return load_tokenizer(saved, strict=False)
+
+
+def _make_tokenizer(cfg: DataConfig) -> Tokenizer:
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path, strict=False)
+    limit = cfg.max_entries_in_raw_dataset
+    if cfg.tokenizer.max_training_docs:
+        limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
+    return train_tokenizer(cfg.tokenizer, iter_documents(cfg, SkipReport(limit=limit)))
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
