@@ -180,12 +180,10 @@ def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
             if report.claim():
                 fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
             continue
-        blocks = [content] if cfg.split == "file" else content.split("\n\n")
-        for i, block in enumerate(blocks):
+        blocks = [content] if cfg.split == "file" else [b for b in content.split("\n\n") if b.strip()] or [""]
+        for i, block in enumerate(blocks):  # a file without any block is one empty record: it is seen
             if report.done:
                 return
-            if cfg.split == "blank-line" and not block.strip():
-                continue  # runs of blank lines separate blocks; they are not documents
             if not report.claim():
                 continue
             if block.strip():
