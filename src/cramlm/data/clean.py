@@ -67,6 +67,7 @@ def text_hash(text: str) -> int:
 
 
 _WORD = re.compile(r"\w+")
+SCHEME = "affine32"  # datasketch >= 2: 32-bit hash values, stored as uint32 per permutation
 
 
 class MinHasher:
@@ -84,7 +85,7 @@ class MinHasher:
         words = _WORD.findall(text.lower())
         n = self.cfg.shingle_words
         shingles = {" ".join(words[i : i + n]).encode() for i in range(max(1, len(words) - n + 1))}
-        m = self.MinHash(num_perm=self.cfg.num_perm, seed=1)
+        m = self.MinHash(num_perm=self.cfg.num_perm, seed=1, scheme=SCHEME)
         m.update_batch(list(shingles))
         return m.hashvalues.astype(np.uint32)
 
@@ -96,7 +97,7 @@ def near_duplicates(signatures: np.ndarray, cfg: DedupConfig) -> np.ndarray:
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
     duplicate = np.zeros(len(signatures), bool)
     for i, sig in enumerate(signatures):
-        m = MinHash(num_perm=cfg.num_perm, seed=1, hashvalues=sig.astype(np.uint64))
+        m = MinHash(num_perm=cfg.num_perm, seed=1, hashvalues=sig, scheme=SCHEME)
         if lsh.query(m):
             duplicate[i] = True
         else:
