@@ -179,10 +179,12 @@ def read_packed(path: str | Path, verify: bool = True, fingerprint: bytes | None
     if not path.is_file():
         raise FileNotFoundError(f"no packed file at {path}")
     size = path.stat().st_size
-    if size < HEADER.size:
-        raise PackedFormatError(f"{path}: {size} bytes is too short for a packed-token header (truncated?)")
     with open(path, "rb") as f:
         raw = f.read(HEADER.size)
+    if not raw[:8] or raw[:8] != MAGIC[: len(raw[:8])]:
+        raise PackedFormatError(f"{path}: not a cramlm packed-token file (bad magic {raw[:8]!r})")
+    if size < HEADER.size:
+        raise PackedFormatError(f"{path}: {size} bytes is too short for a packed-token header (truncated?)")
     magic, version, width, vocab, n_tok, n_doc, fp, crc, header_crc = HEADER.unpack(raw)
     if magic != MAGIC:
         raise PackedFormatError(f"{path}: not a cramlm packed-token file (bad magic {magic!r})")
