@@ -176,6 +176,7 @@ def main() -> None:
     ap.add_argument("--min-mb", type=float, default=50.0)
     ap.add_argument("--tokenizer", choices=["gpt2", "wordpiece"], default="gpt2")
     ap.add_argument("--batch-chars", type=int, default=2_000_000)
+    ap.add_argument("--repeats", type=int, default=2, help="baseline/pack alternations (best of each is kept)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -188,15 +189,24 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     one, two, text_mb = build_corpus(work, args.min_mb)
     tok = tokenizer_path(args.tokenizer, work)
-    base = run_step("baseline", one, tok, args.batch_chars)
-    pack1 = run_step("pack", one, tok, args.batch_chars, work / "cache1")
+    load_before = os.getloadavg()
+    bases, packs = [], []
+    for r in range(args.repeats):  # alternate, so both see the same machine load; keep the best of each
+        bases.append(run_step("baseline", one, tok, args.batch_chars))
+        packs.append(run_step("pack", one, tok, args.batch_chars, work / f"cache1-{r}"))
+    base = max(bases, key=lambda b: b["encode_batch"]["tokens_per_s"])
+    base["encode_batch_fast"] = max((b["encode_batch_fast"] for b in bases), key=lambda b: b["tokens_per_s"])
+    pack1 = max(packs, key=lambda p: p["tokens_per_s"])
+    pack1["all_tokens_per_s"] = [p["tokens_per_s"] for p in packs]
+    base["all_tokens_per_s"] = [b["encode_batch"]["tokens_per_s"] for b in bases]
     pack2 = run_step("pack", two, tok, args.batch_chars, work / "cache2")
     index = run_step("index", two)
     access = run_step("access", pack1["folder"], one, tok)
     ref = base["encode_batch"]["tokens_per_s"]
     result = {
         "corpus_text_mb": round(text_mb, 1), "corpus_jsonl_mb": round(one.stat().st_size / 1e6, 1),
-        "tokenizer": args.tokenizer, "cpus": os.cpu_count(),
+        "tokenizer": args.tokenizer, "cpus": os.cpu_count(), "repeats": args.repeats,
+        "loadavg_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "baseline": base, "pack_1x": pack1, "pack_2x": pack2,
         "pack_vs_encode_batch": round(pack1["tokens_per_s"] / ref, 3),
         "pack_vs_encode_batch_fast": round(pack1["tokens_per_s"] / base["encode_batch_fast"]["tokens_per_s"], 3),
@@ -206,10 +216,12 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     rows = [
-        ("corpus", f"{result['corpus_text_mb']} MB text, {result['corpus_jsonl_mb']} MB JSONL, tokenizer {args.tokenizer}"),
-        ("tokenizers encode_batch (in memory)", f"{ref:,} tokens/s, peak RSS {base['peak_rss_mb']} MB"),
+        ("corpus", f"{result['corpus_text_mb']} MB text, {result['corpus_jsonl_mb']} MB JSONL, tokenizer {args.tokenizer}, "
+                   f"{os.cpu_count()} CPUs, load {result['loadavg_before_after']}"),
+        ("tokenizers encode_batch (in memory)", f"{ref:,} tokens/s (runs: {base['all_tokens_per_s']}), peak RSS {base['peak_rss_mb']} MB"),
         ("tokenizers encode_batch_fast", f"{base['encode_batch_fast']['tokens_per_s']:,} tokens/s"),
-        ("cramlm pack 1x (read+tokenize+write)", f"{pack1['tokens_per_s']:,} tokens/s = {result['pack_vs_encode_batch']} x encode_batch, peak RSS {pack1['peak_rss_mb']} MB"),
+        ("cramlm pack 1x (read+tokenize+write)", f"{pack1['tokens_per_s']:,} tokens/s (runs: {pack1['all_tokens_per_s']}) = "
+                                                 f"{result['pack_vs_encode_batch']} x encode_batch, peak RSS {pack1['peak_rss_mb']} MB"),
         ("cramlm pack 2x", f"{pack2['tokens_per_s']:,} tokens/s, peak RSS {pack2['peak_rss_mb']} MB ({result['rss_2x_over_1x']} x 1x)"),
         ("raw JSONL index (2x file)", f"{index['mb_per_s']:,} MB/s ({index['mb']} MB, {index['lines']} lines)"),
         ("random access, 128-token blocks", f"{access['block_samples_per_s']:,} samples/s single, {access['block_batch256_samples_per_s']:,} in batches of 256"),

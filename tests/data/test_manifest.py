@@ -65,3 +65,13 @@ def test_cap_on_raw_entries_counts_only_what_was_read(corpus, tmp_path):
     m = prepare_data(tiny_data([{"type": "jsonl", "path": str(corpus)}], max_entries_in_raw_dataset=30),
                      tmp_path / "cache", progress=False).manifest
     assert m["documents"] == {"read": 30, "packed": 30, "skipped": 0}
+
+
+def test_damaged_compressed_file_is_a_clear_error(tmp_path):
+    import gzip
+
+    raw = gzip.compress(b"".join(b'{"text": "%s"}\n' % document(i).encode() for i in range(200)))
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(DataError, match=f"{path}: cannot read"):
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False)

@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 from collections import Counter
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Iterator, Literal
@@ -143,9 +144,22 @@ class JsonlSourceConfig(SourceConfig):
     text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
 
 
+@contextmanager
+def read_errors(path: Path):
+    """Damaged files (truncated .gz, bad .zst, unreadable): a DataError naming the file."""
+    try:
+        yield
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    except Exception as e:
+        if type(e).__name__ != "ZstdError":
+            raise
+        raise DataError(f"{path}: cannot read (ZstdError: {e})") from e
+
+
 def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]:
     for path in expand_paths(cfg.path):
-        with open_binary(path) as f:
+        with read_errors(path), open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
                 if report.done:
                     return
@@ -172,7 +186,7 @@ class TextSourceConfig(SourceConfig):
 
 def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
     for path in expand_paths(cfg.path):
-        with open_binary(path) as f:
+        with read_errors(path), open_binary(path) as f:
             raw = f.read()
         try:
             content = raw.decode("utf-8")
