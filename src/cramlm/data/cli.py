@@ -80,11 +80,11 @@ def merge(num_shards: int, keep_shards: bool, overrides: tuple[str, ...]) -> Non
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
     """Train the tokenizer of the data config (data.tokenizer.kind: wordpiece, bpe, byte-bpe, unigram)."""
-    from cramlm.data.prepare import _make_tokenizer
+    from cramlm.data.prepare import make_tokenizer
 
     cfg = resolve_or_exit("data", overrides)
     start = time.perf_counter()
-    tok = run_or_exit(_make_tokenizer, cfg.data)
+    tok = run_or_exit(make_tokenizer, cfg.data)
     tok.save(out)
     _echo({"tokenizer": out, "kind": cfg.data.tokenizer.kind, "vocab_size": tok.get_vocab_size(),
            "seconds": round(time.perf_counter() - start, 2)})

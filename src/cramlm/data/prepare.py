@@ -112,7 +112,7 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     if saved.is_file():
         return load_tokenizer(saved, strict=False)
     try:
-        tok = _make_tokenizer(cfg)
+        tok = make_tokenizer(cfg)
         tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
         tok.save(str(tmp))
         os.replace(tmp, saved)
@@ -121,7 +121,7 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     return load_tokenizer(saved, strict=False)
 
 
-def _make_tokenizer(cfg: DataConfig) -> Tokenizer:
+def make_tokenizer(cfg: DataConfig) -> Tokenizer:
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path, strict=False)
     limit = cfg.max_entries_in_raw_dataset
