@@ -41,3 +41,17 @@ def test_two_shards_plus_merge_equal_one_shard(tmp_path):
         assert m1[key] == m2[key], key
     assert m1["skipped"] == {"empty": 1, "duplicate": 19} and m1["documents"]["packed"] == 40  # record 51 repeats the emptied 11
     assert not shards_folder(cfg, tmp_path / "two").exists()  # cleaned up after the merge
+
+
+def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
+    import socket
+    import subprocess
+
+    from cramlm.data.prepare import get_tokenizer
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "tokenizer.lock").write_text(f"{socket.gethostname()} {dead.pid}")
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(20)]))}])
+    tok = get_tokenizer(cfg, tmp_path, wait_s=5)
+    assert tok.get_vocab_size() > 5 and not (tmp_path / "tokenizer.lock").exists()

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,9 +104,14 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     deadline = time.monotonic() + wait_s
     while not saved.is_file():
         try:
-            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
+            os.close(fd)
             break  # ours to train
         except FileExistsError:
+            if _stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{lock}: another process is training the tokenizer; remove the lock if it died") from None
             time.sleep(1.0)
@@ -119,6 +125,23 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     finally:
         lock.unlink(missing_ok=True)
     return load_tokenizer(saved, strict=False)
+
+
+def _stale(lock: Path) -> bool:
+    """A lock left by a dead process on this machine."""
+    try:
+        host, pid = lock.read_text().split()
+    except (OSError, ValueError):
+        return False  # being written right now, or unreadable: not ours to judge
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def make_tokenizer(cfg: DataConfig) -> Tokenizer:
