@@ -9,6 +9,8 @@ token), so a model can reset positions and mask attention across documents.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import torch
 
@@ -87,7 +89,7 @@ class DocumentPackedDataset:
 
     def __init__(self, packed: PackedTokens, seq_length: int, pad_id: int):
         self.packed, self.seq_length, self.pad_id = packed, seq_length, pad_id
-        starts, fill = [0], 0
+        starts, fill = array("q", [0]), 0  # 8 bytes per block while building
         for length in packed.lengths().tolist():
             if fill and fill + length > seq_length:  # close the current block
                 starts.append(starts[-1] + fill)
@@ -99,7 +101,7 @@ class DocumentPackedDataset:
             fill += length
         if fill:
             starts.append(starts[-1] + fill)
-        self.starts = np.array(starts, np.int64)
+        self.starts = np.frombuffer(starts, np.int64).copy()
         if len(self.starts) < 2:
             raise ValueError(f"{packed.path}: no tokens to pack")
         self.padding_tokens = int((seq_length - np.diff(self.starts)).sum())
