@@ -75,3 +75,15 @@ def test_damaged_compressed_file_is_a_clear_error(tmp_path):
     path.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(DataError, match=f"{path}: cannot read"):
         prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False)
+
+
+def test_the_data_stage_does_not_import_torch(tmp_path):
+    """Keeps `cramlm data` light (torch alone is ~180 MB of resident memory)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from cramlm.data.prepare import DataConfig, prepare_data; "
+            f"prepare_data(DataConfig(tokenizer={{'vocab_size': 300}}, max_entries_in_raw_dataset=5), {str(tmp_path)!r}, progress=False); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
