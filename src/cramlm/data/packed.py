@@ -209,21 +209,3 @@ def read_packed(path: str | Path, verify: bool = True, fingerprint: bytes | None
     if verify:
         packed.verify()
     return packed
-
-
-def copy_documents(src: PackedTokens, order: np.ndarray, writer: PackedWriter, max_tokens_per_write: int = 1 << 22) -> None:
-    """Append documents ``order`` of ``src`` to ``writer`` (gathered a bounded chunk at a time)."""
-    starts, ends = src.offsets[:-1].astype(np.int64), src.offsets[1:].astype(np.int64)
-    i = 0
-    while i < len(order):
-        # take documents until the chunk is full (at least one)
-        window = order[i : i + 4096]
-        lengths = ends[window] - starts[window]
-        take = max(1, int(np.searchsorted(np.cumsum(lengths), max_tokens_per_write, side="right")))
-        docs = order[i : i + take]
-        if len(docs) > 1 and np.all(np.diff(docs) == 1):  # a contiguous run: one slice
-            flat = src.tokens[starts[docs[0]] : ends[docs[-1]]]
-        else:
-            flat = np.concatenate([src.tokens[starts[d] : ends[d]] for d in docs]) if len(docs) else np.zeros(0, src.tokens.dtype)
-        writer.add_batch(flat, ends[docs] - starts[docs])
-        i += take
