@@ -30,10 +30,11 @@ def write_documents(parts: list[PackedTokens], part_of: np.ndarray, local: np.nd
                     chunk_tokens: int = 1 << 22) -> None:
     """Append document ``local[k]`` of part ``part_of[k]`` for every k, in order, chunk by chunk."""
     offsets = [p.offsets[:].astype(np.int64) for p in parts]
+    files = [open(p.path, "rb") for p in parts]  # plain reads: merged files do not stay resident
     pieces, lengths, size = [], [], 0
     for p, d in zip(part_of.tolist(), local.tolist()):
-        start, end = offsets[p][d], offsets[p][d + 1]
-        pieces.append(parts[p].tokens[start:end])
+        start, end = int(offsets[p][d]), int(offsets[p][d + 1])
+        pieces.append(parts[p].pread(files[p].fileno(), start, end))
         lengths.append(end - start)
         size += end - start
         if size >= chunk_tokens:
@@ -41,6 +42,8 @@ def write_documents(parts: list[PackedTokens], part_of: np.ndarray, local: np.nd
             pieces, lengths, size = [], [], 0
     if pieces:
         writer.add_batch(np.concatenate(pieces), np.array(lengths))
+    for f in files:
+        f.close()
 
 
 def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_size: int, fp: bytes,

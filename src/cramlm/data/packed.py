@@ -53,11 +53,17 @@ def _padded(nbytes: int) -> int:
     return (nbytes + 7) // 8 * 8
 
 
-def _crc_of(array: np.ndarray, crc: int = 0) -> int:
-    """CRC32 of an array's bytes, a chunk at a time (a memory map is never copied whole)."""
-    flat = array.reshape(-1).view(np.uint8)
-    for start in range(0, len(flat), CHUNK):
-        crc = zlib.crc32(flat[start : start + CHUNK], crc)
+def _crc_of_file(f, start: int, nbytes: int, crc: int, buffer: bytearray) -> int:
+    """CRC32 of ``nbytes`` of ``f`` from ``start``, read through one fixed buffer (plain reads, not
+    the memory map: the checked file's pages do not stay in this process's resident memory)."""
+    f.seek(start)
+    view = memoryview(buffer)
+    while nbytes:
+        n = f.readinto(view[: min(nbytes, len(buffer))])
+        if not n:
+            raise PackedFormatError(f"{f.name}: unexpected end of file (truncated)")
+        crc = zlib.crc32(view[:n], crc)
+        nbytes -= n
     return crc
 
 
@@ -167,8 +173,18 @@ class PackedTokens:
 
     def verify(self) -> None:
         """Recompute the checksum (reads the whole file, a chunk at a time)."""
-        if _crc_of(self.offsets, _crc_of(self.tokens)) != self.crc:
+        token_bytes, buffer = self.num_tokens * self.width, bytearray(min(CHUNK, 1 << 20))
+        with open(self.path, "rb") as f:
+            crc = _crc_of_file(f, HEADER.size, token_bytes, 0, buffer)
+            crc = _crc_of_file(f, HEADER.size + _padded(token_bytes), 8 * (self.num_documents + 1), crc, buffer)
+        if crc != self.crc:
             raise PackedFormatError(f"{self.path}: checksum mismatch (file corrupted)")
+
+    def pread(self, fd: int, start: int, end: int) -> np.ndarray:
+        """tokens[start:end] read from ``fd`` (this file, opened by the caller) without the memory
+        map, so one pass over a large file does not leave its pages in resident memory."""
+        data = os.pread(fd, (end - start) * self.width, HEADER.size + start * self.width)
+        return np.frombuffer(data, self.tokens.dtype)
 
 
 def read_packed(path: str | Path, verify: bool = True, fingerprint: bytes | None = None) -> PackedTokens:
