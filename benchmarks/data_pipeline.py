@@ -240,6 +240,7 @@ def main() -> None:
         ("on-the-fly tokenizing dataset", f"{access['on_the_fly_docs_per_s']:,} documents/s"),
     ]
     width = max(len(r[0]) for r in rows)
+    print(f"| {'step'.ljust(width)} | result |\n|{'-' * (width + 2)}|---|")
     print("\n".join(f"| {a.ljust(width)} | {b} |" for a, b in rows))
 
 
