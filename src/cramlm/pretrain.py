@@ -21,7 +21,7 @@ from cramlm.config.loader import to_yaml
 from cramlm.data.collate import MLMCollator
 from cramlm.data.dataset import BlockDataset, ShuffledStream
 from cramlm.data.prepare import DataConfig, prepare_data
-from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
+from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS, check_special_ids
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.checkpoint import save_weights, write_json, write_text
 from cramlm.train.runtime import ImplConfig, setup_device
@@ -90,6 +90,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress)
     if cfg.data.seq_length > cfg.arch.max_seq_length:
         raise ValueError(f"data.seq_length={cfg.data.seq_length} exceeds arch.max_seq_length={cfg.arch.max_seq_length}")
+    check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
     vocab_size = data.tokenizer.get_vocab_size()
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
