@@ -24,7 +24,7 @@ TINY = [
     "impl.progress=false", "impl.threads=1", "train.log_every=1", "train.validate_batches=2",
     "train.min_updates=0",
 ]
-CAUSAL = ["plugins=[tests.train.plugin_models]", "arch.type=tiny-causal"]
+CAUSAL = ["plugins=[tests.train.plugin_models]", f"arch={Path(__file__).with_name('tiny-causal.yaml')}"]
 
 
 def overrides(tmp: Path, name: str, *extra: str) -> list[str]:

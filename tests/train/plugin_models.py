@@ -22,6 +22,7 @@ class TinyCausalConfig(ModelConfig):
     hidden_size: int = 32
     num_layers: int = 2
     num_heads: int = 2
+    intermediate_size: int = 64
     fail_rank: int | None = None  # this RANK raises after `fail_after` forward calls
     fail_after: int = 3
     nan_at: list[int] = []  # forward calls (1-based) whose loss is NaN
@@ -36,7 +37,7 @@ class TinyCausal(nn.Module):
         self.tokens = nn.Embedding(vocab_size, H)
         self.positions = nn.Parameter(torch.zeros(cfg.max_seq_length, H))
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(H, cfg.num_heads, 2 * H, dropout=0.0, batch_first=True, norm_first=True)
+            nn.TransformerEncoderLayer(H, cfg.num_heads, cfg.intermediate_size, dropout=0.0, batch_first=True, norm_first=True)
             for _ in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(H)

@@ -25,6 +25,7 @@ class Dist:
     world: int = 1
     local_rank: int = 0
     strategy: str = "none"  # none | ddp | fsdp
+    owns_group: bool = False  # this Dist created the process group (and destroys it at the end)
 
     @property
     def enabled(self) -> bool:
@@ -50,17 +51,18 @@ def init_distributed(impl: ImplConfig) -> Dist:
             raise ValueError(f"impl.distributed=none but WORLD_SIZE={world}")
         return Dist()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if not dist.is_initialized():
+    owns_group = not dist.is_initialized()  # a caller's group (e.g. several runs in one job) is reused
+    if owns_group:
         use_cuda = torch.cuda.is_available() and impl.device in ("auto", "cuda")
         backend = "nccl" if use_cuda else "gloo"
         if use_cuda:
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=timedelta(seconds=impl.dist_timeout))
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, strategy)
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, strategy, owns_group)
 
 
 def shutdown(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
+    if d.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -74,12 +76,28 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
     if d.strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
+        # replicated and `sync_replicated_grads` averages their gradients
+        scalars = {p for p in model.parameters() if p.ndim == 0}
         for m in list(model.modules()):
             if isinstance(m, nn.ModuleList):
                 for block in m:
-                    fully_shard(block)
-        fully_shard(model)
+                    fully_shard(block, ignored_params=scalars & set(block.parameters()) or None)
+        fully_shard(model, ignored_params=scalars or None)
     return model
+
+
+def sync_replicated_grads(model: nn.Module, d: Dist) -> None:
+    """Average the gradients FSDP2 left alone (its ignored, replicated parameters)."""
+    if d.strategy != "fsdp":
+        return
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if p.grad is not None and not isinstance(p, DTensor):
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG if dist.get_backend() == "nccl" else dist.ReduceOp.SUM)
+            if dist.get_backend() != "nccl":
+                p.grad /= d.world
 
 
 def gradient_sync(model: nn.Module, d: Dist, sync: bool):

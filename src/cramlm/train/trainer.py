@@ -37,7 +37,7 @@ from cramlm.config.base import Config, component
 from cramlm.data.dataset import ShuffledStream
 from cramlm.train import checkpoint as ckpt
 from cramlm.train.budget import Budget, BudgetConfig, Usage
-from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, wrap_model
+from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, sync_replicated_grads, wrap_model
 from cramlm.train.monitor import MetricsLog, flops_per_token, peak_flops
 from cramlm.train.optim import AdamWConfig, OptimizerConfig, build_optimizer
 from cramlm.train.runtime import (
@@ -254,6 +254,7 @@ class Trainer:
                 loss = self.model(**micro)["loss"]
                 self.scaler.scale(loss / len(mine)).backward()
             losses.append(loss.detach().float())
+        sync_replicated_grads(self.module, self.dist)
         local = torch.stack(losses).sum().item()
         total, bad = all_reduce([local, 0.0 if math.isfinite(local) else 1.0], self.dist, "sum", self.device)
         if bad:
