@@ -25,7 +25,7 @@ class TinyCausalConfig(ModelConfig):
     intermediate_size: int = 64
     fail_rank: int | None = None  # this RANK raises after `fail_after` forward calls
     fail_after: int = 3
-    nan_at: list[int] = []  # forward calls (1-based) whose loss is NaN
+    nan_at: list[int] = []  # training-mode forward calls (1-based; the FLOP count is call 1) whose loss is NaN
 
 
 class TinyCausal(nn.Module):
@@ -46,7 +46,7 @@ class TinyCausal(nn.Module):
         self.head.weight = self.tokens.weight  # tied: stored once in safetensors
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, attention_mask=None):
-        self.calls += 1
+        self.calls += self.training  # validation forwards do not count
         if self.cfg.fail_rank is not None and int(os.environ.get("RANK", "0")) == self.cfg.fail_rank:
             if self.calls > self.cfg.fail_after:
                 raise RuntimeError(f"injected failure on rank {self.cfg.fail_rank}")

@@ -296,7 +296,7 @@ class Trainer:
         action = self.cfg.on_nonfinite
         folder = ckpt.latest_checkpoint(self.checkpoints)
         if action == "raise" or self.consecutive_nonfinite > self.cfg.max_nonfinite:
-            raise FloatingPointError(f"non-finite loss at step {self.used.steps + 1} (train.on_nonfinite={action})")
+            raise FloatingPointError(f"non-finite loss at step {self.used.steps} (train.on_nonfinite={action})")
         if action == "rollback" and folder is not None:
             self._load_weights_and_optimizer(folder)
             self.events["rollbacks"] += 1
@@ -304,7 +304,7 @@ class Trainer:
         else:
             self.events["skipped_steps"] += 1
             note = "step skipped" + (" (no checkpoint to roll back to)" if action == "rollback" else "")
-        message = f"non-finite loss at step {self.used.steps + 1}: {note}"
+        message = f"non-finite loss at step {self.used.steps}: {note}"
         self.log.write({"kind": "event", "event": "nonfinite", "step": self.used.steps, "message": message})
         if self.dist.main:
             tqdm.write(f"cramlm: {message}")
