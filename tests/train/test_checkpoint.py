@@ -84,3 +84,16 @@ def test_tied_weights_stored_once_and_loadable(tmp_path):
     assert "tokens.weight" in names and "decoder.weight" not in names
     model, tok, cfg = load_run(tmp_path / "tied")
     assert model.decoder.weight is model.tokens.weight
+
+
+def test_cli_resume_auto_extends_a_finished_run(tmp_path):
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    args = overrides(tmp_path, "cli", "budget=null")
+    first = CliRunner().invoke(main, ["pretrain", *args, "train.budget.steps=2"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["pretrain", "--resume", "auto", *args, "train.budget.steps=3"])
+    assert again.exit_code == 0, again.output
+    assert "resumed from" in again.output and sorted(losses(tmp_path / "cli")) == [1, 2, 3]
