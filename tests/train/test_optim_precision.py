@@ -89,3 +89,23 @@ def test_precision_and_compile_options():
         inductor.coordinate_descent_tuning = old
     with pytest.raises(ValueError, match="no such"):
         compile_model(nn.Linear(2, 2), ImplConfig(inductor={"not_an_option": 1}))
+
+
+def test_tensorboard_and_wandb_sinks(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    extra = ["budget=null", "train.budget.steps=2", "impl.tensorboard=true"]
+    try:
+        import wandb  # noqa: F401
+
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        extra.append("impl.wandb=true")  # offline by default
+    except ImportError:
+        wandb = None
+    run_inprocess(tmp_path, "tb", *extra)
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "train/tokens_per_second", "val/val_loss"} <= set(events.Tags()["scalars"])
+    if wandb is not None:
+        assert list((tmp_path / "tb" / "wandb").glob("offline-run-*"))
