@@ -48,8 +48,12 @@ class AdamWConfig(OptimizerConfig):
 
 @register("optimizer", "adamw", AdamWConfig)
 def build_adamw(cfg: AdamWConfig, groups: list[dict]) -> torch.optim.Optimizer:
+    return _adam(torch.optim.AdamW, cfg, groups)
+
+
+def _adam(cls, cfg, groups: list[dict]) -> torch.optim.Optimizer:
     fused = _on_gpu(groups) if cfg.fused is None else cfg.fused
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
+    return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
 class AdamConfig(OptimizerConfig):
@@ -63,8 +67,7 @@ class AdamConfig(OptimizerConfig):
 
 @register("optimizer", "adam", AdamConfig)
 def build_adam(cfg: AdamConfig, groups: list[dict]) -> torch.optim.Optimizer:
-    fused = _on_gpu(groups) if cfg.fused is None else cfg.fused
-    return torch.optim.Adam(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
+    return _adam(torch.optim.Adam, cfg, groups)
 
 
 class SGDConfig(OptimizerConfig):

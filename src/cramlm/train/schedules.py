@@ -23,6 +23,20 @@ def _clip(t: float) -> float:
     return min(1.0, max(0.0, t))
 
 
+def _warmup_then(warmup: float, floor: float, decay: Callable[[float], float]) -> Schedule:
+    """Linear warm-up over ``warmup`` of t, then ``floor + (1 - floor) * decay(p)`` with p going
+    0 -> 1 over the rest of the run."""
+
+    def f(t: float) -> float:
+        t = _clip(t)
+        if t < warmup:
+            return t / warmup
+        p = min(1.0, (t - warmup) / max(1e-12, 1.0 - warmup))
+        return floor + (1 - floor) * decay(p)
+
+    return f
+
+
 class BudgetTriangleConfig(ScheduleConfig):
     """cramming's budget-triangle2: min(base + t, (1 - t) / falloff); peak at t = 1 - falloff."""
 
@@ -56,14 +70,7 @@ class CosineConfig(ScheduleConfig):
 
 @register("schedule", "cosine", CosineConfig)
 def cosine(cfg: CosineConfig) -> Schedule:
-    def f(t: float) -> float:
-        t = _clip(t)
-        if t < cfg.warmup:
-            return t / cfg.warmup
-        progress = min(1.0, (t - cfg.warmup) / max(1e-12, 1.0 - cfg.warmup))
-        return cfg.min_factor + (1 - cfg.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
+    return _warmup_then(cfg.warmup, cfg.min_factor, lambda p: 0.5 * (1 + math.cos(math.pi * p)))
 
 
 class OneCycleConfig(ScheduleConfig):
@@ -128,14 +135,7 @@ class PolynomialConfig(ScheduleConfig):
 
 @register("schedule", "polynomial", PolynomialConfig)
 def polynomial(cfg: PolynomialConfig) -> Schedule:
-    def f(t: float) -> float:
-        t = _clip(t)
-        if t < cfg.warmup:
-            return t / cfg.warmup
-        p = (t - cfg.warmup) / max(1e-12, 1.0 - cfg.warmup)
-        return cfg.end_factor + (1 - cfg.end_factor) * (1 - p) ** cfg.power
-
-    return f
+    return _warmup_then(cfg.warmup, cfg.end_factor, lambda p: (1 - p) ** cfg.power)
 
 
 def build_schedule(cfg: ScheduleConfig) -> Schedule:
