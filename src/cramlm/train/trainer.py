@@ -360,22 +360,7 @@ class Trainer:
             t = self.budget.progress(used)
             done = t >= 1.0 or (self.max_steps is not None and used.steps >= self.max_steps)
             if window["steps"] and (used.steps % cfg.log_every == 0 or used.steps == 1 or done):
-                speed = window["tokens"] / max(window["seconds"], 1e-9)
-                mfu = speed * self.flops_per_token / (self.peak * self.dist.world) if self.peak else None
-                record = {
-                    "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
-                    "tokens": used.tokens, "loss": round(window["loss"] / window["steps"], 6), "lr": lr,
-                    "batch_size": n_micro * self.impl.microbatch_size, "grad_norm": norm,
-                    "tokens_per_second": round(speed, 1), "mfu": round(mfu, 4) if mfu is not None else None,
-                }
-                self.log.write(record)
-                self.losses.append(record["loss"])
-                left = used.seconds * (1 - t) / max(t, 1e-9)
-                bar.n = min(100.0, 100 * t)
-                bar.set_postfix_str(
-                    f"step {used.steps} loss {record['loss']:.3f} {speed:,.0f} tok/s"
-                    + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "") + f" left {_duration(left)}"
-                )
+                self._log_window(window, t, lr, n_micro, norm, bar)
                 window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
             if t >= self.next_validation and not done:
                 _, seconds = self._validate_now(t)
@@ -393,6 +378,31 @@ class Trainer:
         val_loss, _ = self._validate_now(self.budget.progress(used))
         final = self.save_checkpoint()
         self.log.close()
+        return self._summary(val_loss, final, rate_tokens / rate_seconds if rate_seconds else None)
+
+    def _log_window(self, window: dict, t: float, lr: float, n_micro: int, norm: float | None, bar) -> None:
+        """One metrics line (and the progress bar) for the steps since the last one."""
+        used = self.used
+        speed = window["tokens"] / max(window["seconds"], 1e-9)
+        mfu = speed * self.flops_per_token / (self.peak * self.dist.world) if self.peak else None
+        record = {
+            "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
+            "tokens": used.tokens, "loss": round(window["loss"] / window["steps"], 6), "lr": lr,
+            "batch_size": n_micro * self.impl.microbatch_size, "grad_norm": norm,
+            "tokens_per_second": round(speed, 1), "mfu": round(mfu, 4) if mfu is not None else None,
+        }
+        self.log.write(record)
+        self.losses.append(record["loss"])
+        left = used.seconds * (1 - t) / max(t, 1e-9)  # time left in the budget at the current pace
+        bar.n = min(100.0, 100 * t)
+        bar.set_postfix_str(
+            f"step {used.steps} loss {record['loss']:.3f} {speed:,.0f} tok/s"
+            + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "") + f" left {_duration(left)}"
+        )
+
+    def _summary(self, val_loss: float | None, final: Path, tokens_per_second: float | None) -> dict:
+        used = self.used
+        mfu = tokens_per_second * self.flops_per_token / (self.peak * self.dist.world) if tokens_per_second and self.peak else None
         return {
             "steps": used.steps,
             "tokens": used.tokens,
@@ -404,13 +414,12 @@ class Trainer:
                               "setup": False, "checkpoints": True},
             **{k: round(v, 3) for k, v in self.times.items()},
             **self.events,
-            "tokens_per_second": round(rate_tokens / rate_seconds, 1) if rate_seconds else None,
+            "tokens_per_second": round(tokens_per_second, 1) if tokens_per_second else None,
             "flops_per_token": self.flops_per_token,
             "flops_source": self.flops_source,
             "peak_flops": self.peak,
             "peak_source": self.peak_source,
-            "mfu": round(rate_tokens / rate_seconds * self.flops_per_token / (self.peak * self.dist.world), 4)
-            if rate_seconds and self.peak else None,
+            "mfu": round(mfu, 4) if mfu is not None else None,
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": self.losses[-1] if self.losses else None,
             "val_loss": val_loss,
