@@ -101,9 +101,10 @@ def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[
         val = BlockDataset(data.val, cfg.data.seq_length, CLS_ID)
     except ValueError:  # fewer tokens than one sequence
         return []
-    m = cfg.impl.microbatch_size
-    count = min(cfg.train.validate_batches, len(val) // m) or (1 if len(val) else 0)
-    size = m if len(val) >= m else len(val)
+    # microbatches of up to impl.microbatch_size sequences, smaller on a small validation set so that
+    # there are validate_batches of them to share among processes (the same set on any process count)
+    size = max(1, min(cfg.impl.microbatch_size, len(val) // cfg.train.validate_batches))
+    count = min(cfg.train.validate_batches, len(val) // size)
     collate = make_collator(cfg, vocab_size, cfg.seed + 1)
     return [collate(val.batch(range(i * size, (i + 1) * size))) for i in range(count)]
 
