@@ -21,14 +21,18 @@ def main() -> None:
 
 
 @main.command(context_settings=OVERRIDES)
+@click.option("--resume", default=None, help="'auto' (newest checkpoint of the run, if any) or a checkpoint folder; same as resume=...")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def pretrain(overrides: tuple[str, ...]) -> None:
+def pretrain(overrides: tuple[str, ...], resume: str | None) -> None:
     """Pretrain a model. Defaults: arch=crammed-bert-tiny train=bert-o4-cpu data=default budget=1m.
 
     Example: cramlm pretrain arch=crammed-bert train=bert-o4 budget=24 name=bert24
+    Multi-process: torchrun --nproc_per_node 2 -m cramlm pretrain ... (docs/training.md)
     """
     from cramlm.pretrain import pretrain as run_pretrain
 
+    if resume:
+        overrides = (*overrides, f"resume={resume}")
     run_or_exit(run_pretrain, resolve_or_exit("pretrain", overrides))
 
 
