@@ -72,7 +72,8 @@ def _untrained(cfg: TokenizerConfig):
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
     tok, trainer = _untrained(cfg)
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.model = models.WordPiece(canonical_vocab(tok.get_vocab()), unk_token="[UNK]", max_input_chars_per_word=100)
+    if cfg.kind == "wordpiece":  # the other models' ids are tied to their merges / scores
+        tok.model = models.WordPiece(canonical_vocab(tok.get_vocab()), unk_token="[UNK]", max_input_chars_per_word=100)
     add_bert_template(tok)
     check_special_ids(tok, f"trained {cfg.kind} tokenizer")
     return tok
