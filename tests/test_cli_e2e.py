@@ -29,7 +29,8 @@ def test_pretrain_then_eval_through_cli(tmp_path):
     assert summary["last_loss"] < summary["first_loss"] - 0.3, summary  # it learned (ln 512 = 6.24 at start)
     assert budget_s - 1 < summary["train_seconds"] < budget_s + 3, summary  # stopped at the budget
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert lines[-1]["step"] == summary["steps"] and lines[-1]["tokens"] == summary["tokens"]
+    train_lines = [x for x in lines if x.get("kind", "train") == "train"]
+    assert train_lines[-1]["step"] == summary["steps"] and train_lines[-1]["tokens"] == summary["tokens"]
     model, tok, cfg = load_run(run)
     assert cfg.name == "e2e" and tok.token_to_id("[MASK]") == 4
     assert model.tokens.weight.shape[0] == tok.get_vocab_size()
