@@ -1,0 +1,88 @@
+"""Results over seeds -> one row per task and dev split -> tables (markdown, CSV, JSON).
+
+Per row: the median over seeds of the last-epoch score (what cramming reports) and of the
+best-epoch score (the epoch chosen by the headline metric, per seed), for every metric of the task.
+Below the rows: arithmetic and harmonic mean of the headline metric over rows, as cramming's
+GLUE average (MNLI matched and mismatched count as two rows).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+
+from cramlm.eval.metrics import arithmetic_mean, harmonic_mean
+from cramlm.eval.tasks import Task
+
+
+def task_rows(task: Task, runs: list[dict]) -> list[dict]:
+    """Rows for ``task`` from its per-seed ``finetune`` results."""
+    rows = []
+    for split in task.dev:
+        name = task.name if split == "dev" else f"{task.name}-{split}"
+        per_seed = []
+        for run in runs:
+            scores = [epoch[split] for epoch in run["epochs"]]  # [{metric: value}] per epoch
+            best_epoch = max(range(len(scores)), key=lambda e: scores[e][task.metric])
+            per_seed.append({"seed": run["seed"], "last": scores[-1], "best": scores[best_epoch], "best_epoch": best_epoch + 1, "epochs": scores})
+        rows.append(
+            {
+                "task": name,
+                "metric": task.metric,
+                "metrics": task.metrics,
+                "last": {m: statistics.median(s["last"][m] for s in per_seed) for m in task.metrics},
+                "best": {m: statistics.median(s["best"][m] for s in per_seed) for m in task.metrics},
+                "seeds": per_seed,
+                "train_examples": runs[0]["train_examples"],
+                "dev_examples": runs[0]["dev_examples"][split],
+                "seconds": round(sum(r["seconds"] for r in runs), 1),
+            }
+        )
+    return rows
+
+
+def means(rows: list[dict]) -> dict[str, dict[str, float]]:
+    out = {}
+    for which in ("last", "best"):
+        headline = [r[which][r["metric"]] for r in rows]
+        out[which] = {"arithmetic": arithmetic_mean(headline), "harmonic": harmonic_mean(headline)}
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _others(row: dict, which: str) -> str:
+    return ", ".join(f"{m} {_pct(row[which][m])}" for m in row["metrics"][1:])
+
+
+def markdown(rows: list[dict], mean: dict, title: str) -> str:
+    lines = [
+        f"**{title}**",
+        "",
+        "| task | metric | last epoch | best epoch | other metrics (last) | seeds | train | dev |",
+        "|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['metric']} | {_pct(r['last'][r['metric']])} | {_pct(r['best'][r['metric']])} "
+            f"| {_others(r, 'last')} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} |"
+        )
+    for kind in ("arithmetic", "harmonic"):
+        lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict], mean: dict) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["task", "metric", "last", "best", "other_metrics_last", "seeds", "train_examples", "dev_examples", "seconds"])
+    for r in rows:
+        others = ";".join(f"{m}={r['last'][m]:.6f}" for m in r["metrics"][1:])
+        writer.writerow([r["task"], r["metric"], f"{r['last'][r['metric']]:.6f}", f"{r['best'][r['metric']]:.6f}", others,
+                         len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"]])
+    for kind in ("arithmetic", "harmonic"):
+        writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", ""])
+    return buf.getvalue()
