@@ -2,8 +2,9 @@
 
 ``checkpoint`` is a run name, ``latest``, a run folder, a Hugging Face folder or ``hf://name``;
 append ``-untrained`` (or set ``untrained=true``) for the random-weights baseline. Results go to
-``<run>/eval/`` (``eval-untrained/`` for the baseline; ``<base_dir>/eval/<name>/`` for HF
-checkpoints) as ``results.md``, ``results.csv`` and ``results.json``, and are printed.
+``<run>/eval.{json,md,csv}`` (``eval-untrained.*`` for the baseline; ``<base_dir>/eval/<name>/eval.*``
+for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
+task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class EvalRunConfig(Config):
     impl: ImplConfig = ImplConfig()
 
 
-def evaluate(cfg: EvalRunConfig) -> dict:
+def evaluate(cfg: EvalRunConfig) -> list[dict]:
     from cramlm.eval.checkpoints import load_checkpoint
 
     ev = cfg.eval
@@ -65,7 +66,7 @@ def evaluate(cfg: EvalRunConfig) -> dict:
         for r in task_result:
             r["hparams"] = hp.model_dump(mode="json")
             r["skipped_rows"] = task.skipped
-            print(f"{r['task']}: {r['metric']} last {100 * r['last'][r['metric']]:.2f}, best {100 * r['best'][r['metric']]:.2f} ({r['seconds']}s)")
+            print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
         rows += task_result
 
     mean = means(rows)
@@ -75,17 +76,18 @@ def evaluate(cfg: EvalRunConfig) -> dict:
         "checkpoint": ckpt.label,
         "untrained": ckpt.untrained,
         "protocol": ev.protocol,
-        "tasks": rows,
+        "results": rows,
         "mean": mean,
         "lm": lm,
         "seconds": round(time.perf_counter() - start, 1),
         "config": cfg.model_dump(mode="json"),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "results.json", result)
-    write_text(out_dir / "results.csv", to_csv(rows, mean))
-    write_text(out_dir / "results.md", table + (f"\nheld-out {lm['objective']} loss: {lm['loss']:.4f}\n" if lm else ""))
+    stem = out_dir / ckpt.stem
+    write_json(stem.with_suffix(".json"), result)
+    write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
+    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {lm['objective']} loss: {lm['loss']:.4f}\n" if lm else ""))
     print("\n" + table)
-    print(f"results in {out_dir}/results.{{md,csv,json}}")
+    print(f"results in {stem}.{{md,csv,json}}")
     print(json.dumps({"checkpoint": ckpt.label, "mean": mean, "lm_loss": lm and lm["loss"]}))
-    return result
+    return rows

@@ -46,20 +46,21 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     task = _task(in_tmp / "whales")
     result = _cli("eval", "checkpoint=latest", f"eval.tasks=[{task}]", "eval.seeds=2", "eval.overrides.whales.epochs=2", *QUICK)
     assert result.exit_code == 0, result.output
-    out = in_tmp / "outputs" / "tiny" / "eval"
-    data = json.loads((out / "results.json").read_text())
-    (row,) = data["tasks"]
+    out = in_tmp / "outputs" / "tiny"
+    data = json.loads((out / "eval.json").read_text())
+    (row,) = data["results"]
     assert row["task"] == "whales" and [s["seed"] for s in row["seeds"]] == [0, 1]
     assert all(len(s["epochs"]) == 2 for s in row["seeds"])  # the per-task override took effect
     assert row["hparams"]["epochs"] == 2
     assert data["lm"]["objective"] == "mlm" and math.isfinite(data["lm"]["loss"])
-    assert (out / "results.csv").read_text().startswith("task,metric,last,best")
-    assert "| whales | accuracy |" in (out / "results.md").read_text()
+    assert 0.0 <= row["score"] <= 1.0 and row["metric"] == "accuracy" and row["dev_examples"] == 6
+    assert (out / "eval.csv").read_text().startswith("task,metric,last,best")
+    assert "| whales | accuracy |" in (out / "eval.md").read_text()
     assert "arithmetic mean" in result.output
 
     base = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[{task}]", *QUICK)
     assert base.exit_code == 0, base.output
-    untrained = json.loads((in_tmp / "outputs" / "tiny" / "eval-untrained" / "results.json").read_text())
+    untrained = json.loads((in_tmp / "outputs" / "tiny" / "eval-untrained.json").read_text())
     assert untrained["untrained"] and untrained["checkpoint"] == "tiny-untrained"
     assert untrained["lm"]["loss"] != data["lm"]["loss"]
 
@@ -102,5 +103,5 @@ def test_eval_hf_folder_and_its_untrained_baseline(in_tmp):
     for checkpoint, label in ((str(folder), "tiny-bert"), (f"{folder}-untrained", "tiny-bert-untrained")):
         result = _cli("eval", f"checkpoint={checkpoint}", f"eval.tasks=[{task}]", *QUICK)
         assert result.exit_code == 0, result.output
-        data = json.loads((in_tmp / "outputs" / "eval" / label / "results.json").read_text())
-        assert data["lm"] is None and 0.0 <= data["tasks"][0]["last"]["accuracy"] <= 1.0
+        data = json.loads((in_tmp / "outputs" / "eval" / label / "eval.json").read_text())
+        assert data["lm"] is None and 0.0 <= data["results"][0]["score"] <= 1.0

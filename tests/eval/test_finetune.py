@@ -23,7 +23,7 @@ def _tiny_checkpoint(texts: list[str]) -> Checkpoint:
     torch.manual_seed(0)
     tok = train_tokenizer(TokenizerConfig(vocab_size=120, min_frequency=1), texts)
     cfg = CrammedBertConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, max_seq_length=32)
-    return Checkpoint("tiny", CrammedBert(cfg, tok.get_vocab_size()), CramTokenizer(tok), 32, Path("."), False)
+    return Checkpoint("tiny", CrammedBert(cfg, tok.get_vocab_size()), CramTokenizer(tok), 32, Path("."), "eval", False)
 
 
 def _sentences(rng, n):

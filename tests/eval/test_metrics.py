@@ -56,13 +56,13 @@ def _run(seed, f1s, accs=None, split="dev"):
 def test_median_over_seeds_last_and_best_epoch():
     runs = [_run(0, [0.5, 0.9, 0.6]), _run(1, [0.1, 0.2, 0.3]), _run(2, [0.7, 0.4, 0.8], [0.1, 0.2, 0.35])]
     (row,) = task_rows(_task(), runs)
-    assert row["last"]["f1"] == pytest.approx(0.6)  # median of last epochs 0.6, 0.3, 0.8
-    assert row["best"]["f1"] == pytest.approx(0.8)  # median of bests 0.9, 0.3, 0.8
-    assert row["last"]["accuracy"] == pytest.approx(0.35)  # median of 0.6, 0.3, 0.35
+    assert row["score"] == pytest.approx(0.6)  # median of last epochs 0.6, 0.3, 0.8
+    assert row["best"] == pytest.approx(0.8)  # median of bests 0.9, 0.3, 0.8
+    assert row["last_metrics"]["accuracy"] == pytest.approx(0.35)  # median of 0.6, 0.3, 0.35
     assert [s["best_epoch"] for s in row["seeds"]] == [2, 3, 3]
     # even number of seeds: the mean of the middle two
     (row,) = task_rows(_task(), runs[:2])
-    assert row["last"]["f1"] == pytest.approx(0.45)
+    assert row["score"] == pytest.approx(0.45)
 
 
 def test_table_outputs_and_means():
@@ -82,4 +82,4 @@ def test_mnli_style_splits_become_rows():
     runs = [{"seed": 0, "epochs": [{"m": {"accuracy": 0.6}, "mm": {"accuracy": 0.7}}], "train_examples": 3,
              "dev_examples": {"m": 2, "mm": 4}, "seconds": 1.0}]
     rows = task_rows(_task(("m", "mm"), ("accuracy",)), runs)
-    assert [(r["task"], r["last"]["accuracy"], r["dev_examples"]) for r in rows] == [("t-m", 0.6, 2), ("t-mm", 0.7, 4)]
+    assert [(r["task"], r["score"], r["dev_examples"]) for r in rows] == [("t-m", 0.6, 2), ("t-mm", 0.7, 4)]

@@ -95,7 +95,8 @@ class Checkpoint:
     encoder: nn.Module
     tokenizer: CramTokenizer | HFTokenizer
     max_length: int  # positions the encoder accepts
-    out_dir: Path  # where results are written
+    out_dir: Path  # where results are written ...
+    stem: str  # ... as <stem>.json, <stem>.md, <stem>.csv
     untrained: bool
     lm: LMData | None = None
 
@@ -158,7 +159,8 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         encoder=model,
         tokenizer=CramTokenizer(tok),
         max_length=cfg.arch.max_seq_length,
-        out_dir=run_dir / ("eval-untrained" if untrained else "eval"),
+        out_dir=run_dir,
+        stem="eval-untrained" if untrained else "eval",
         untrained=untrained,
         lm=lm,
     )
@@ -201,5 +203,6 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool) -> C
         tokenizer=HFTokenizer(tok),
         max_length=max_length,
         out_dir=base_dir / "eval" / label,
+        stem="eval",
         untrained=untrained,
     )

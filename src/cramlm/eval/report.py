@@ -31,8 +31,10 @@ def task_rows(task: Task, runs: list[dict]) -> list[dict]:
                 "task": name,
                 "metric": task.metric,
                 "metrics": task.metrics,
-                "last": {m: statistics.median(s["last"][m] for s in per_seed) for m in task.metrics},
-                "best": {m: statistics.median(s["best"][m] for s in per_seed) for m in task.metrics},
+                "score": statistics.median(s["last"][task.metric] for s in per_seed),  # the headline
+                "best": statistics.median(s["best"][task.metric] for s in per_seed),
+                "last_metrics": {m: statistics.median(s["last"][m] for s in per_seed) for m in task.metrics},
+                "best_metrics": {m: statistics.median(s["best"][m] for s in per_seed) for m in task.metrics},
                 "seeds": per_seed,
                 "train_examples": runs[0]["train_examples"],
                 "dev_examples": runs[0]["dev_examples"][split],
@@ -44,8 +46,8 @@ def task_rows(task: Task, runs: list[dict]) -> list[dict]:
 
 def means(rows: list[dict]) -> dict[str, dict[str, float]]:
     out = {}
-    for which in ("last", "best"):
-        headline = [r[which][r["metric"]] for r in rows]
+    for which, key in (("last", "score"), ("best", "best")):
+        headline = [r[key] for r in rows]
         out[which] = {"arithmetic": arithmetic_mean(headline), "harmonic": harmonic_mean(headline)}
     return out
 
@@ -54,8 +56,8 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def _others(row: dict, which: str) -> str:
-    return ", ".join(f"{m} {_pct(row[which][m])}" for m in row["metrics"][1:])
+def _others(row: dict) -> str:
+    return ", ".join(f"{m} {_pct(row['last_metrics'][m])}" for m in row["metrics"][1:])
 
 
 def markdown(rows: list[dict], mean: dict, title: str) -> str:
@@ -67,8 +69,8 @@ def markdown(rows: list[dict], mean: dict, title: str) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['task']} | {r['metric']} | {_pct(r['last'][r['metric']])} | {_pct(r['best'][r['metric']])} "
-            f"| {_others(r, 'last')} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} |"
+            f"| {r['task']} | {r['metric']} | {_pct(r['score'])} | {_pct(r['best'])} "
+            f"| {_others(r)} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} |"
         )
     for kind in ("arithmetic", "harmonic"):
         lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | |")
@@ -80,8 +82,8 @@ def to_csv(rows: list[dict], mean: dict) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["task", "metric", "last", "best", "other_metrics_last", "seeds", "train_examples", "dev_examples", "seconds"])
     for r in rows:
-        others = ";".join(f"{m}={r['last'][m]:.6f}" for m in r["metrics"][1:])
-        writer.writerow([r["task"], r["metric"], f"{r['last'][r['metric']]:.6f}", f"{r['best'][r['metric']]:.6f}", others,
+        others = ";".join(f"{m}={r['last_metrics'][m]:.6f}" for m in r["metrics"][1:])
+        writer.writerow([r["task"], r["metric"], f"{r['score']:.6f}", f"{r['best']:.6f}", others,
                          len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"]])
     for kind in ("arithmetic", "harmonic"):
         writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", ""])
