@@ -83,3 +83,15 @@ def test_mnli_style_splits_become_rows():
              "dev_examples": {"m": 2, "mm": 4}, "seconds": 1.0}]
     rows = task_rows(_task(("m", "mm"), ("accuracy",)), runs)
     assert [(r["task"], r["score"], r["dev_examples"]) for r in rows] == [("t-m", 0.6, 2), ("t-mm", 0.7, 4)]
+
+
+def test_compare_table():
+    from cramlm.eval.report import compare
+
+    a_rows = task_rows(_task(), [_run(0, [0.5, 0.8])])
+    b_rows = task_rows(_task(), [_run(0, [0.5, 0.4])])
+    a = {"checkpoint": "a", "results": a_rows, "mean": means(a_rows), "lm": {"loss": 2.5}}
+    b = {"checkpoint": "b", "results": b_rows, "mean": means(b_rows), "lm": None}
+    table = compare([a, b])
+    assert "| task | metric | a | b |" in table and "| t | f1 | 80.00 | 40.00 |" in table
+    assert "| held-out MLM/CLM loss | | 2.500 | - |" in table

@@ -88,3 +88,29 @@ def to_csv(rows: list[dict], mean: dict) -> str:
     for kind in ("arithmetic", "harmonic"):
         writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", ""])
     return buf.getvalue()
+
+
+def compare(results: list[dict]) -> str:
+    """One markdown table over several ``eval.json`` results: a column per checkpoint, the
+    last-epoch headline score per task, then the means."""
+    names = [r["checkpoint"] for r in results]
+    tasks = list(dict.fromkeys(row["task"] for r in results for row in r["results"]))
+    lines = ["| task | metric | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
+    for task in tasks:
+        rows = [{row["task"]: row for row in r["results"]}.get(task) for r in results]
+        metric = next(row["metric"] for row in rows if row)
+        lines.append(f"| {task} | {metric} | " + " | ".join(_pct(row["score"]) if row else "-" for row in rows) + " |")
+    for kind in ("arithmetic", "harmonic"):
+        lines.append(f"| **{kind} mean** | | " + " | ".join(_pct(r["mean"]["last"][kind]) for r in results) + " |")
+    lm = [r.get("lm") for r in results]
+    if any(lm):
+        lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m cramlm.eval.report a/eval.json b/eval.json ...
+    import json
+    import sys
+    from pathlib import Path
+
+    print(compare([json.loads(Path(p).read_text()) for p in sys.argv[1:]]))
