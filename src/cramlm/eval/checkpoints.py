@@ -51,11 +51,10 @@ class HFTokenizer:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def encode(self, examples: list[Example], max_len: int) -> list[list[int]]:
-        pairs = all(e.text_b is not None for e in examples)
+        if any(e.text_b is None for e in examples) and any(e.text_b is not None for e in examples):
+            return [self.encode([e], max_len)[0] for e in examples]  # mixed single/pair: one by one
         a = [e.text_a for e in examples]
-        b = [e.text_b for e in examples] if pairs else None
-        if not pairs and any(e.text_b is not None for e in examples):
-            return [ids for e in examples for ids in self.encode([e], max_len)]
+        b = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
         return self.tok(a, b, truncation=True, max_length=max_len)["input_ids"]
 
 
