@@ -16,7 +16,7 @@ from typing import Any
 
 from cramlm.config.base import Config
 from cramlm.eval.finetune import EvalConfig, finetune
-from cramlm.eval.report import markdown, means, task_rows, to_csv
+from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
 from cramlm.eval.tasks import load_task
 from cramlm.train.checkpoint import write_json, write_text
 from cramlm.train.runtime import ImplConfig, setup_device
@@ -62,7 +62,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     for task in tasks:
         hp = ev.for_task(task.name)
         runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
-        task_result = task_rows(task, runs)
+        task_result = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
         for r in task_result:
             r["hparams"] = hp.model_dump(mode="json")
             r["skipped_rows"] = task.skipped

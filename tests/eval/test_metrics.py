@@ -71,10 +71,10 @@ def test_table_outputs_and_means():
     assert mean["last"]["arithmetic"] == pytest.approx(0.5)
     assert mean["best"]["harmonic"] == pytest.approx(2 / (1 / 0.8 + 1 / 0.4))
     md = markdown(rows, mean, "title")
-    assert "| t | f1 | 80.00 | 80.00 | accuracy 80.00 | 1 | 10 | 5 |" in md
+    assert "| t | f1 | 80.00 | 80.00 | accuracy 80.00 | 1 | 10 | 5 | - |" in md
     assert "| **harmonic mean** | | 32.00 |" in md
     csv_text = to_csv(rows, mean)
-    assert csv_text.splitlines()[1].startswith("t,f1,0.800000,0.800000,accuracy=0.800000,1,10,5")
+    assert csv_text.splitlines()[1].startswith("t,f1,0.800000,0.800000,accuracy=0.800000,1,10,5,1.0,")
     assert csv_text.splitlines()[-2].startswith("arithmetic_mean,,0.500000,0.600000")
 
 
@@ -93,5 +93,18 @@ def test_compare_table():
     a = {"checkpoint": "a", "results": a_rows, "mean": means(a_rows), "lm": {"loss": 2.5}}
     b = {"checkpoint": "b", "results": b_rows, "mean": means(b_rows), "lm": None}
     table = compare([a, b])
-    assert "| task | metric | a | b |" in table and "| t | f1 | 80.00 | 40.00 |" in table
-    assert "| held-out MLM/CLM loss | | 2.500 | - |" in table
+    assert "| task | metric | a | b | majority class |" in table and "| t | f1 | 80.00 | 40.00 | - |" in table
+    assert "| held-out MLM/CLM loss | | 2.500 | - | |" in table
+
+
+def test_majority_class_floor():
+    from cramlm.eval.report import majority_scores
+
+    train = [Example("a", None, y) for y in (1, 1, 0)]
+    dev = [Example("a", None, y) for y in (1, 0, 0, 1)]
+    task = Task("t", ["0", "1"], ["accuracy"], train, {"dev": dev})
+    assert majority_scores(task) == {"dev": 0.5} and majority_scores(task, 1) == {"dev": 1.0}
+    rows = task_rows(task, [_run(0, [0.6])], majority_scores(task))
+    assert rows[0]["majority"] == 0.5 and "| 50.00 |" in markdown(rows, means(rows), "x")
+    reg = Task("r", [], ["pearson"], [Example("a", None, 1.0)], {"dev": [Example("b", None, 2.0), Example("c", None, 3.0)]})
+    assert majority_scores(reg) == {"dev": 0.0}

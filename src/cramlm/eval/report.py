@@ -12,11 +12,25 @@ import csv
 import io
 import statistics
 
-from cramlm.eval.metrics import arithmetic_mean, harmonic_mean
+import numpy as np
+
+from cramlm.eval.metrics import arithmetic_mean, harmonic_mean, score
 from cramlm.eval.tasks import Task
 
 
-def task_rows(task: Task, runs: list[dict]) -> list[dict]:
+def majority_scores(task: Task, max_dev_examples: int | None = None) -> dict[str, float]:
+    """Per dev split, the headline score of always predicting the most frequent training label
+    (regression: the training mean, which scores 0 correlation): the floor a model must beat."""
+    train_y = np.asarray([e.label for e in task.train])
+    constant = train_y.mean() if task.is_regression else np.bincount(train_y.astype(int)).argmax()
+    out = {}
+    for split, exs in task.dev.items():
+        dev_y = np.asarray([e.label for e in (exs[:max_dev_examples] if max_dev_examples else exs)])
+        out[split] = score(task.metric, np.full(len(dev_y), constant), dev_y)
+    return out
+
+
+def task_rows(task: Task, runs: list[dict], majority: dict[str, float] | None = None) -> list[dict]:
     """Rows for ``task`` from its per-seed ``finetune`` results."""
     rows = []
     for split in task.dev:
@@ -39,6 +53,7 @@ def task_rows(task: Task, runs: list[dict]) -> list[dict]:
                 "train_examples": runs[0]["train_examples"],
                 "dev_examples": runs[0]["dev_examples"][split],
                 "seconds": round(sum(r["seconds"] for r in runs), 1),
+                "majority": (majority or {}).get(split),
             }
         )
     return rows
@@ -64,29 +79,31 @@ def markdown(rows: list[dict], mean: dict, title: str) -> str:
     lines = [
         f"**{title}**",
         "",
-        "| task | metric | last epoch | best epoch | other metrics (last) | seeds | train | dev |",
-        "|---|---|---:|---:|---|---:|---:|---:|",
+        "| task | metric | last epoch | best epoch | other metrics (last) | seeds | train | dev | majority class |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['task']} | {r['metric']} | {_pct(r['score'])} | {_pct(r['best'])} "
-            f"| {_others(r)} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} |"
+            f"| {_others(r)} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} "
+            f"| {_pct(r['majority']) if r.get('majority') is not None else '-'} |"
         )
     for kind in ("arithmetic", "harmonic"):
-        lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | |")
+        lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | | |")
     return "\n".join(lines) + "\n"
 
 
 def to_csv(rows: list[dict], mean: dict) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["task", "metric", "last", "best", "other_metrics_last", "seeds", "train_examples", "dev_examples", "seconds"])
+    writer.writerow(["task", "metric", "last", "best", "other_metrics_last", "seeds", "train_examples", "dev_examples", "seconds", "majority"])
     for r in rows:
         others = ";".join(f"{m}={r['last_metrics'][m]:.6f}" for m in r["metrics"][1:])
         writer.writerow([r["task"], r["metric"], f"{r['score']:.6f}", f"{r['best']:.6f}", others,
-                         len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"]])
+                         len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"],
+                         "" if r.get("majority") is None else f"{r['majority']:.6f}"])
     for kind in ("arithmetic", "harmonic"):
-        writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", ""])
+        writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", "", ""])
     return buf.getvalue()
 
 
@@ -95,16 +112,18 @@ def compare(results: list[dict]) -> str:
     last-epoch headline score per task, then the means."""
     names = [r["checkpoint"] for r in results]
     tasks = list(dict.fromkeys(row["task"] for r in results for row in r["results"]))
-    lines = ["| task | metric | " + " | ".join(names) + " |", "|---|---|" + "---:|" * len(names)]
+    lines = ["| task | metric | " + " | ".join(names) + " | majority class |", "|---|---|" + "---:|" * (len(names) + 1)]
     for task in tasks:
         rows = [{row["task"]: row for row in r["results"]}.get(task) for r in results]
         metric = next(row["metric"] for row in rows if row)
-        lines.append(f"| {task} | {metric} | " + " | ".join(_pct(row["score"]) if row else "-" for row in rows) + " |")
+        floor = next((row["majority"] for row in rows if row and row.get("majority") is not None), None)
+        cells = [_pct(row["score"]) if row else "-" for row in rows] + [_pct(floor) if floor is not None else "-"]
+        lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
     for kind in ("arithmetic", "harmonic"):
-        lines.append(f"| **{kind} mean** | | " + " | ".join(_pct(r["mean"]["last"][kind]) for r in results) + " |")
+        lines.append(f"| **{kind} mean** | | " + " | ".join(_pct(r["mean"]["last"][kind]) for r in results) + " | |")
     lm = [r.get("lm") for r in results]
     if any(lm):
-        lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " |")
+        lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " | |")
     return "\n".join(lines) + "\n"
 
 
