@@ -29,6 +29,7 @@ class EvalRunConfig(Config):
     base_dir: str = "outputs"
     checkpoint: str | None = None  # run name/folder, latest, HF folder, hf://name; suffix -untrained
     untrained: bool = False  # same architecture, random weights
+    trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
     out_dir: str | None = None  # where results go (default: see the module docstring)
     plugins: list[str] = []
     eval: EvalConfig = EvalConfig()
@@ -41,7 +42,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     ev = cfg.eval
     tasks = [load_task(spec, ev.glue_dir) for spec in ev.tasks]  # fail on a bad task before any training
     device = setup_device(cfg.impl)
-    ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed)
+    ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
     start = time.perf_counter()
     print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")

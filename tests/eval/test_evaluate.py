@@ -110,3 +110,23 @@ def test_eval_hf_folder_and_its_untrained_baseline(in_tmp):
         assert result.exit_code == 0, result.output
         data = json.loads((in_tmp / "outputs" / "eval" / label / "eval.json").read_text())
         assert data["lm"] is None and 0.0 <= data["results"][0]["score"] <= 1.0
+
+
+def test_causal_hf_model_pools_its_last_real_token(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path / "tiny-gpt2"
+    torch.manual_seed(0)
+    GPT2Model(GPT2Config(vocab_size=30522, n_embd=32, n_layer=1, n_head=2, n_positions=64)).save_pretrained(folder)
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(MINILM / name, folder / name)  # any real tokenizer will do; the model is what is causal
+    ckpt = load_checkpoint(str(folder), tmp_path)
+    assert ckpt.encoder.causal and ckpt.encoder.hidden_size == 32 and ckpt.max_length == 64
+    ids = ckpt.tokenizer.encode([Example("a whale swam", None, 0), Example("a", None, 0)], 16)
+    width = max(map(len, ids))
+    x = torch.tensor([row + [0] * (width - len(row)) for row in ids])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
+    hidden = ckpt.encoder.encode(x, mask)
+    reference = ckpt.encoder.model(input_ids=x, attention_mask=mask).last_hidden_state
+    assert torch.allclose(hidden[1, 0], reference[1, len(ids[1]) - 1])  # the short row: its last real token
+    assert torch.allclose(hidden[0, 0], reference[0, width - 1]) and torch.allclose(hidden[:, 1:], reference[:, 1:])

