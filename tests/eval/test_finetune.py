@@ -51,10 +51,11 @@ def test_regression_task_trains_and_scores():
     texts = [" ".join(["blue"] * int(c) + list(rng.choice(FILLER, 4 - int(c)))) for c in counts]
     pairs = [Example(t, "the", float(c)) for t, c in zip(texts, counts)]  # a pair task, too
     task = Task("blues", [], ["pearson", "spearman"], pairs[:128], {"dev": pairs[128:]})
-    result = finetune(_tiny_checkpoint(texts + ["the"]), task, HP, 0, IMPL, torch.device("cpu"))
+    hp = HP.model_copy(update={"lr": 3e-3})  # 1e-2 overshoots a regression head (the sign of the fit flips)
+    result = finetune(_tiny_checkpoint(texts + ["the"]), task, hp, 0, IMPL, torch.device("cpu"))
     final = result["epochs"][-1]["dev"]
     assert set(final) == {"pearson", "spearman"}
-    assert final["pearson"] > 0.6  # untrained: about 0
+    assert final["pearson"] > 0.8  # untrained: about 0
 
 
 def test_dynamic_padding_and_length_groups():
