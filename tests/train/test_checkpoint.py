@@ -68,7 +68,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     root = tmp_path / "dying" / "checkpoints"
     assert [p.name for p in checkpoint_dirs(root)] == ["step-00000001", "step-00000002"]
     assert list(root.glob(".tmp-step-00000003-*"))  # the interrupted write, under a temporary name
-    model, training, state = read_checkpoint(latest_checkpoint(root), {"decoder.weight": "tokens.weight"})
+    model, training, state = read_checkpoint(latest_checkpoint(root), {"head.decoder.weight": "trunk.tokens.weight"})
     assert state["usage"]["steps"] == 2 and training["optimizer"]["state"]
     # resuming from it cleans the partial write and finishes the run
     resumed = run_inprocess(tmp_path, "dying", *STEPS, "resume=auto")
@@ -81,7 +81,7 @@ def test_tied_weights_stored_once_and_loadable(tmp_path):
 
     run_inprocess(tmp_path, "tied", "budget=null", "train.budget.steps=1")
     names = load_file(str(tmp_path / "tied" / "model.safetensors")).keys()
-    assert "tokens.weight" in names and "decoder.weight" not in names
+    assert "trunk.tokens.weight" in names and "head.decoder.weight" not in names
     model, tok, cfg = load_run(tmp_path / "tied")
     assert model.decoder.weight is model.tokens.weight
 
