@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import time
 from functools import lru_cache
@@ -79,7 +81,11 @@ def measure_flops_per_token(model: torch.nn.Module, batch: dict[str, torch.Tenso
 def flops_per_token(model: torch.nn.Module, seq_len: int, sample: dict[str, torch.Tensor] | None) -> tuple[float, str]:
     """The model's own count if it has one, else a measurement on ``sample``, else 6 * params."""
     if hasattr(model, "flops_per_token"):
-        return float(model.flops_per_token(seq_len)), "model.flops_per_token"
+        kwargs = {}
+        if sample is not None and "labels" in sample and "predicted_fraction" in inspect.signature(model.flops_per_token).parameters:
+            # sparse MLM prediction runs the head only where labels are scored (-100 = unscored)
+            kwargs["predicted_fraction"] = float((sample["labels"] != -100).float().mean())
+        return float(model.flops_per_token(seq_len, **kwargs)), "model.flops_per_token"
     if sample is not None:
         return measure_flops_per_token(model, sample), "FlopCounterMode"
     return 6.0 * sum(p.numel() for p in model.parameters()), "6 * parameters"

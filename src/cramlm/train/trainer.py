@@ -141,7 +141,8 @@ class Trainer:
         self.checkpoints = self.run_dir / "checkpoints"
         self.module = model  # the plain module (state dicts are taken from it)
         self.aliases = ckpt.tied_aliases(model)
-        sample = {k: v[:2].to(device) for k, v in val_batches[0].items()} if val_batches else None
+        # a small sample for FLOP counting (its labels also give the scored fraction of MLM positions)
+        sample = {k: v[:8].to(device) for k, v in val_batches[0].items()} if val_batches else None
         self.flops_per_token, self.flops_source = flops_per_token(model, seq_len, sample)
         self.budget = Budget(cfg.budget, budget_hours, self.flops_per_token)
         self.plan = BatchPlan(cfg, impl.microbatch_size, dist.world, seq_len, self.budget)
