@@ -28,6 +28,10 @@ def _colors(n: int) -> list:
     return [cycle[i % len(cycle)] for i in range(n)]
 
 
+def _marker(xs: list) -> str | None:
+    return "o" if len(xs) <= 20 else None  # a short run's few points stay visible
+
+
 def _label(run: RunData, many: bool, what: str) -> str:
     return f"{run.name} {what}" if many else what
 
@@ -38,7 +42,7 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
     many = len(runs) > 1
     for run, color in zip(runs, _colors(len(runs))):
         xs, ys = run.series(x, "loss")
-        ax.plot([v * scale for v in xs], ys, color=color, label=_label(run, many, "train"))
+        ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
         if run.has("val_loss"):
             xs, ys = run.series(x, "val_loss")
             ax.plot([v * scale for v in xs], ys, "o--", color=color, ms=3, label=_label(run, many, "validation"))
@@ -56,10 +60,12 @@ def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]],
     for ax, (x, y, xlabel, ylabel, scale) in zip(axes[0], panels):
         for run, color in zip(runs, _colors(len(runs))):
             xs, ys = run.series(x, y)
-            ax.plot([v * scale for v in xs], ys, color=color, label=run.name if many else None, drawstyle="steps-post")
+            ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=run.name if many else None)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+        if x == "t":
+            ax.set_xlim(0, 1)
         if many:
             ax.legend(fontsize=8)
     return _save(fig, path)
