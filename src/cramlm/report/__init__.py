@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import os
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -137,7 +138,6 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
 def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     """Write the report of one run (into its folder) or the comparison of several (into ``out``)."""
     from cramlm.report.plots import draw_all
-    from cramlm.train.checkpoint import write_text
 
     if not run_dirs:
         raise ValueError("no run folders given")
@@ -149,5 +149,7 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out)
     figures = draw_all(runs, out / "plots")
     path = out / "report.html"
-    write_text(path, render_html(runs, figures))
+    tmp = path.with_name(f".report.html.tmp-{os.getpid()}")  # atomic, without importing torch for it
+    tmp.write_text(render_html(runs, figures), encoding="utf-8")
+    os.replace(tmp, path)
     return path

@@ -24,5 +24,5 @@ def report_command(runs: tuple[Path, ...], out: Path | None) -> None:
 
     if len(runs) > 1 and out is None:
         out = runs[0].parent / ("compare-" + "-".join(r.name for r in runs))[:120]
-    path = run_or_exit(write_report, *runs, out=out) if out else run_or_exit(write_report, *runs)
+    path = run_or_exit(lambda: write_report(*runs, out=out))
     click.echo(f"report: {path}")
