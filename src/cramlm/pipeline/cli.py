@@ -58,8 +58,9 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
               help="Comma-separated model sizes HIDDENxLAYERS (crammed-bert widths/depths).")
 @click.option("--budgets", default="30s,1m,2m", show_default=True, help="Comma-separated budgets ('90s', '2m', '1h').")
 @click.option("--name", default="sweep", show_default=True, help="Folder under base_dir for the grid's runs.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Also write report.html comparing the runs.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def sweep_command(sizes: str, budgets: str, name: str, args: tuple[str, ...]) -> None:
+def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple[str, ...]) -> None:
     """Pretrain a grid of sizes x budgets and fit final loss against compute (a power law).
 
     ARGS: an optional RECIPE (default: `default`) then key=value overrides for every grid point.
@@ -72,4 +73,4 @@ def sweep_command(sizes: str, budgets: str, name: str, args: tuple[str, ...]) ->
 
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
-    run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides)
+    run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)

@@ -92,8 +92,10 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
     return _save(fig, path)
 
 
-def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str]) -> dict[str, Any]:
-    """Run the grid (finished points are skipped), fit, and write sweep.json, sweep.png, report.html."""
+def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str],
+          report: bool = True) -> dict[str, Any]:
+    """Run the grid (finished points are skipped), fit, and write sweep.json, sweep.png and (with
+    ``report``) report.html comparing the runs' curves."""
     from cramlm.report import write_report
 
     base = resolve_recipe(recipe, overrides)
@@ -119,6 +121,7 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
               "law": "loss = a * flops^-alpha, least squares in log10-log10 space"}
     write_json(folder / "sweep.json", result)
     plot_sweep(points, fit, folder / "sweep.png")
-    write_report(*[p["run"] for p in points], out=folder)
+    if report:
+        write_report(*[p["run"] for p in points], out=folder)
     print(json.dumps({"fit": fit, "points": len(points), "plot": str(folder / "sweep.png")}))
     return result
