@@ -84,3 +84,22 @@ def test_list_and_show():
         assert name in out
     shown = CliRunner().invoke(main, ["run", "default", "budget=2m", "--show"]).output
     assert "budget: 0.0333" in shown and "rotten_tomatoes_small" in shown
+
+
+def test_other_ranks_join_only_the_pretrain_stage(tiny_run, tmp_path, monkeypatch):
+    """Under torchrun, ranks > 0 decide like rank 0 but only train; they never write the record."""
+    import cramlm.pipeline.run as run_module
+
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    calls = []
+    monkeypatch.setattr(run_module, "run_pretrain", lambda cfg: calls.append(cfg.budget))
+    for name in ("run_data", "run_eval", "run_report"):
+        monkeypatch.setattr(run_module, name, lambda cfg, name=name: pytest.fail(f"rank 1 ran {name}"))
+    record_before = (tmp_path / "outputs" / "default" / "pipeline.json").read_text()
+    run_module.run_pipeline(resolve_recipe("default", TINY_RUN))  # all finished: nothing to do
+    assert calls == []
+    run_module.run_pipeline(resolve_recipe("default", [*TINY_RUN, "budget=4s", "stages=[data,pretrain]"]))
+    assert calls == [pytest.approx(4 / 3600)]
+    assert (tmp_path / "outputs" / "default" / "pipeline.json").read_text() == record_before

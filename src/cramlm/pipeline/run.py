@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -142,8 +143,6 @@ def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
 def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
     from cramlm.evaluate import evaluate
 
-    if not cfg.eval.tasks:
-        raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     results = evaluate(cfg.eval_config())
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
 
@@ -158,22 +157,40 @@ def run_report(cfg: PipelineConfig) -> dict[str, Any]:
 RUNNERS = {"data": run_data, "pretrain": run_pretrain, "eval": run_eval, "report": run_report}
 
 
+def plan(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
+    """The stages to run now: selected, and unfinished or forced or after one that runs."""
+    keys, todo = stage_keys(cfg), []
+    for stage in STAGES:
+        if stage in cfg.stages and (todo or stage in cfg.force or not finished(cfg, stage, record, keys[stage])):
+            todo.append(stage)
+    return todo
+
+
 def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
-    """Run the selected stages, skipping finished ones; returns the stage record."""
+    """Run the selected stages, skipping finished ones; returns the stage record.
+
+    Under ``torchrun`` every process runs this with the same config: all decide from the same
+    record which stages run, only rank 0 prepares data, evaluates, reports and writes the record,
+    and the others join the pretrain stage (whose processes the training engine coordinates).
+    """
+    if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
+        raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
     record = read_record(run_dir)
     record.setdefault("stages", {})
     record["name"] = cfg.name
+    todo = plan(cfg, record)
+    if rank != 0:
+        if "pretrain" in todo:
+            run_pretrain(cfg)
+        return record
+    run_dir.mkdir(parents=True, exist_ok=True)
     keys = stage_keys(cfg)
-    rerun = False  # once a stage runs, the stages after it are stale
-    for stage in STAGES:
-        if stage not in cfg.stages:
-            continue
-        if not rerun and stage not in cfg.force and finished(cfg, stage, record, keys[stage]):
+    for stage in [s for s in STAGES if s in cfg.stages]:
+        if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
             continue
-        rerun = True
         print(f"cramlm run: {stage} ...")
         start = time.perf_counter()
         record["stages"][stage] = {"status": "running", "key": keys[stage], "started": _now()}
