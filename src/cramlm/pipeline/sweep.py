@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
-from cramlm.report.runs import _finite, load_run_data
+from cramlm.report.runs import is_number, load_run_data
 from cramlm.train.checkpoint import write_json
 
 
@@ -37,16 +37,16 @@ def size_overrides(spec: str) -> list[str]:
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
     """The last validation loss when the run logged one, else the last train-loss window."""
     run = load_run_data(run_dir)
-    val = [m["val_loss"] for m in run.metrics if _finite(m.get("val_loss"))]
+    val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
     if val:
         return float(val[-1]), "val_loss"
     last = run.summary.get("last_loss")
-    return (float(last), "train_loss") if _finite(last) else (None, "none")
+    return (float(last), "train_loss") if is_number(last) else (None, "none")
 
 
 def training_flops(run_dir: Path) -> tuple[float, str]:
     summary = json.loads((run_dir / "summary.json").read_text())
-    if _finite(summary.get("flops")):
+    if is_number(summary.get("flops")):
         return float(summary["flops"]), "summary"
     from cramlm.pretrain import load_run
 
@@ -69,11 +69,11 @@ def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, float] |
 
 
 def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path: Path) -> Path:
-    from cramlm.report.plots import _colors, _save, plt
+    from cramlm.report.plots import colors, save, plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes = list(dict.fromkeys(p["size"] for p in points))
-    for size, color in zip(sizes, _colors(len(sizes))):
+    for size, color in zip(sizes, colors(len(sizes))):
         pts = sorted((p for p in points if p["size"] == size), key=lambda p: p["flops"])
         ax.plot([p["flops"] for p in pts], [p["loss"] for p in pts], "o-", color=color,
                 label=f"{size} ({pts[0]['parameters'] / 1e6:.2f}M)")
@@ -89,7 +89,7 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
     ax.set_ylabel(f"final {points[0]['loss_kind'].replace('_', ' ')}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str],

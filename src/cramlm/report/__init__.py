@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from cramlm.report.runs import RunData, _finite, as_percent, load_run_data, result_score
+from cramlm.report.runs import RunData, is_number, as_percent, load_run_data, result_score
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -60,10 +60,10 @@ def run_facts(run: RunData) -> dict[str, Any]:
         "budget (hours)": cfg.get("budget"),
     }
     keys = [k for k in SUMMARY_KEYS if k in run.summary]
-    keys += [k for k in run.summary if k not in keys and (_finite(run.summary[k]) or isinstance(run.summary[k], str))]
+    keys += [k for k in run.summary if k not in keys and (is_number(run.summary[k]) or isinstance(run.summary[k], str))]
     facts.update({k: run.summary[k] for k in keys if k not in ("name", "data")})
     if run.has("val_loss"):
-        facts["last val_loss"] = [m["val_loss"] for m in run.metrics if _finite(m.get("val_loss"))][-1]
+        facts["last val_loss"] = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))][-1]
     scores = [as_percent(str(r.get("metric", "")), s) for r in run.eval_results if (s := result_score(r)) is not None]
     if scores:
         facts["eval mean"] = round(statistics.fmean(scores), 2)
@@ -80,13 +80,13 @@ def eval_table(runs: list[RunData]) -> str:
     if len(runs) == 1:  # one run: every scalar field of each task result
         results = runs[0].eval_results
         cols = ["task", "metric", "score", "best"]
-        cols += [k for k in dict.fromkeys(k for r in results for k in r) if k not in cols and _finite(results[0].get(k))]
+        cols += [k for k in dict.fromkeys(k for r in results for k in r) if k not in cols and is_number(results[0].get(k))]
         rows = []
         for r in results:
             metric = str(r.get("metric", ""))
             score = result_score(r)
             row = [r.get("task"), metric, None if score is None else round(as_percent(metric, score), 2)]
-            row.append(round(as_percent(metric, r["best"]), 2) if _finite(r.get("best")) else "")
+            row.append(round(as_percent(metric, r["best"]), 2) if is_number(r.get("best")) else "")
             row += [r.get(k, "") for k in cols[4:]]
             rows.append(row)
         return _table(cols, rows)

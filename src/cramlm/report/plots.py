@@ -16,14 +16,14 @@ from cramlm.report.runs import RunData, as_percent, result_score  # noqa: E402
 DPI = 110
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
 
-def _colors(n: int) -> list:
+def colors(n: int) -> list:
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     return [cycle[i % len(cycle)] for i in range(n)]
 
@@ -40,7 +40,7 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
     """Train loss (solid) and validation loss (dashed, when logged) against ``x``."""
     fig, ax = plt.subplots(figsize=(7, 4))
     many = len(runs) > 1
-    for run, color in zip(runs, _colors(len(runs))):
+    for run, color in zip(runs, colors(len(runs))):
         xs, ys = run.series(x, "loss")
         ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
         if run.has("val_loss"):
@@ -50,7 +50,7 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
     ax.set_ylabel("MLM / LM loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]], path: Path) -> Path:
@@ -58,7 +58,7 @@ def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]],
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     many = len(runs) > 1
     for ax, (x, y, xlabel, ylabel, scale) in zip(axes[0], panels):
-        for run, color in zip(runs, _colors(len(runs))):
+        for run, color in zip(runs, colors(len(runs))):
             xs, ys = run.series(x, y)
             ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=run.name if many else None)
         ax.set_xlabel(xlabel)
@@ -68,7 +68,7 @@ def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]],
             ax.set_xlim(0, 1)
         if many:
             ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def schedule_figure(runs: list[RunData], path: Path) -> Path:
@@ -88,7 +88,7 @@ def eval_figure(runs: list[RunData], path: Path) -> Path:
     tasks = list(dict.fromkeys(r.get("task", "?") for run in runs for r in run.eval_results))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(tasks) * max(1, len(runs)) ** 0.5), 3.8))
     width = 0.8 / len(runs)
-    for i, (run, color) in enumerate(zip(runs, _colors(len(runs)))):
+    for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         by_task = {r.get("task", "?"): r for r in run.eval_results}
         xs, heights = [], []
         for j, task in enumerate(tasks):
@@ -104,7 +104,7 @@ def eval_figure(runs: list[RunData], path: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     if len(runs) > 1:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # name -> (title, draws it?, draw); the report shows the figures whose data exists

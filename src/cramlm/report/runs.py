@@ -28,11 +28,11 @@ class RunData:
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
         """(xs, ys) from the metric lines holding finite numbers under both keys."""
-        pairs = [(m[x], m[y]) for m in self.metrics if _finite(m.get(x)) and _finite(m.get(y))]
+        pairs = [(m[x], m[y]) for m in self.metrics if is_number(m.get(x)) and is_number(m.get(y))]
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def has(self, key: str) -> bool:
-        return any(_finite(m.get(key)) for m in self.metrics)
+        return any(is_number(m.get(key)) for m in self.metrics)
 
     @property
     def eval_results(self) -> list[dict[str, Any]]:
@@ -40,7 +40,7 @@ class RunData:
         return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
 
 
-def _finite(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -91,7 +91,7 @@ def load_run_data(folder: str | Path) -> RunData:
 def result_score(result: dict[str, Any]) -> float | None:
     """The headline score of one task result (``score``, else ``median``), as eval.json holds it."""
     for key in ("score", "median", "mean"):
-        if _finite(result.get(key)):
+        if is_number(result.get(key)):
             return float(result[key])
     return None
 
