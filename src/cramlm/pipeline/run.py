@@ -47,8 +47,8 @@ class PipelineConfig(PretrainConfig):
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir))
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
-            small = min(self.eval.max_train_examples or 64, 64)
-            cfg.eval = cfg.eval.model_copy(update={"epochs": 1, "max_train_examples": small})
+            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64)}
+            cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
         return cfg
 
 
