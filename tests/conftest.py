@@ -10,7 +10,17 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+def _find_shared_data() -> Path:
+    """$CRAMLM_SHARED_DATA, else the first shared/data folder above the checkout."""
+    if os.environ.get("CRAMLM_SHARED_DATA"):
+        return Path(os.environ["CRAMLM_SHARED_DATA"])
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "shared" / "data").is_dir():
+            return parent / "shared" / "data"
+    return Path("/nonexistent/shared/data")
+
+
+SHARED_DATA = _find_shared_data()
 
 # overrides that make `cramlm pretrain` tiny and quick (a few seconds on 2 cores)
 TINY_PRETRAIN = [

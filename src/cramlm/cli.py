@@ -11,6 +11,7 @@ import click
 from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
 from cramlm.data.cli import data
 from cramlm.eval.cli import eval_command
+from cramlm.models.cli import export
 from cramlm.pipeline.cli import run_command, sweep_command
 from cramlm.report.cli import report_command
 
@@ -22,14 +23,18 @@ def main() -> None:
 
 
 @main.command(context_settings=OVERRIDES)
+@click.option("--resume", default=None, help="'auto' (newest checkpoint of the run, if any) or a checkpoint folder; same as resume=...")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def pretrain(overrides: tuple[str, ...]) -> None:
+def pretrain(overrides: tuple[str, ...], resume: str | None) -> None:
     """Pretrain a model. Defaults: arch=crammed-bert-tiny train=bert-o4-cpu data=default budget=1m.
 
     Example: cramlm pretrain arch=crammed-bert train=bert-o4 budget=24 name=bert24
+    Multi-process: torchrun --nproc_per_node 2 -m cramlm pretrain ... (docs/training.md)
     """
     from cramlm.pretrain import pretrain as run_pretrain
 
+    if resume:
+        overrides = (*overrides, f"resume={resume}")
     run_or_exit(run_pretrain, resolve_or_exit("pretrain", overrides))
 
 
@@ -50,6 +55,7 @@ def config_show(command: str, overrides: tuple[str, ...]) -> None:
 
 main.add_command(data)
 main.add_command(eval_command)
+main.add_command(export)
 main.add_command(run_command)
 main.add_command(report_command)
 main.add_command(sweep_command)

@@ -1,44 +1,94 @@
-"""``cramlm eval``: fine-tune a pretrained run on each task and report dev scores.
+"""``cramlm eval``: fine-tune a checkpoint on each task with N seeds and report dev scores.
 
-Results go to ``<run>/eval.json`` and are printed as a table."""
+``checkpoint`` is a run name, ``latest``, a run folder, a Hugging Face folder or ``hf://name``;
+append ``-untrained`` (or set ``untrained=true``) for the random-weights baseline. Results go to
+``<run>/eval.{json,md,csv}`` (``eval-untrained.*`` for the baseline; ``<base_dir>/eval/<name>/eval.*``
+for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
+task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from cramlm.config.base import Config
 from cramlm.eval.finetune import EvalConfig, finetune
+from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
 from cramlm.eval.tasks import load_task
-from cramlm.pretrain import load_run
-from cramlm.train.checkpoint import write_json
+from cramlm.train.checkpoint import write_json, write_text
 from cramlm.train.runtime import ImplConfig, setup_device
 
 DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
 
 
 class EvalRunConfig(Config):
-    name: str = "default"  # the run to evaluate: <base_dir>/<name>
+    name: str = "latest"  # the run to evaluate (<base_dir>/<name>) when checkpoint is not set
     base_dir: str = "outputs"
-    checkpoint: str | None = None  # a run folder path; overrides name/base_dir
+    checkpoint: str | None = None  # run name/folder, latest, HF folder, hf://name; suffix -untrained
+    untrained: bool = False  # same architecture, random weights
+    trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
+    out_dir: str | None = None  # where results go (default: see the module docstring)
     plugins: list[str] = []
     eval: EvalConfig = EvalConfig()
     impl: ImplConfig = ImplConfig()
 
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.checkpoint) if self.checkpoint else Path(self.base_dir) / self.name
-
 
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
-    tasks = [load_task(spec) for spec in cfg.eval.tasks]  # fail on a bad task before any training
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    ev = cfg.eval
+    tasks = [load_task(spec, ev.glue_dir) for spec in ev.tasks]  # fail on a bad task before any training
     device = setup_device(cfg.impl)
-    model, tok, _ = load_run(cfg.run_dir, device)
-    results = [finetune(model, tok, task, cfg.eval, cfg.impl, device) for task in tasks]
-    write_json(cfg.run_dir / "eval.json", {"config": cfg.eval.model_dump(mode="json"), "results": results})
-    print(f"\n| task | metric | dev (last epoch) | best epoch |\n|---|---|---:|---:|")
-    for r in results:
-        print(f"| {r['task']} | {r['metric']} | {100 * r['score']:.2f} | {100 * r['best']:.2f} |")
-    print(json.dumps(results))
-    return results
+    ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
+    out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
+    start = time.perf_counter()
+    print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
+
+    lm = None
+    if ev.lm_eval and ckpt.lm is not None:
+        val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
+        if val is None:
+            print("LM eval skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
+        else:
+            from cramlm.eval.lm import lm_eval
+
+            lm = lm_eval(ckpt.lm.model, ckpt.lm.objective, val, ckpt.lm.seq_length, ckpt.lm.mlm_probability,
+                         ev.lm_max_sequences, device=device, seed=ev.seed, progress=cfg.impl.progress)
+            print(f"held-out {lm['objective'].upper()} loss {lm['loss']:.4f}" + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else ""))
+
+    rows = []
+    for task in tasks:
+        hp = ev.for_task(task.name)
+        runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
+        task_result = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
+        for r in task_result:
+            r["hparams"] = hp.model_dump(mode="json")
+            r["skipped_rows"] = task.skipped
+            print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
+        rows += task_result
+
+    mean = means(rows)
+    title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
+    table = markdown(rows, mean, title)
+    result = {
+        "checkpoint": ckpt.label,
+        "untrained": ckpt.untrained,
+        "protocol": ev.protocol,
+        "results": rows,
+        "mean": mean,
+        "lm": lm,
+        "seconds": round(time.perf_counter() - start, 1),
+        "config": cfg.model_dump(mode="json"),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / ckpt.stem
+    write_json(stem.with_suffix(".json"), result)
+    write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
+    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {lm['objective']} loss: {lm['loss']:.4f}\n" if lm else ""))
+    print("\n" + table)
+    print(f"results in {stem}.{{md,csv,json}}")
+    print(json.dumps({"checkpoint": ckpt.label, "mean": mean, "lm_loss": lm and lm["loss"]}))
+    return rows

@@ -1,7 +1,9 @@
 """``cramlm pretrain``: prepare data, build the model, train under the budget, save the run.
 
 Run folder ``<base_dir>/<name>/``: ``model.safetensors``, ``config.yaml`` (fully resolved),
-``tokenizer.json``, ``metrics.jsonl`` (one line per logged step), ``summary.json``.
+``tokenizer.json``, ``metrics.jsonl`` (train / val / event lines), ``summary.json`` and
+``checkpoints/step-*/`` (the newest few, the final one always; ``resume=auto`` continues from it).
+Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/training.md).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from pydantic import field_validator
 from cramlm.config.base import Config, component
 from cramlm.config.loader import to_yaml
 from cramlm.data.collate import MLMCollator
-from cramlm.data.dataset import BlockDataset, ShuffledStream
+from cramlm.data.dataset import BlockDataset
 from cramlm.data.prepare import DataConfig, prepare_data
-from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
+from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS, check_special_ids
 from cramlm.models.base import ModelConfig, build_model
-from cramlm.train.checkpoint import save_weights, write_json, write_text
+from cramlm.train.checkpoint import atomic_path, latest_checkpoint, remove_partial_checkpoints, write_json, write_text
+from cramlm.train.distributed import barrier, init_distributed, shutdown
 from cramlm.train.runtime import ImplConfig, setup_device
-from cramlm.train.trainer import TrainConfig, check_batch, train
+from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 # what `cramlm pretrain` with no arguments runs: the tiny model for one minute on the shipped corpus
 DEFAULTS: dict[str, Any] = {
@@ -51,8 +54,11 @@ class PretrainConfig(Config):
     name: str = "default"  # run folder: <base_dir>/<name>
     base_dir: str = "outputs"
     seed: int = 0
-    budget: float = 1 / 60  # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too
+    # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
+    # train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the run.
+    budget: float | None = 1 / 60
     dryrun: bool = False  # full data preparation, then impl.dryrun_steps optimizer steps only
+    resume: str | None = None  # "auto": continue from the newest checkpoint of this run if any; or a checkpoint folder
     plugins: list[str] = []  # modules to import first (they may register components)
     arch: component(ModelConfig)
     train: TrainConfig = TrainConfig()
@@ -66,8 +72,8 @@ class PretrainConfig(Config):
 
     @field_validator("budget")
     @classmethod
-    def _positive(cls, value: float) -> float:
-        if value <= 0:
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
             raise ValueError("must be positive")
         return value
 
@@ -76,59 +82,111 @@ class PretrainConfig(Config):
         return Path(self.base_dir) / self.name
 
 
-def batch_stream(dataset: BlockDataset, collator: MLMCollator, microbatch: int, seed: int):
-    order = ShuffledStream(len(dataset), seed)
-    while True:
-        yield collator(dataset.batch(order.take(microbatch)))
+def causal_batch(input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """CLM batches: labels = input_ids (the model shifts). The data stage may bring a richer one."""
+    return {"input_ids": input_ids, "labels": input_ids}
+
+
+def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
+    if cfg.arch.objective == "clm":
+        return causal_batch
+    return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
+
+
+def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[str, torch.Tensor]]:
+    """A fixed set of held-out microbatches (first blocks of val, masked once with its own seed)."""
+    if data.val is None or cfg.train.validate_batches <= 0:
+        return []
+    try:
+        val = BlockDataset(data.val, cfg.data.seq_length, CLS_ID)
+    except ValueError:  # fewer tokens than one sequence
+        return []
+    # microbatches of up to impl.microbatch_size sequences, smaller on a small validation set so that
+    # there are validate_batches of them to share among processes (the same set on any process count)
+    size = max(1, min(cfg.impl.microbatch_size, len(val) // cfg.train.validate_batches))
+    count = min(cfg.train.validate_batches, len(val) // size)
+    collate = make_collator(cfg, vocab_size, cfg.seed + 1)
+    return [collate(val.batch(range(i * size, (i + 1) * size))) for i in range(count)]
+
+
+def find_resume(cfg: PretrainConfig) -> Path | None:
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "auto":
+        return latest_checkpoint(cfg.run_dir / "checkpoints")
+    folder = Path(cfg.resume)
+    if not (folder / "state.json").is_file():
+        raise FileNotFoundError(f"resume={cfg.resume}: not a checkpoint folder (no state.json)")
+    return folder
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
-    check_batch(cfg.train, cfg.impl)
     setup_start = time.perf_counter()
+    dist = init_distributed(cfg.impl)
+    try:
+        return _pretrain(cfg, dist, setup_start)
+    finally:
+        shutdown(dist)
+
+
+def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     torch.manual_seed(cfg.seed)
-    device = setup_device(cfg.impl)
-    data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress)
+    device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)
+    say = print if dist.main else (lambda *a, **k: None)
+    if not dist.main:
+        barrier(dist)  # rank 0 prepares (or finds) the data first
+    data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress and dist.main)
+    if dist.main:
+        barrier(dist)
     if cfg.data.seq_length > cfg.arch.max_seq_length:
         raise ValueError(f"data.seq_length={cfg.data.seq_length} exceeds arch.max_seq_length={cfg.arch.max_seq_length}")
+    check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
     vocab_size = data.tokenizer.get_vocab_size()
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, CLS_ID)
-    collator = MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, cfg.seed)
+    steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed)
 
     run_dir = cfg.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    write_text(run_dir / "config.yaml", to_yaml(cfg))
-    shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
-    setup_seconds = time.perf_counter() - setup_start
-    print(
-        f"cramlm pretrain: {cfg.arch.type} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
-        f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}, "
-        f"budget {cfg.budget * 3600:.0f}s" + (" [dryrun]" if cfg.dryrun else "")
-    )
-    result = train(
-        model,
-        batch_stream(dataset, collator, cfg.impl.microbatch_size, cfg.seed),
-        cfg.train,
-        cfg.impl,
-        device,
-        cfg.budget * 3600,
-        run_dir / "metrics.jsonl",
+    resume_from = find_resume(cfg)
+    if dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is None:  # a fresh run replaces whatever an earlier run of this name left
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        for partial in remove_partial_checkpoints(run_dir / "checkpoints"):
+            say(f"cramlm: removed {partial.name}, an interrupted checkpoint write")
+        write_text(run_dir / "config.yaml", to_yaml(cfg))
+        shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
+    barrier(dist)
+    trainer = Trainer(
+        model, steps, cfg.train, cfg.impl, dist, device, cfg.budget, run_dir, cfg.data.seq_length,
+        val_batches=validation_batches(cfg, data, vocab_size),
         max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None,
+        config=cfg.model_dump(mode="json"),
     )
-    save_weights(model, run_dir / "model.safetensors")
-    summary = {
-        "name": cfg.name,
-        "parameters": n_params,
-        "setup_seconds": round(setup_seconds, 3),
-        "budget_seconds": round(cfg.budget * 3600, 3),
-        **result.summary(),
-        "data": str(data.folder),
-    }
-    write_json(run_dir / "summary.json", summary)
-    print(json.dumps(summary))
-    print(f"first loss {summary['first_loss']}, last loss {summary['last_loss']}; checkpoint in {run_dir}")
+    if resume_from is not None:
+        trainer.resume(resume_from)
+        say(f"cramlm: resumed from {resume_from} (step {trainer.used.steps})")
+    elif cfg.resume == "auto":
+        say("cramlm: resume=auto found no checkpoint; starting fresh")
+    setup_seconds = time.perf_counter() - setup_start
+    say(
+        f"cramlm pretrain: {cfg.arch.type} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
+        f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
+        + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
+        + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else "")
+    )
+    result = trainer.fit()
+    summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
+               "data": str(data.folder)}
+    if dist.main:
+        tmp = atomic_path(run_dir / "model.safetensors")
+        shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
+        tmp.replace(run_dir / "model.safetensors")
+        write_json(run_dir / "summary.json", summary)
+        say(json.dumps(summary))
+        say(f"steps {summary['steps']}, val loss {summary['val_loss']}; checkpoint in {run_dir}")
+    barrier(dist)
     return summary
 
 

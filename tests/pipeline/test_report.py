@@ -27,7 +27,7 @@ def fake_run(folder: Path, name: str, loss0: float, with_extras: bool) -> Path:
             line.update(mfu=0.3, grad_norm=1.0, note="unknown keys are ignored")
         lines.append(json.dumps(line))
         if with_extras and step % 10 == 0:
-            lines.append(json.dumps({"step": step, "t": t, "elapsed": 36 * t, "tokens": 8192 * step, "val_loss": loss0 - 1.8 * t}))
+            lines.append(json.dumps({"kind": "val", "step": step, "t": t, "val_loss": loss0 - 1.8 * t}))  # x from the train line
     (folder / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 31, "lo')  # a torn last line
     (folder / "summary.json").write_text(json.dumps({"name": name, "parameters": 1000, "steps": 30, "tokens": 245760,
                                                      "first_loss": loss0, "last_loss": loss0 - 2}))

@@ -43,6 +43,9 @@ _BUILTIN_MODULES = (
     "cramlm.data.sources",
 )
 _loaded_builtins = False
+# Kinds whose built-in components all live in one light module: resolving one of those needs no
+# other import (so `cramlm data ...` never imports torch: ~180 MB and ~2 s less)
+_LIGHT_KINDS = {"source": "cramlm.data.sources"}
 
 
 class RegistryError(ValueError):
@@ -87,7 +90,10 @@ def names(kind: str) -> list[str]:
 
 
 def entry(kind: str, name: str | None) -> Entry:
-    load_builtins()
+    if kind in _LIGHT_KINDS:
+        importlib.import_module(_LIGHT_KINDS[kind])
+    if name not in _REGISTRY.get(kind, {}):
+        load_builtins()
     section = _REGISTRY.get(kind, {})
     if name not in section:
         known = sorted(section)

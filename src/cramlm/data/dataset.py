@@ -1,25 +1,45 @@
-"""Datasets over packed tokens, and a resumable shuffled batch stream."""
+"""Datasets over packed tokens, and a resumable, rank-sharded shuffled sample stream.
+
+- :class:`BlockDataset`: fixed blocks cut across documents (cramming / Modalities "continuous").
+- :class:`DocumentPackedDataset`: whole documents packed greedily into blocks, padded, never cut
+  unless a document is longer than a block.
+Both can carry the document boundaries of every block (``document_ids`` and ``position_ids`` per
+token), so a model can reset positions and mask attention across documents.
+"""
 
 from __future__ import annotations
+
+from array import array
 
 import numpy as np
 import torch
 
 from cramlm.data.packed import PackedTokens
+from cramlm.data.permute import Permutation
+
+
+def _boundaries(packed: PackedTokens, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """(document index within the span, position within its document) of tokens[start:end]."""
+    positions = np.arange(start, end, dtype=np.uint64)
+    doc = np.searchsorted(packed.offsets, positions, side="right") - 1
+    position_ids = positions.astype(np.int64) - packed.offsets[doc].astype(np.int64)
+    return doc - doc[0], position_ids
 
 
 class BlockDataset:
     """Fixed-length blocks cut across document boundaries (cramming / Modalities style).
 
-    Block i is ``[CLS] + tokens[i*(L-1) : (i+1)*(L-1)]`` where L is ``seq_length``; documents are
-    separated by the ``[SEP]`` that packing appends to each. The tail shorter than one block is
-    not used (``unused_tail_tokens`` says how many tokens that is).
+    Block i is ``[CLS] + tokens[i*(L-1) : (i+1)*(L-1)]`` where L is ``seq_length`` (``cls_id=None``:
+    no prefix, ``tokens[i*L : (i+1)*L]``, e.g. for causal LMs); documents are separated by the
+    separator that packing appends to each. The tail shorter than one block is not used
+    (``unused_tail_tokens`` says how many tokens that is).
     """
 
-    def __init__(self, packed: PackedTokens, seq_length: int, cls_id: int):
+    def __init__(self, packed: PackedTokens, seq_length: int, cls_id: int | None):
         self.packed = packed
-        self.span = seq_length - 1
         self.cls_id = cls_id
+        self.span = seq_length - 1 if cls_id is not None else seq_length
+        self.seq_length = seq_length
         self.num_blocks = packed.num_tokens // self.span
         if self.num_blocks == 0:
             raise ValueError(f"{packed.path}: {packed.num_tokens} tokens, fewer than one sequence of {seq_length}")
@@ -30,47 +50,128 @@ class BlockDataset:
 
     def __getitem__(self, i: int) -> np.ndarray:
         start = i * self.span
+        if self.cls_id is None:
+            return self.packed.tokens[start : start + self.span].astype(np.int64)
         block = np.empty(self.span + 1, dtype=np.int64)
         block[0] = self.cls_id
         block[1:] = self.packed.tokens[start : start + self.span]
         return block
 
+    def boundaries(self, i: int) -> dict[str, np.ndarray]:
+        """``document_ids`` (0, 1, ... within the block) and ``position_ids`` (reset at each
+        document start) for block i; the [CLS] prefix belongs to the first document."""
+        start = i * self.span
+        docs, positions = _boundaries(self.packed, start, start + self.span)
+        if self.cls_id is not None:  # [CLS] takes position 0 of the first document; shift it
+            positions = positions + (docs == 0)
+            docs, positions = np.concatenate([[0], docs]), np.concatenate([[0], positions])
+        return {"document_ids": docs, "position_ids": positions}
+
     def batch(self, indices: np.ndarray) -> torch.Tensor:
+        """int64[B, L] blocks."""
         return torch.from_numpy(np.stack([self[int(i)] for i in indices]))
+
+    def batch_with_boundaries(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        rows = [self.boundaries(int(i)) for i in indices]
+        return {"input_ids": self.batch(indices),
+                **{k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in ("document_ids", "position_ids")}}
+
+
+class DocumentPackedDataset:
+    """Whole documents packed into blocks of at most ``seq_length`` tokens, padded with ``pad_id``.
+
+    Documents are taken in order and a block is closed when the next document does not fit; a
+    document longer than a block is split into ``seq_length`` pieces. So every block is a
+    contiguous token range (``starts[k]:starts[k+1]``), O(blocks) memory. Items carry
+    ``document_ids`` (-1 on padding), ``position_ids`` (reset per document; 0 on padding) and
+    ``attention_mask``.
+    """
+
+    def __init__(self, packed: PackedTokens, seq_length: int, pad_id: int):
+        self.packed, self.seq_length, self.pad_id = packed, seq_length, pad_id
+        starts, fill = array("q", [0]), 0  # 8 bytes per block while building
+        for length in packed.lengths().tolist():
+            if fill and fill + length > seq_length:  # close the current block
+                starts.append(starts[-1] + fill)
+                fill = 0
+            while length > seq_length:  # a long document: full pieces of its own
+                starts.append(starts[-1] + fill + seq_length)
+                length -= seq_length
+                fill = 0
+            fill += length
+        if fill:
+            starts.append(starts[-1] + fill)
+        self.starts = np.frombuffer(starts, np.int64).copy()
+        if len(self.starts) < 2:
+            raise ValueError(f"{packed.path}: no tokens to pack")
+        self.padding_tokens = int((seq_length - np.diff(self.starts)).sum())
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        start, end = int(self.starts[i]), int(self.starts[i + 1])
+        n, L = end - start, self.seq_length
+        input_ids = np.full(L, self.pad_id, np.int64)
+        input_ids[:n] = self.packed.tokens[start:end]
+        docs, positions = _boundaries(self.packed, start, end)
+        document_ids, position_ids = np.full(L, -1, np.int64), np.zeros(L, np.int64)
+        document_ids[:n], position_ids[:n] = docs, positions
+        return {"input_ids": input_ids, "document_ids": document_ids, "position_ids": position_ids,
+                "attention_mask": (document_ids >= 0).astype(np.int64)}
+
+    def batch(self, indices: np.ndarray) -> dict[str, torch.Tensor]:
+        rows = [self[int(i)] for i in indices]
+        return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
 
 
 class ShuffledStream:
-    """Endless stream of sample indices, a fresh seeded permutation each epoch.
+    """Endless stream of sample indices: a fresh seeded permutation each epoch, computed on demand
+    (a Feistel permutation: O(1) memory, whatever the dataset size), split over ranks.
 
-    Its whole state is ``(epoch, position)``, so a checkpoint can save it and resume exactly.
+    The stream is one global sequence (epoch after epoch); rank r of W takes its elements
+    r, r+W, r+2W, ... so ranks never overlap and together leave no gaps. Its whole state is how
+    many rounds were taken (``state_dict``), so a checkpoint can save it and resume exactly, also
+    with another world size (resuming at the same global position, rounded up to a whole round).
     """
 
-    def __init__(self, num_samples: int, seed: int):
-        self.num_samples = num_samples
-        self.seed = seed
-        self.epoch = 0
-        self.position = 0
-        self._order = self._permutation()
+    def __init__(self, num_samples: int, seed: int, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} not in [0, {world_size})")
+        self.num_samples, self.seed, self.rank, self.world_size = num_samples, seed, rank, world_size
+        self.step = 0  # rounds taken: this rank's next global position is step * world_size + rank
+        self._perms: dict[int, Permutation] = {}
 
-    def _permutation(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_samples)
+    def _perm(self, epoch: int) -> Permutation:
+        if epoch not in self._perms:
+            self._perms = {epoch: Permutation(self.num_samples, self.seed * 1_000_003 + epoch)}
+        return self._perms[epoch]
 
     def take(self, count: int) -> np.ndarray:
-        out = []
-        while count:
-            n = min(count, self.num_samples - self.position)
-            out.append(self._order[self.position : self.position + n])
-            self.position += n
-            count -= n
-            if self.position == self.num_samples:
-                self.epoch += 1
-                self.position = 0
-                self._order = self._permutation()
-        return np.concatenate(out)
+        g = (self.step + np.arange(count, dtype=np.int64)) * self.world_size + self.rank
+        self.step += count
+        epochs, positions = g // self.num_samples, g % self.num_samples
+        out = np.empty(count, np.int64)
+        for epoch in np.unique(epochs).tolist():
+            where = epochs == epoch
+            out[where] = self._perm(epoch)(positions[where])
+        return out
+
+    @property
+    def epoch(self) -> int:
+        return self.step * self.world_size // self.num_samples
+
+    @property
+    def position(self) -> int:
+        return self.step * self.world_size % self.num_samples
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"step": self.step, "world_size": self.world_size, "seed": self.seed,
+                "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._permutation()
+        if "step" in state:
+            consumed = int(state["step"]) * int(state.get("world_size", 1))
+        else:  # older (epoch, position) states
+            consumed = int(state["epoch"]) * self.num_samples + int(state["position"])
+        self.step = -(-consumed // self.world_size)

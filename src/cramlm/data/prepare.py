@@ -1,8 +1,11 @@
-"""The data stage: sources -> tokenizer -> packed train/validation files, cached by config hash.
+"""The data stage: sources -> tokenizer -> packed shards -> merged train/val files, cached by config hash.
 
-Output folder ``<cache>/<name>-<key>/`` (key = hash of the data config and the format version):
-``tokenizer.json``, ``train.cramtok``, ``val.cramtok``, ``manifest.json`` (what was read, packed
-and skipped, with reasons). A folder appears under its final name only once complete.
+Output folder ``<cache>/<name>-<key>/`` (key = hash of the data config and the pipeline version):
+``tokenizer.json``, ``train.cramtok``, ``val.cramtok`` (absent when no document is held out),
+``manifest.json`` (what was read, packed and skipped, with reasons). A folder appears under its
+final name only once complete. Sharded preparation (N machines, e.g. a Slurm array) writes
+``<cache>/<name>-<key>.shards/shard-<i>-of-<N>/`` per shard, then :func:`merge_prepared` builds
+the same output folder a single-shard run gives. Finished shards are never redone.
 """
 
 from __future__ import annotations
@@ -11,32 +14,39 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import time
-import zlib
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator, Literal
 
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
 from cramlm.config.base import Config, component
 from cramlm.config.registry import build
-from cramlm.data.packed import PackedTokens, PackedWriter, read_packed
+from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
+from cramlm.data.merge import merge_shards
+from cramlm.data.pack import is_validation, pack_shard  # noqa: F401  (is_validation: public helper)
+from cramlm.data.packed import VERSION as FORMAT_VERSION
+from cramlm.data.packed import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
-from cramlm.data.tokenizer import SEP_ID, TokenizerConfig, fingerprint, load_tokenizer, train_tokenizer
+from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 
-PIPELINE_VERSION = 1  # bump when the output of the same config changes; part of the cache key
+PIPELINE_VERSION = 2  # bump when the output of the same config changes; part of the cache key
 
 
 class DataConfig(Config):
     name: str = "default"
     sources: list[component(SourceConfig)] = [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")]
     tokenizer: TokenizerConfig = TokenizerConfig()
+    clean: CleanConfig = CleanConfig()
+    dedup: DedupConfig = DedupConfig()
     seq_length: int = 128
     validation_fraction: float = 0.02  # documents held out (chosen by a hash of their text)
-    max_entries_in_raw_dataset: int | None = None  # read at most this many documents
+    max_entries_in_raw_dataset: int | None = None  # read at most this many raw records (cramming)
+    max_seq_in_tokenized_dataset: int | None = None  # keep at most this many training sequences (cramming)
+    ordering: Literal["as-read", "random", "sentence-length-curriculum"] = "as-read"
+    seed: int = 0  # for random ordering and fractional mixture weights
 
     def cache_key(self) -> str:
         blob = json.dumps([PIPELINE_VERSION, self.model_dump(mode="json")], sort_keys=True)
@@ -63,87 +73,154 @@ class PreparedData:
     manifest: dict
 
 
+def output_folder(cfg: DataConfig, cache_root: str | Path) -> Path:
+    return Path(cache_root) / f"{cfg.name}-{cfg.cache_key()}"
+
+
+def shards_folder(cfg: DataConfig, cache_root: str | Path) -> Path:
+    return Path(cache_root) / f"{cfg.name}-{cfg.cache_key()}.shards"
+
+
 def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
-    docs = (doc for source in cfg.sources for doc in build("source", source, report))
-    return islice(docs, cfg.max_entries_in_raw_dataset) if cfg.max_entries_in_raw_dataset else docs
+    """Cleaned documents of all sources (unsharded), for tokenizer training."""
+    cleaner = Cleaner(cfg.clean)
+    for source in cfg.sources:
+        for text in build("source", source, report):
+            text, _ = cleaner(text)
+            if text is not None:
+                yield text
+        if report.done:
+            return
 
 
-def is_validation(text: str, fraction: float) -> bool:
-    """Stable held-out choice: the same document lands on the same side whatever the order."""
-    return fraction > 0 and zlib.crc32(text.encode("utf-8")) % 1_000_000 < fraction * 1_000_000
+def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokenizer:
+    """The configured tokenizer, saved as ``folder/tokenizer.json`` (trained once, then reused).
+
+    HF tokenizer training is not deterministic (ties are broken in hash-map order), so all shards
+    must share one tokenizer: the first process to take ``tokenizer.lock`` trains it, the others
+    wait for it."""
+    saved, lock = folder / "tokenizer.json", folder / "tokenizer.lock"
+    folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    while not saved.is_file():
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
+            os.close(fd)
+            break  # ours to train
+        except FileExistsError:
+            if _stale(lock):
+                lock.unlink(missing_ok=True)
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{lock}: another process is training the tokenizer; remove the lock if it died") from None
+            time.sleep(1.0)
+    if saved.is_file():
+        return load_tokenizer(saved, strict=False)
+    try:
+        tok = make_tokenizer(cfg)
+        tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
+        tok.save(str(tmp))
+        os.replace(tmp, saved)
+    finally:
+        lock.unlink(missing_ok=True)
+    return load_tokenizer(saved, strict=False)
 
 
-def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
-    it = iter(items)
-    while batch := list(islice(it, size)):
-        yield batch
+def _stale(lock: Path) -> bool:
+    """A lock left by a dead process on this machine."""
+    try:
+        host, pid = lock.read_text().split()
+    except (OSError, ValueError):
+        return False  # being written right now, or unreadable: not ours to judge
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
-def load_prepared(folder: Path) -> PreparedData:
+def make_tokenizer(cfg: DataConfig) -> Tokenizer:
+    if cfg.tokenizer.path:
+        return load_tokenizer(cfg.tokenizer.path, strict=False)
+    limit = cfg.max_entries_in_raw_dataset
+    if cfg.tokenizer.max_training_docs:
+        limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
+    return train_tokenizer(cfg.tokenizer, iter_documents(cfg, SkipReport(limit=limit)))
+
+
+def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
     manifest = json.loads((folder / "manifest.json").read_text())
+    tok = load_tokenizer(folder / "tokenizer.json", strict=False)
+    fp = fingerprint(tok)
     val = folder / "val.cramtok"
     return PreparedData(
-        folder, load_tokenizer(folder), read_packed(folder / "train.cramtok"),
-        read_packed(val) if val.exists() else None, manifest,
+        folder, tok, read_packed(folder / "train.cramtok", verify, fp),
+        read_packed(val, verify, fp) if val.exists() else None, manifest,
     )
 
 
-def prepare_data(cfg: DataConfig, cache_root: str | Path, progress: bool = True) -> PreparedData:
-    """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``."""
-    folder = Path(cache_root) / f"{cfg.name}-{cfg.cache_key()}"
+def shard_name(index: int, count: int) -> str:
+    return f"shard-{index:05d}-of-{count:05d}"
+
+
+def prepare_shard(cfg: DataConfig, cache_root: str | Path, num_shards: int, shard_index: int,
+                  progress: bool = True, batch_chars: int = 2_000_000) -> dict:
+    """Pack shard ``shard_index`` of ``num_shards`` (a no-op if that shard is already done)."""
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard index {shard_index} not in [0, {num_shards})")
+    root = shards_folder(cfg, cache_root)
+    tok = get_tokenizer(cfg, root)
+    return pack_shard(cfg, tok, separator_id(tok, cfg.tokenizer.separator), root / shard_name(shard_index, num_shards),
+                      (shard_index, num_shards), batch_chars, progress)
+
+
+def merge_prepared(cfg: DataConfig, cache_root: str | Path, num_shards: int, keep_shards: bool = False) -> PreparedData:
+    """Merge the ``num_shards`` finished shards into the output folder."""
+    folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
         return load_prepared(folder)
     start = time.perf_counter()
+    root = shards_folder(cfg, cache_root)
+    tok = get_tokenizer(cfg, root)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-
-    if cfg.tokenizer.path:
-        tok = load_tokenizer(cfg.tokenizer.path)
-    else:
-        texts = iter_documents(cfg, SkipReport())
-        if cfg.tokenizer.max_training_docs:
-            texts = islice(texts, cfg.tokenizer.max_training_docs)
-        tok = train_tokenizer(cfg.tokenizer, texts)
-    tok.save(str(tmp / "tokenizer.json"))
-    vocab_size, fp = tok.get_vocab_size(), fingerprint(tok)
-
-    report = SkipReport()
-    counts = {"train": [0, 0], "val": [0, 0]}  # documents, tokens
-    writers = {"train": PackedWriter(tmp / "train.cramtok", vocab_size, fp)}
-    if cfg.validation_fraction > 0:
-        writers["val"] = PackedWriter(tmp / "val.cramtok", vocab_size, fp)
-    bar = tqdm(desc="packing", unit=" docs", disable=not progress, dynamic_ncols=True)
-    for batch in _batches(iter_documents(cfg, report), 1024):
-        for text, enc in zip(batch, tok.encode_batch(batch, add_special_tokens=False)):
-            if not enc.ids:
-                report.skip("no_tokens", text[:40])
-                continue
-            split = "val" if "val" in writers and is_validation(text, cfg.validation_fraction) else "train"
-            writers[split].add(enc.ids + [SEP_ID])
-            counts[split][0] += 1
-            counts[split][1] += len(enc.ids) + 1
-        bar.update(len(batch))
-        bar.set_postfix(tokens=counts["train"][1] + counts["val"][1])
-    bar.close()
-    for writer in writers.values():
-        writer.close()
-    packed = counts["train"][0] + counts["val"][0]
+    shutil.copyfile(root / "tokenizer.json", tmp / "tokenizer.json")
+    fp = fingerprint(tok)
+    shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]
+    counts = merge_shards(cfg, shard_folders, tmp, tok.get_vocab_size(), fp)
     manifest = {
         "config": cfg.model_dump(mode="json"),
         "pipeline_version": PIPELINE_VERSION,
-        "vocab_size": vocab_size,
-        "documents": {"read": report.read, "packed": packed, "skipped": sum(report.skipped.values())},
-        "skipped": dict(report.skipped),
-        "skipped_examples": report.examples,
-        "train": {"documents": counts["train"][0], "tokens": counts["train"][1]},
-        "val": {"documents": counts["val"][0], "tokens": counts["val"][1]},
-        "seconds": round(time.perf_counter() - start, 3),
+        "format_version": FORMAT_VERSION,
+        "vocab_size": tok.get_vocab_size(),
+        "tokenizer_fingerprint": fp.hex(),
+        "separator_id": separator_id(tok, cfg.tokenizer.separator),
+        "special_ids": special_ids(tok),
+        **counts,
+        "shards": num_shards,
+        "shard_seconds": [json.loads((f / "shard.json").read_text())["seconds"] for f in shard_folders],
+        "merge_seconds": round(time.perf_counter() - start, 3),
     }
-    assert manifest["documents"]["read"] == packed + manifest["documents"]["skipped"], manifest["documents"]
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if folder.exists():  # another process finished first; keep its result
         shutil.rmtree(tmp)
     else:
         os.replace(tmp, folder)
+    if not keep_shards:
+        shutil.rmtree(root, ignore_errors=True)
     return load_prepared(folder)
+
+
+def prepare_data(cfg: DataConfig, cache_root: str | Path, progress: bool = True, batch_chars: int = 2_000_000) -> PreparedData:
+    """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``: one shard, then merge."""
+    folder = output_folder(cfg, cache_root)
+    if (folder / "manifest.json").is_file():
+        return load_prepared(folder)
+    prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
+    return merge_prepared(cfg, cache_root, 1)

@@ -1,7 +1,13 @@
 """Document sources: each yields text documents and counts what it skips, and why.
 
-Paths may be local files, directories, globs, or ``pkg://<file>`` for the corpora shipped in
-``cramlm/resources/``. ``.gz`` files are read transparently.
+Types: ``jsonl`` (.jsonl, .jsonl.gz, .jsonl.zst), ``text`` (one document per file or per blank-line
+block), ``parquet``, ``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets``
+extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
+corpora shipped in ``cramlm/resources/``. The text is chosen by a dotted key path (``meta.body``).
+
+Every raw record goes through :meth:`SkipReport.claim`, which numbers it (the global record index
+that shards and merges order by), applies the ``max_entries_in_raw_dataset`` cap and tells a shard
+whether the record is its own, so ``read == packed + skipped`` holds per shard and in total.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import gzip
 import io
 import json
 from collections import Counter
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Iterator, Literal
@@ -24,18 +31,44 @@ class DataError(ValueError):
 
 
 class SkipReport:
-    """Counts documents read, kept, and skipped per reason, with a few examples of each."""
+    """Numbers raw records, counts documents read and skipped per reason, keeps examples of each.
 
-    def __init__(self) -> None:
-        self.read = 0
+    ``shard=(index, count)``: only records with ``number % count == index`` are this shard's.
+    ``limit``: records numbered ``limit`` and above are not read at all (cramming's
+    ``max_entries_in_raw_dataset``)."""
+
+    MAX_EXAMPLES = 20
+
+    def __init__(self, shard: tuple[int, int] = (0, 1), limit: int | None = None) -> None:
+        self.shard_index, self.num_shards = shard
+        self.limit = limit
+        self.position = 0  # raw records seen so far, all shards together
+        self.read = 0  # records this shard owns
+        self.done = False
         self.skipped: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
 
+    def claim(self) -> bool:
+        """Number the next raw record; True if this shard reads it."""
+        if self.limit is not None and self.position >= self.limit:
+            self.done = True
+            return False
+        number = self.position
+        self.position += 1
+        if number % self.num_shards != self.shard_index:
+            return False
+        self.read += 1
+        return True
+
+    @property
+    def last_number(self) -> int:
+        return self.position - 1
+
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] += 1
-        self.examples.setdefault(reason, [])
-        if len(self.examples[reason]) < 5:
-            self.examples[reason].append(where)
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < self.MAX_EXAMPLES:
+            examples.append(where)
 
     def to_dict(self) -> dict:
         return {"read": self.read, "skipped": dict(self.skipped), "skipped_examples": self.examples}
@@ -44,7 +77,8 @@ class SkipReport:
 class SourceConfig(ComponentConfig):
     kind: ClassVar[str] = "source"
     path: str
-    on_error: Literal["raise", "skip"] = "raise"  # invalid JSON / UTF-8: stop with an error, or count and skip
+    on_error: Literal["raise", "skip"] = "raise"  # invalid JSON / UTF-8 / missing field: stop with an error, or count and skip
+    weight: float = 1.0  # mixture weight: each kept document is packed `weight` times on average (0.5: half of them)
 
 
 def expand_paths(pattern: str) -> list[Path]:
@@ -55,7 +89,7 @@ def expand_paths(pattern: str) -> list[Path]:
         return [path]
     path = Path(pattern).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     elif any(ch in pattern for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     else:
@@ -66,20 +100,20 @@ def expand_paths(pattern: str) -> list[Path]:
 
 
 def open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    """A binary stream of the file, decompressing .gz and .zst (``zstd`` extra) on the fly."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")
+    if path.suffix == ".zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(f"{path}: reading .zst needs the zstandard package (pip install 'cramlm[zstd]')") from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True), 1 << 20)
+    return open(path, "rb")
 
 
-class JsonlSourceConfig(SourceConfig):
-    type: Literal["jsonl"] = "jsonl"
-    text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
-
-
-class TextSourceConfig(SourceConfig):
-    type: Literal["text"] = "text"
-    split: Literal["file", "blank-line"] = "file"  # one document per file, or per blank-line block
-
-
-def _field(obj, key_path: str):
+def field(obj, key_path: str):
+    """``obj["a"]["b"]`` for key path ``a.b``; None when any step is missing."""
     for key in key_path.split("."):
         if not isinstance(obj, dict) or key not in obj:
             return None
@@ -87,55 +121,150 @@ def _field(obj, key_path: str):
     return obj
 
 
-def _fail_or_skip(cfg: SourceConfig, report: SkipReport, reason: str, where: str, detail: str) -> None:
+def fail_or_skip(cfg: SourceConfig, report: SkipReport, reason: str, where: str, detail: str) -> None:
     if cfg.on_error == "raise":
         raise DataError(f"{where}: {detail} (set on_error: skip on this source to count and skip it)")
     report.skip(reason, where)
 
 
+def checked_text(cfg: SourceConfig, report: SkipReport, obj, key: str, where: str) -> str | None:
+    """The document text of a record, or None after counting why there is none."""
+    text = field(obj, key)
+    if not isinstance(text, str):
+        fail_or_skip(cfg, report, "missing_field", where, f"no string field '{key}'")
+        return None
+    if not text.strip():
+        report.skip("empty", where)
+        return None
+    return text
+
+
+class JsonlSourceConfig(SourceConfig):
+    type: Literal["jsonl"] = "jsonl"
+    text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
+
+
+@contextmanager
+def read_errors(path: Path):
+    """Damaged files (truncated .gz, bad .zst, unreadable): a DataError naming the file."""
+    try:
+        yield
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+    except Exception as e:
+        if type(e).__name__ != "ZstdError":
+            raise
+        raise DataError(f"{path}: cannot read (ZstdError: {e})") from e
+
+
 def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]:
     for path in expand_paths(cfg.path):
-        with open_binary(path) as f:
+        with read_errors(path), open_binary(path) as f:
             for lineno, raw in enumerate(f, 1):
+                if report.done:
+                    return
+                if not raw.strip() or not report.claim():
+                    continue  # blank lines between records are not documents
                 where = f"{path}:{lineno}"
-                if not raw.strip():
-                    continue  # blank line between records: not a document
-                report.read += 1
                 try:
                     obj = json.loads(raw)
                 except UnicodeDecodeError as e:
-                    _fail_or_skip(cfg, report, "invalid_utf8", where, f"invalid UTF-8: {e}")
+                    fail_or_skip(cfg, report, "invalid_utf8", where, f"invalid UTF-8: {e}")
                     continue
                 except json.JSONDecodeError as e:
-                    _fail_or_skip(cfg, report, "invalid_json", where, f"invalid JSON: {e}")
+                    fail_or_skip(cfg, report, "invalid_json", where, f"invalid JSON: {e}")
                     continue
-                text = _field(obj, cfg.text_key)
-                if not isinstance(text, str):
-                    _fail_or_skip(cfg, report, "missing_field", where, f"no string field '{cfg.text_key}'")
-                    continue
-                if not text.strip():
-                    report.skip("empty", where)
-                    continue
-                yield text
+                text = checked_text(cfg, report, obj, cfg.text_key, where)
+                if text is not None:
+                    yield text
+
+
+class TextSourceConfig(SourceConfig):
+    type: Literal["text"] = "text"
+    split: Literal["file", "blank-line"] = "file"  # one document per file, or per blank-line block
 
 
 def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
     for path in expand_paths(cfg.path):
-        with open_binary(path) as f:
-            try:
-                content = io.TextIOWrapper(f, encoding="utf-8").read()
-            except UnicodeDecodeError as e:
-                report.read += 1
-                _fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
+        with read_errors(path), open_binary(path) as f:
+            raw = f.read()
+        try:
+            content = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if report.claim():
+                fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
+            continue
+        blocks = [content] if cfg.split == "file" else [b for b in content.split("\n\n") if b.strip()] or [""]
+        for i, block in enumerate(blocks):  # a file without any block is one empty record: it is seen
+            if report.done:
+                return
+            if not report.claim():
                 continue
-        blocks = [content] if cfg.split == "file" else content.split("\n\n")
-        for i, block in enumerate(blocks):
-            report.read += 1
             if block.strip():
                 yield block.strip("\n")
             else:
                 report.skip("empty", f"{path}#{i}")
 
 
+class ParquetSourceConfig(SourceConfig):
+    type: Literal["parquet"] = "parquet"
+    text_key: str = "text"  # column, or dotted path into a struct column
+
+
+def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("parquet sources need pyarrow (pip install 'cramlm[parquet]')") from None
+    column, _, rest = cfg.text_key.partition(".")
+    for path in expand_paths(cfg.path):
+        parquet = pq.ParquetFile(path)
+        if column not in parquet.schema_arrow.names:
+            raise DataError(f"{path}: no column '{column}' (columns: {', '.join(parquet.schema_arrow.names)})")
+        row = 0
+        for batch in parquet.iter_batches(batch_size=1024, columns=[column]):
+            for value in batch.column(0).to_pylist():
+                row += 1
+                if report.done:
+                    return
+                if not report.claim():
+                    continue
+                text = checked_text(cfg, report, {column: value}, cfg.text_key if rest else column, f"{path}#row{row}")
+                if text is not None:
+                    yield text
+
+
+class HFSourceConfig(SourceConfig):
+    """A Hugging Face dataset; ``path`` is its hub name (needs internet unless cached)."""
+
+    type: Literal["hf"] = "hf"
+    name: str | None = None  # the dataset's config name, e.g. "20231101.en" or "en"
+    split: str = "train"
+    streaming: bool = True  # stream records instead of downloading the whole dataset first
+    text_key: str = "text"
+    trust_remote_code: bool = False
+
+
+def hf_documents(cfg: HFSourceConfig, report: SkipReport) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("hf sources need the datasets package (pip install 'cramlm[hf-datasets]')") from None
+    try:
+        records = datasets.load_dataset(cfg.path, cfg.name, split=cfg.split, streaming=cfg.streaming,
+                                        trust_remote_code=cfg.trust_remote_code)
+    except Exception as e:  # offline, unknown name, ...: say which source failed
+        raise DataError(f"hf dataset {cfg.path} ({cfg.name}, {cfg.split}): cannot load: {e}") from e
+    for i, record in enumerate(records):
+        if report.done:
+            return
+        if report.claim():
+            text = checked_text(cfg, report, record, cfg.text_key, f"{cfg.path}#{i}")
+            if text is not None:
+                yield text
+
+
 register("source", "jsonl", JsonlSourceConfig)(jsonl_documents)
 register("source", "text", TextSourceConfig)(text_documents)
+register("source", "parquet", ParquetSourceConfig)(parquet_documents)
+register("source", "hf", HFSourceConfig)(hf_documents)

@@ -1,12 +1,17 @@
-"""Tokenizers via HF ``tokenizers``: trained here or loaded from a file, with fixed special ids.
+"""Tokenizers via HF ``tokenizers``: trained here (WordPiece, BPE, byte-level BPE, Unigram) or
+loaded from a file or folder, with deterministic special-token ids.
 
-Special tokens always take the first ids, in this order (documented in docs/data-format.md):
+Trained tokenizers put the special tokens first, always in this order (docs/data-format.md):
 ``[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4``. (cramming's ids depended on Python's hash order.)
+A loaded tokenizer keeps its own ids; :func:`separator_id` finds the token appended after each
+document (``[SEP]``, ``</s>``, ``<|endoftext|>``, ...). Masked-LM pretraining needs the cramlm ids
+(``load_tokenizer(path, strict=True)``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -16,16 +21,18 @@ from cramlm.config.base import Config
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
+SEPARATOR_CANDIDATES = ("[SEP]", "</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<sep>")
 
 
 class TokenizerConfig(Config):
-    kind: Literal["wordpiece"] = "wordpiece"
+    kind: Literal["wordpiece", "bpe", "byte-bpe", "unigram"] = "wordpiece"
     vocab_size: int = 32768
     min_frequency: int = 2
     lowercase: bool = True  # cramming's final recipe: NFD, lowercase, strip accents
     strip_accents: bool = True
     max_training_docs: int | None = None  # train on at most this many documents (None: all)
-    path: str | None = None  # load a tokenizer.json instead of training one
+    path: str | None = None  # load a tokenizer (tokenizer.json, or a folder) instead of training one
+    separator: str | None = None  # token appended after each document (None: [SEP], </s>, <|endoftext|>, ...)
 
 
 def _normalizer(cfg: TokenizerConfig) -> normalizers.Normalizer:
@@ -37,21 +44,47 @@ def _normalizer(cfg: TokenizerConfig) -> normalizers.Normalizer:
     return normalizers.Sequence(steps)
 
 
+def _untrained(cfg: TokenizerConfig):
+    """(tokenizer, trainer) for ``cfg.kind``; special tokens listed first get ids 0..4."""
+    common = dict(vocab_size=cfg.vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    if cfg.kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece(prefix="##")
+        trainer = trainers.WordPieceTrainer(min_frequency=cfg.min_frequency, **common)
+    elif cfg.kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token="[UNK]", end_of_word_suffix="</w>"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.BPEDecoder(suffix="</w>")
+        trainer = trainers.BpeTrainer(min_frequency=cfg.min_frequency, end_of_word_suffix="</w>", **common)
+    elif cfg.kind == "byte-bpe":  # GPT-2 style: no unknown tokens, every byte is in the alphabet
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(min_frequency=cfg.min_frequency, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), **common)
+    else:  # unigram (SentencePiece style)
+        tok = Tokenizer(models.Unigram())
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(unk_token="[UNK]", **common)
+    if cfg.kind != "byte-bpe" or cfg.lowercase or cfg.strip_accents:
+        tok.normalizer = _normalizer(cfg)
+    return tok, trainer
+
+
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = _normalizer(cfg)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
+    tok, trainer = _untrained(cfg)
     tok.train_from_iterator(texts, trainer=trainer)
+    if cfg.kind == "wordpiece":  # the other models' ids are tied to their merges / scores
+        tok.model = models.WordPiece(canonical_vocab(tok.get_vocab()), unk_token="[UNK]", max_input_chars_per_word=100)
     add_bert_template(tok)
-    check_special_ids(tok, "trained tokenizer")
+    check_special_ids(tok, f"trained {cfg.kind} tokenizer")
     return tok
+
+
+def canonical_vocab(vocab: dict[str, int]) -> dict[str, int]:
+    """Special tokens first, then the rest in sorted order. The trainer numbers tokens of equal
+    count in hash order, which differs between runs; WordPiece encodes by longest match, so the
+    ids are free to renumber and this makes them reproducible."""
+    rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
+    return {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
 
 
 def add_bert_template(tok: Tokenizer) -> None:
@@ -70,17 +103,65 @@ def check_special_ids(tok: Tokenizer, where: str) -> None:
             raise ValueError(f"{where}: special token {token} has id {got}, cramlm requires {expected}")
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def _from_folder(folder: Path) -> Tokenizer:
+    """An HF tokenizer folder: tokenizer.json, or GPT-2 style vocab + merges, or BERT vocab.txt."""
+    if (folder / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for vocab, merges in (("vocab.json", "merges.txt"), ("encoder.json", "vocab.bpe")):
+        if (folder / vocab).is_file() and (folder / merges).is_file():
+            tok = Tokenizer(models.BPE.from_file(str(folder / vocab), str(folder / merges)))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            known = json.loads((folder / vocab).read_text(encoding="utf-8"))
+            tok.add_special_tokens([t for t in SEPARATOR_CANDIDATES if t in known])
+            return tok
+    if (folder / "vocab.txt").is_file():
+        config = folder / "tokenizer_config.json"
+        lower = json.loads(config.read_text()).get("do_lower_case", True) if config.is_file() else True
+        tok = Tokenizer(models.WordPiece.from_file(str(folder / "vocab.txt"), unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=lower)
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece()
+        tok.add_special_tokens([t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]") if tok.token_to_id(t) is not None])
+        return tok
+    raise FileNotFoundError(f"{folder}: no tokenizer.json, vocab.json+merges.txt, encoder.json+vocab.bpe or vocab.txt")
+
+
+def load_tokenizer(path: str | Path, strict: bool = True) -> Tokenizer:
+    """Load a tokenizer.json or an HF tokenizer folder; ``strict`` requires cramlm's special ids."""
     path = Path(path)
     if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
+        tok = _from_folder(path)
+    elif path.is_file():
+        tok = Tokenizer.from_file(str(path))
+    else:
         raise FileNotFoundError(f"no tokenizer at {path}")
-    tok = Tokenizer.from_file(str(path))
-    check_special_ids(tok, str(path))
+    if strict:
+        check_special_ids(tok, str(path))
     return tok
 
 
+def separator_id(tok: Tokenizer, token: str | None = None) -> int:
+    """Id of the token appended after each document."""
+    for candidate in [token] if token else SEPARATOR_CANDIDATES:
+        if (i := tok.token_to_id(candidate)) is not None:
+            return i
+    wanted = token or ", ".join(SEPARATOR_CANDIDATES)
+    raise ValueError(f"tokenizer has no document separator token ({wanted}); set data.tokenizer.separator")
+
+
+def special_ids(tok: Tokenizer) -> dict[str, int]:
+    """The special tokens the tokenizer knows, by name (written to the manifest)."""
+    names = SPECIAL_TOKENS + SEPARATOR_CANDIDATES
+    return {t: i for t in dict.fromkeys(names) if (i := tok.token_to_id(t)) is not None}
+
+
+_fingerprints: dict[int, tuple[Tokenizer, bytes]] = {}
+
+
 def fingerprint(tok: Tokenizer) -> bytes:
-    """16 bytes identifying the tokenizer (sha256 of its canonical JSON)."""
-    return hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16]
+    """16 bytes identifying the tokenizer (sha256 of its canonical JSON; cached per object, as
+    serializing a large vocabulary takes a while)."""
+    cached = _fingerprints.get(id(tok))
+    if cached is None or cached[0] is not tok:
+        cached = _fingerprints[id(tok)] = (tok, hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16])
+    return cached[1]

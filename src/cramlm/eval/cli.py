@@ -10,9 +10,14 @@ from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
 @click.command("eval", context_settings=OVERRIDES)
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def eval_command(overrides: tuple[str, ...]) -> None:
-    """Fine-tune a pretrained run on labelled tasks and print dev scores.
+    """Fine-tune a checkpoint on labelled tasks (N seeds, median) and print the dev scores.
 
-    Example: cramlm eval name=bert24 eval=glue-sane eval.tasks=[path/to/task]
+    \b
+    checkpoint=  latest | run name | run folder | HF folder | hf://name  (+ "-untrained")
+    eval=        default | glue-sane | glue | cpu-quick   (eval.overrides.<task>.<key>=value)
+    Examples:
+      cramlm eval checkpoint=bert24 eval=glue-sane eval.glue_dir=glue_data
+      cramlm eval checkpoint=bert24-untrained eval=cpu-quick eval.tasks=[path/to/task]
     """
     from cramlm.evaluate import evaluate
 

@@ -1,9 +1,9 @@
-"""Task metrics, from scikit-learn and scipy."""
+"""Task metrics from scikit-learn and scipy, and the means over tasks that tables report."""
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
+from scipy.stats import hmean, pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
@@ -18,8 +18,26 @@ def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> float:
         return float(f1_score(labels, predictions, pos_label=1, average="binary", zero_division=0.0))
     if metric == "matthews":
         return float(matthews_corrcoef(labels, predictions))
+    # a constant prediction has no correlation; scipy would return nan with a warning
     if metric == "pearson":
         return float(pearsonr(predictions, labels)[0]) if np.std(predictions) > 0 else 0.0
     if metric == "spearman":
         return float(spearmanr(predictions, labels)[0]) if np.std(predictions) > 0 else 0.0
     raise ValueError(f"unknown metric '{metric}'; known: {', '.join(METRICS)}")
+
+
+def score_all(metrics: list[str], predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    return {m: score(m, predictions, labels) for m in metrics}
+
+
+def arithmetic_mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+def harmonic_mean(values: list[float]) -> float:
+    """Harmonic mean; a score at or below 0 (Matthews and Pearson can be) makes it 0, its limit."""
+    if not values:
+        return float("nan")
+    if min(values) <= 0:
+        return 0.0
+    return float(hmean(values))

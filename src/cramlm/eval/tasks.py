@@ -1,19 +1,34 @@
-"""Labelled tasks from a folder in GLUE style: ``train.tsv``, ``dev.tsv`` and an optional
-``task.json`` ({"name", "columns": {"sentence1", "sentence2", "label"}, "labels", "metric"}).
+"""Labelled tasks: custom tasks from TSV / CSV / JSONL files, and GLUE (see :mod:`cramlm.eval.glue`).
 
-Without ``task.json`` the columns are found by name in the header (``sentence`` or ``sentence1``
-and ``sentence2``, ``label``), labels are the sorted distinct training labels and the metric is
-accuracy. Fields are TAB-separated with no quoting.
+A custom task is a folder with ``train.<ext>`` and ``dev.<ext>`` and an optional ``task.json``,
+or the same keys given inline in the config (``eval.tasks=[{path: my/task, metric: f1}]``)::
+
+    {"name": "spam", "format": "tsv", "columns": {"sentence1": "sentence", "sentence2": null,
+     "label": "label"}, "labels": ["0", "1"], "metric": "f1"}
+
+Columns are header names, or 0-based indices for files without a header (``"header": false``).
+Without ``labels`` the sorted distinct training labels are used; a regression metric (pearson,
+spearman) makes the task a regression. ``metric`` may be a list: the first is the headline metric,
+the others are reported beside it (MRPC: [f1, accuracy]). Every error names the file and line.
 """
 
 from __future__ import annotations
 
+import csv
+import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any, Iterator, Literal
 
+from pydantic import ValidationError, field_validator
+
+from cramlm.config.base import Config
 from cramlm.eval.metrics import METRICS, REGRESSION_METRICS
+
+FORMATS = ("tsv", "csv", "jsonl")
+INFO_KEYS = {"num_train", "num_dev", "source", "licence", "license", "canary", "description", "citation"}
 
 
 class TaskError(ValueError):
@@ -31,9 +46,14 @@ class Example:
 class Task:
     name: str
     labels: list[str]  # empty for regression
-    metric: str
+    metrics: list[str]  # metrics[0] is the headline metric
     train: list[Example]
-    dev: list[Example]
+    dev: dict[str, list[Example]]  # split name -> examples (MNLI: matched and mismatched)
+    skipped: dict[str, int] = field(default_factory=dict)  # file -> malformed rows skipped
+
+    @property
+    def metric(self) -> str:
+        return self.metrics[0]
 
     @property
     def is_regression(self) -> bool:
@@ -44,42 +64,128 @@ class Task:
         return len(self.labels) or 1
 
 
+class Columns(Config):
+    sentence1: str | int
+    sentence2: str | int | None = None
+    label: str | int
+
+
+class TaskSpec(Config):
+    """Where a task's files are and how to read them: the keys of ``task.json``."""
+
+    path: str | None = None  # the task folder (inline specs); task.json sits in it
+    name: str | None = None  # default: the folder name
+    format: Literal["tsv", "csv", "jsonl"] | None = None  # default: from the file extension
+    train: str | None = None  # file name in the folder; default train.<ext>
+    dev: str | dict[str, str] | None = None  # file, or {split: file}; default dev.<ext>
+    header: bool = True  # tsv/csv: first row names the columns
+    columns: Columns = Columns(sentence1="sentence", label="label")
+    labels: list[str] | None = None  # class names in order (ids 0..C-1); None: sorted train labels
+    metric: str | list[str] = "accuracy"
+    skip_malformed: bool = False  # skip rows with the wrong field count (GLUE QQP has some)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_as_text(cls, value: Any) -> Any:
+        return [str(v) for v in value] if isinstance(value, list) else value
+
+    @property
+    def metrics(self) -> list[str]:
+        return [self.metric] if isinstance(self.metric, str) else list(self.metric)
+
+
 def task_path(spec: str) -> Path:
     if spec.startswith("pkg://"):
         return Path(str(resources.files("cramlm") / "resources" / spec[len("pkg://") :]))
     return Path(spec).expanduser()
 
 
-def _read_tsv(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
+# ---------------------------------------------------------------- reading rows
+
+
+def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise TaskError(f"{path}: file not found")
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if not lines or not lines[0].strip():
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: GLUE's MRPC files start with a BOM
+    except UnicodeDecodeError as e:
+        raise TaskError(f"{path}: not UTF-8 text ({e})") from None
+    return text.split("\n")
+
+
+def _rows(path: Path, fmt: str, header: bool) -> tuple[list[str] | None, Iterator[tuple[int, Any]]]:
+    """(header names or None, iterator of (line number, fields list or JSON object))."""
+    lines = _lines(path)
+    if fmt == "jsonl":
+
+        def objects():
+            for lineno, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TaskError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+                if not isinstance(obj, dict):
+                    raise TaskError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+                yield lineno, obj
+
+        return None, objects()
+    if fmt == "tsv":  # GLUE style: TAB-separated, no quoting
+        rows = [(i, line.rstrip("\r").split("\t")) for i, line in enumerate(lines, 1) if line.strip()]
+    else:
+        reader = csv.reader(lines)
+        rows = []
+        try:
+            for fields in reader:
+                if fields and any(f.strip() for f in fields):
+                    rows.append((reader.line_num, fields))
+        except csv.Error as e:
+            raise TaskError(f"{path}:{reader.line_num}: malformed CSV: {e}") from None
+    if not header:
+        return None, iter(rows)
+    if not rows:
         raise TaskError(f"{path}: empty file, expected a header row")
-    header = lines[0].rstrip("\r").split("\t")
-    rows = [(i, line.rstrip("\r").split("\t")) for i, line in enumerate(lines[1:], 2) if line.strip()]
-    return header, rows
+    return rows[0][1], iter(rows[1:])
 
 
-def _column(header: list[str], name: str | None, path: Path) -> int | None:
-    if name is None:
-        return None
-    if name not in header:
-        raise TaskError(f"{path}: no column '{name}' in header {header}")
-    return header.index(name)
+def _index(header: list[str] | None, column: str | int | None, path: Path, key: str) -> str | int | None:
+    """A column as a field index (header files) or as-is (JSON keys, headerless indices)."""
+    if column is None or isinstance(column, int) or header is None:
+        return column
+    if column not in header:
+        close = difflib.get_close_matches(column, header, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {header}.{hint}")
+    return header.index(column)
 
 
-def _examples(path: Path, columns: dict, labels: list[str]) -> list[Example]:
-    header, rows = _read_tsv(path)
-    ia = _column(header, columns["sentence1"], path)
-    ib = _column(header, columns.get("sentence2"), path)
-    il = _column(header, columns["label"], path)
+def _field(row: Any, column: str | int, path: Path, lineno: int, key: str) -> str:
+    try:
+        value = row[column]
+    except (IndexError, KeyError):
+        raise TaskError(f"{path}:{lineno}: no field for columns.{key} ({column!r})") from None
+    if isinstance(value, bool):
+        return str(value).lower()
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipped: dict[str, int]) -> list[Example]:
+    header, rows = _rows(path, fmt, spec.header)
+    cols = spec.columns
+    ia = _index(header, cols.sentence1, path, "sentence1")
+    ib = _index(header, cols.sentence2, path, "sentence2")
+    il = _index(header, cols.label, path, "label")
+    width = len(header) if header else None
     index = {label: i for i, label in enumerate(labels)}
     out = []
-    for lineno, fields in rows:
-        if len(fields) != len(header):
-            raise TaskError(f"{path}:{lineno}: {len(fields)} fields, header has {len(header)}")
-        raw = fields[il]
+    for lineno, row in rows:
+        if width is not None and len(row) != width:
+            if spec.skip_malformed:
+                skipped[str(path)] = skipped.get(str(path), 0) + 1
+                continue
+            raise TaskError(f"{path}:{lineno}: {len(row)} fields, the header has {width}")
+        raw = _field(row, il, path, lineno, "label")
         if labels:
             if raw not in index:
                 raise TaskError(f"{path}:{lineno}: label '{raw}' is not one of {labels}")
@@ -89,48 +195,131 @@ def _examples(path: Path, columns: dict, labels: list[str]) -> list[Example]:
                 label = float(raw)
             except ValueError:
                 raise TaskError(f"{path}:{lineno}: regression label '{raw}' is not a number") from None
-        out.append(Example(fields[ia], fields[ib] if ib is not None else None, label))
+        text_b = _field(row, ib, path, lineno, "sentence2") if ib is not None else None
+        out.append(Example(_field(row, ia, path, lineno, "sentence1"), text_b, label))
     if not out:
         raise TaskError(f"{path}: no examples")
     return out
 
 
-def load_task(spec: str) -> Task:
-    folder = task_path(spec)
+def _distinct_labels(path: Path, spec: TaskSpec, fmt: str) -> list[str]:
+    header, rows = _rows(path, fmt, spec.header)
+    il = _index(header, spec.columns.label, path, "label")
+    return sorted({_field(row, il, path, lineno, "label") for lineno, row in rows})
+
+
+# ---------------------------------------------------------------- specs -> tasks
+
+
+def _find_file(folder: Path, given: str | None, stem: str, fmt: str | None) -> Path:
+    if given:
+        return folder / given
+    for ext in [fmt] if fmt else FORMATS:
+        if (folder / f"{stem}.{ext}").is_file():
+            return folder / f"{stem}.{ext}"
+    tried = ", ".join(f"{stem}.{ext}" for ext in ([fmt] if fmt else FORMATS))
+    raise TaskError(f"{folder}: no {stem} file (looked for {tried})")
+
+
+def _format_of(path: Path, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    ext = path.suffix.lstrip(".").lower()
+    if ext not in FORMATS:
+        raise TaskError(f"{path}: cannot tell the format from the extension; set \"format\" to one of {FORMATS}")
+    return ext
+
+
+def build_task(spec: TaskSpec, folder: Path, where: str) -> Task:
+    """Read the files ``spec`` describes (relative to ``folder``); ``where`` names the spec in errors."""
+    metrics = spec.metrics
+    for m in metrics:
+        if m not in METRICS:
+            raise TaskError(f"{where}: unknown metric '{m}'; known: {', '.join(METRICS)}")
+    regression = metrics[0] in REGRESSION_METRICS
+    train_path = _find_file(folder, spec.train, "train", spec.format)
+    fmt = _format_of(train_path, spec.format)
+    dev_files = spec.dev if isinstance(spec.dev, dict) else {"dev": spec.dev}
+    dev_paths = {split: _find_file(folder, f, "dev", fmt) for split, f in dev_files.items()}
+    if regression:
+        labels: list[str] = []
+    else:
+        labels = spec.labels if spec.labels is not None else _distinct_labels(train_path, spec, fmt)
+        if len(labels) < 2:
+            raise TaskError(f"{where}: a classification task needs at least two labels, got {labels}")
+    skipped: dict[str, int] = {}
+    return Task(
+        name=spec.name or folder.name,
+        labels=labels,
+        metrics=metrics,
+        train=read_examples(train_path, spec, fmt, labels, skipped),
+        dev={split: read_examples(p, spec, _format_of(p, spec.format), labels, skipped) for split, p in dev_paths.items()},
+        skipped=skipped,
+    )
+
+
+def parse_spec(data: dict, where: str) -> TaskSpec:
+    data = {k: v for k, v in data.items() if k not in INFO_KEYS}
+    try:
+        return TaskSpec.model_validate(data)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            path = ".".join(str(p) for p in e["loc"])
+            if e["type"] == "extra_forbidden":
+                close = difflib.get_close_matches(str(e["loc"][-1]), list(TaskSpec.model_fields), n=1)
+                problems.append(f"{path}: unknown key" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            else:
+                problems.append(f"{path}: {e['msg']}")
+        raise TaskError(f"{where}: " + "; ".join(problems)) from None
+
+
+def read_task_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise TaskError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise TaskError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_task(spec: str | TaskSpec | dict, glue_dir: str | None = None) -> Task:
+    """A task from ``glue:<name>``, a folder (with or without task.json), a task.json path, a
+    ``pkg://`` shipped folder, or an inline spec (a dict / TaskSpec with ``path``)."""
+    if isinstance(spec, str) and spec.startswith("glue:"):
+        from cramlm.eval.glue import load_glue
+
+        return load_glue(spec[len("glue:") :], glue_dir)
+    if isinstance(spec, (dict, TaskSpec)):
+        inline = spec if isinstance(spec, TaskSpec) else parse_spec(spec, "inline task spec")
+        if not inline.path:
+            raise TaskError("inline task spec: 'path' (the task folder) is required")
+        folder = task_path(inline.path)
+        meta = folder / "task.json"
+        if meta.is_file():  # inline keys refine the folder's task.json
+            given = inline.model_dump(exclude_unset=True)
+            inline = parse_spec({**read_task_json(meta), **given}, f"{meta} + inline keys")
+        if not folder.is_dir():
+            raise TaskError(f"{inline.path}: no such task folder")
+        return build_task(inline, folder, f"task {inline.path}")
+    path = task_path(spec)
+    if path.is_file() and path.name.endswith(".json"):
+        folder, meta = path.parent, path
+    else:
+        folder, meta = path, path / "task.json"
     if not folder.is_dir():
         raise TaskError(f"{spec}: no such task folder")
-    meta_path = folder / "task.json"
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{meta_path}: invalid JSON: {e}") from None
-    else:
-        header, rows = _read_tsv(folder / "train.tsv")
-        single = "sentence" in header
-        meta = {
-            "columns": {
-                "sentence1": "sentence" if single else "sentence1",
-                "sentence2": None if single else "sentence2",
-                "label": "label",
-            },
-            "labels": sorted({r[header.index("label")] for _, r in rows}) if "label" in header else [],
-            "metric": "accuracy",
-        }
-    metric = meta.get("metric", "accuracy")
-    if metric not in METRICS:
-        raise TaskError(f"{meta_path}: unknown metric '{metric}'; known: {', '.join(METRICS)}")
-    labels = [] if metric in REGRESSION_METRICS else [str(x) for x in meta.get("labels") or []]
-    if metric not in REGRESSION_METRICS and len(labels) < 2:
-        raise TaskError(f"{meta_path}: a classification task needs at least two labels")
-    columns = meta.get("columns") or {}
-    for key in ("sentence1", "label"):
-        if not columns.get(key):
-            raise TaskError(f"{meta_path}: columns.{key} is missing")
-    return Task(
-        name=meta.get("name", folder.name),
-        labels=labels,
-        metric=metric,
-        train=_examples(folder / "train.tsv", columns, labels),
-        dev=_examples(folder / "dev.tsv", columns, labels),
+    if meta.is_file():
+        return build_task(parse_spec(read_task_json(meta), str(meta)), folder, str(meta))
+    # no task.json: GLUE-style names in the header (sentence | sentence1 + sentence2, label)
+    train = _find_file(folder, None, "train", None)
+    fmt = _format_of(train, None)
+    header, rows = _rows(train, fmt, True)
+    if header is None:  # jsonl: look at the first object's keys
+        header = list(next(rows, (0, {}))[1])
+    single = "sentence" in header
+    columns = Columns(
+        sentence1="sentence" if single else "sentence1", sentence2=None if single else "sentence2", label="label"
     )
+    return build_task(TaskSpec(columns=columns), folder, str(folder))

@@ -1,6 +1,6 @@
-"""Models: plain nn.Modules built from registered configs."""
+"""Models: plain nn.Modules built from registered configs (crammed-bert, gpt2, llama)."""
 
-from cramlm.models import crammed_bert  # noqa: F401  (registers "crammed-bert")
+from cramlm.models import crammed_bert, gpt  # noqa: F401  (register the model types)
 from cramlm.models.base import ModelConfig, build_model
 
 __all__ = ["ModelConfig", "build_model"]

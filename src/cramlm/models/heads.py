@@ -1,21 +1,46 @@
-"""Task heads on top of an encoder that exposes ``encode(input_ids, attention_mask)`` and
-``hidden_size``."""
+"""Task heads on top of an encoder that exposes ``encode(input_ids, attention_mask, **positions)``
+and ``hidden_size``. (The pretraining heads live with their models: the MLM head in
+crammed_bert.py, the causal LM head in gpt.py.)"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cramlm.models.layers import IGNORE_INDEX
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """(B, T, H) -> (B, H): the first token ([CLS]) or the mean over non-padding tokens."""
+    if how == "first":
+        return hidden[:, 0]
+    if how == "mean":
+        if attention_mask is None:
+            return hidden.mean(dim=1)
+        weights = attention_mask.to(hidden.dtype)[..., None]  # (B, T, 1)
+        return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    raise ValueError(f"unknown pooling '{how}'")
+
 
 class SequenceClassifier(nn.Module):
-    """Pooler (first token, dense, tanh; as BERT and cramming) -> dropout -> linear.
+    """Pooler (first token or mean, then dense + tanh; as BERT and cramming) -> dropout -> linear.
     ``num_labels == 1`` makes it a regressor trained with MSE."""
 
-    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1, init_std: float = 0.02):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        num_labels: int,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        pooling: Literal["first", "mean"] = "first",
+    ):
         super().__init__()
         self.encoder = encoder
         self.num_labels = num_labels
+        self.pooling = pooling
         H = encoder.hidden_size
         self.pooler = nn.Linear(H, H)
         self.dropout = nn.Dropout(dropout)
@@ -29,9 +54,10 @@ class SequenceClassifier(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        **inputs,
     ) -> dict[str, torch.Tensor]:
-        hidden = self.encoder.encode(input_ids, attention_mask)  # (B, T, H)
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))  # (B, H)
+        hidden = self.encoder.encode(input_ids, attention_mask, **inputs)  # (B, T, H)
+        pooled = torch.tanh(self.pooler(pool(hidden, attention_mask, self.pooling)))  # (B, H)
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         out = {"logits": logits}
         if labels is not None:
@@ -39,4 +65,33 @@ class SequenceClassifier(nn.Module):
                 out["loss"] = F.mse_loss(logits.squeeze(-1).float(), labels.float())
             else:
                 out["loss"] = F.cross_entropy(logits.float(), labels)
+        return out
+
+
+class TokenClassifier(nn.Module):
+    """One label per token (tagging, NER): dropout -> linear on every hidden state. Labels (B, T)
+    with -100 at positions that are not scored (padding, special tokens, word-piece tails)."""
+
+    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1, init_std: float = 0.02):
+        super().__init__()
+        self.encoder = encoder
+        self.num_labels = num_labels
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(encoder.hidden_size, num_labels)
+        nn.init.normal_(self.classifier.weight, std=init_std)
+        nn.init.zeros_(self.classifier.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **inputs,
+    ) -> dict[str, torch.Tensor]:
+        hidden = self.encoder.encode(input_ids, attention_mask, **inputs)  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        out = {"logits": logits}
+        if labels is not None:
+            flat = logits.float().reshape(-1, self.num_labels)
+            out["loss"] = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX)
         return out

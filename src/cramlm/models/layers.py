@@ -1,14 +1,28 @@
-"""Building blocks shared by the models. Shapes: B batch, T tokens, H hidden, N heads, D head dim."""
+"""Building blocks shared by the models. Shapes: B batch, T tokens, H hidden, N query heads,
+K key/value heads, D head dim, V vocabulary.
+
+This file imports nothing from cramlm: `cramlm export hf` copies it verbatim into the remote-code
+package of variants that no stock transformers class matches, so exported and trained models run
+the very same code.
+"""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}
+IGNORE_INDEX = -100  # label value of positions that carry no target
+
+ACTIVATIONS = {
+    "gelu": F.gelu,  # exact (erf) GELU: BERT, cramming, ModernBERT
+    "gelu-tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+    "relu": F.relu,
+    "silu": F.silu,  # with ffn=glu: SwiGLU (llama)
+}
 
 
 def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
@@ -45,36 +59,72 @@ class PositionEmbedding(nn.Module):
         else:
             raise ValueError(f"unknown positions '{kind}'")
 
-    def forward(self, seq_len: int) -> torch.Tensor:  # -> (T, H)
-        table = self.table[:seq_len]
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B or 1, T) -> (B or 1, T, H)
+        table = F.embedding(position_ids, self.table)
         return table * self.scale if self.kind == "scaled-sinusoidal" else table
 
 
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with a fused QKV projection, through SDPA (flash kernels on GPU)."""
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al.), the "rotate half" layout of GPT-NeoX, Llama and
+    ModernBERT: channel i is paired with channel i + D/2. Angles are computed in float32."""
 
-    def __init__(self, dim: int, num_heads: int, bias: bool, dropout: float):
+    def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"hidden size {dim} is not divisible by {num_heads} heads")
-        self.num_heads = num_heads
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
+
+    def inverse_frequencies(self) -> torch.Tensor:  # (D/2,)
+        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = position_ids[..., None].float() * self.inv_freq  # (B or 1, T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B or 1, 1, T, D)
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x: (B, N, T, D)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head (or grouped-query: fewer key/value heads) self-attention with a fused QKV
+    projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads]."""
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float):
+        super().__init__()
+        if dim % num_heads or num_heads % num_kv_heads:
+            raise ValueError(f"hidden size {dim}, {num_heads} heads and {num_kv_heads} key/value heads do not divide")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
         self.dropout = dropout
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(dim, dim, bias=bias)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
-        # q, k, v: (B, N, T, D); attn_mask: (B, 1, 1 or T, T) bool, True = may attend
+        N, K = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
+        extra = {"enable_gqa": True} if K != N else {}
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
         )
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
 class FeedForward(nn.Module):
-    """Plain MLP (H -> I -> H) or gated (H -> I, split in halves, a * act(b), I/2 -> H), the
-    latter being cramming's GELU-GLU."""
+    """Plain MLP (H -> I -> H) or gated (H -> I, split in halves, act(a) * b, I/2 -> H): cramming's
+    GELU-GLU, ModernBERT's GeGLU and llama's SwiGLU (a = gate_proj, b = up_proj) alike."""
 
     def __init__(self, dim: int, inner: int, kind: str, activation: str, bias: bool):
         super().__init__()
@@ -86,17 +136,140 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.up(x)
         if self.gated:
-            gate, value = h.chunk(2, dim=-1)  # cramming: value * act(gate)
-            h = value * self.act(gate)
+            gate, value = h.chunk(2, dim=-1)
+            h = self.act(gate) * value
         else:
             h = self.act(h)
         return self.down(h)
 
 
-def init_weights(module: nn.Module, std: float) -> None:
-    """normal(0, std) for linear and embedding weights, zeros for biases (BERT's scheme)."""
+class Block(nn.Module):
+    """One transformer layer. Pre-norm: x + f(norm(x)); post-norm (original BERT): norm(x + f(x))."""
+
+    def __init__(self, cfg, index: int):
+        super().__init__()
+        self.pre_norm = cfg.norm_scheme == "pre"
+        # ModernBERT leaves out the first layer's attention norm: the embedding norm precedes it
+        skip = index == 0 and not cfg.first_attn_norm
+        self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        kv_heads = cfg.num_kv_heads or cfg.num_heads
+        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout)
+        self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, attn_mask=None, rotary=None, is_causal=False) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rotary, is_causal))
+            return x + self.dropout(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rotary, is_causal)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document ids -> (B, T) position of each token inside its document (restarts at 0
+    wherever the id changes)."""
+    T = document_ids.shape[1]
+    index = torch.arange(T, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+def attention_mask_for(
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool, T: int
+) -> tuple[torch.Tensor | None, bool]:
+    """(bool mask for SDPA or None, is_causal). Padding mask (B, T) 1 = token, 0 = padding;
+    document ids (B, T) confine attention to the own document. None + is_causal when nothing but
+    causality applies, so SDPA keeps its fastest kernels."""
+    if attention_mask is None and document_ids is None:
+        return None, causal
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T) keys
+    if document_ids is not None:
+        same = document_ids[:, None, :, None] == document_ids[:, None, None, :]  # (B, 1, T, T)
+        mask = same if mask is None else mask & same
+    if causal:
+        mask = mask & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    return mask, False
+
+
+class Trunk(nn.Module):
+    """Embeddings -> blocks -> final norm, for encoders (bidirectional) and decoders (causal).
+    ``cfg`` is anything with the fields of ``cramlm.models.transformer.TransformerConfig``."""
+
+    def __init__(self, cfg, vocab_size: int, causal: bool):
+        super().__init__()
+        self.cfg, self.causal = cfg, causal
+        H = cfg.hidden_size
+        self.tokens = nn.Embedding(vocab_size, H)
+        self.token_types = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size else None
+        rope = cfg.positions == "rope"
+        self.positions = None if rope or cfg.positions == "none" else PositionEmbedding(cfg.positions, cfg.max_seq_length, H)
+        self.rotary = Rotary(H // cfg.num_heads, cfg.rope_theta) if rope else None
+        self.embedding_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else nn.Identity()
+        self.embedding_dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else nn.Identity()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # (B, T) -> (B, T, H)
+        B, T = input_ids.shape
+        if T > self.cfg.max_seq_length:
+            raise ValueError(f"sequence of {T} tokens exceeds arch.max_seq_length={self.cfg.max_seq_length}")
+        if position_ids is None:
+            if document_ids is not None:
+                position_ids = positions_from_documents(document_ids)
+            else:
+                position_ids = torch.arange(T, device=input_ids.device)[None]  # (1, T)
+        x = self.tokens(input_ids)  # (B, T, H)
+        if self.positions is not None:
+            x = x + self.positions(position_ids)
+        if self.token_types is not None:
+            x = x + self.token_types(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
+        x = self.embedding_dropout(self.embedding_norm(x))
+        rotary = self.rotary(position_ids) if self.rotary is not None else None
+        mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T)
+        for block in self.blocks:
+            x = block(x, mask, rotary, is_causal)
+        return self.final_norm(x)
+
+
+class MLMHead(nn.Module):
+    """dense -> activation -> norm -> decoder to the vocabulary (BERT's and cramming's head)."""
+
+    def __init__(self, cfg, vocab_size: int):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+        self.act = ACTIVATIONS[cfg.activation]
+        self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return self.decoder(self.norm(self.act(self.dense(hidden))))
+
+
+def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:
+    """normal(0, std) for linear and embedding weights (learned position tables too), zeros for
+    biases (BERT's scheme). ``scaled-residual`` (GPT-2): the projections that write into the
+    residual stream (attention out, FFN down) get std / sqrt(2 * layers)."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
+        elif isinstance(m, PositionEmbedding) and m.kind == "learned":
+            nn.init.normal_(m.table, mean=0.0, std=std)
+    if scheme == "scaled-residual":
+        for m in module.modules():
+            if isinstance(m, (SelfAttention, FeedForward)):
+                residual_out = m.out if isinstance(m, SelfAttention) else m.down
+                nn.init.normal_(residual_out.weight, mean=0.0, std=std / math.sqrt(2 * num_layers))

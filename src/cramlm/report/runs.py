@@ -27,8 +27,15 @@ class RunData:
     pipeline: dict[str, Any] = field(default_factory=dict)
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
-        """(xs, ys) from the metric lines holding finite numbers under both keys."""
-        pairs = [(m[x], m[y]) for m in self.metrics if is_number(m.get(x)) and is_number(m.get(y))]
+        """(xs, ys) from the metric lines holding a number under ``y``; a line without ``x`` (e.g. a
+        validation line with only step and val_loss) takes it from another line of the same step."""
+        by_step = {m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and "step" in m}
+        pairs = []
+        for m in self.metrics:
+            if is_number(m.get(y)):
+                at = m.get(x) if is_number(m.get(x)) else by_step.get(m.get("step"))
+                if at is not None:
+                    pairs.append((at, m[y]))
         return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def has(self, key: str) -> bool:

@@ -1,6 +1,8 @@
-"""Learning-rate schedules as functions of run progress t in [0, 1] (budget used, or step/total).
+"""Learning-rate schedules as functions of run progress t in [0, 1] (the fraction of the budget
+used, whatever the budget is: hours, tokens, FLOPs or steps).
 
-Each builder returns ``f(t) -> factor`` applied to the optimizer's peak lr."""
+Each builder returns ``f(t) -> factor`` applied to the optimizer's peak lr. Because t is a fraction
+of the budget, a schedule means the same at any budget and on any hardware."""
 
 from __future__ import annotations
 
@@ -17,6 +19,24 @@ class ScheduleConfig(ComponentConfig):
     kind: ClassVar[str] = "schedule"
 
 
+def _clip(t: float) -> float:
+    return min(1.0, max(0.0, t))
+
+
+def _warmup_then(warmup: float, floor: float, decay: Callable[[float], float]) -> Schedule:
+    """Linear warm-up over ``warmup`` of t, then ``floor + (1 - floor) * decay(p)`` with p going
+    0 -> 1 over the rest of the run."""
+
+    def f(t: float) -> float:
+        t = _clip(t)
+        if t < warmup:
+            return t / warmup
+        p = min(1.0, (t - warmup) / max(1e-12, 1.0 - warmup))
+        return floor + (1 - floor) * decay(p)
+
+    return f
+
+
 class BudgetTriangleConfig(ScheduleConfig):
     """cramming's budget-triangle2: min(base + t, (1 - t) / falloff); peak at t = 1 - falloff."""
 
@@ -27,16 +47,17 @@ class BudgetTriangleConfig(ScheduleConfig):
 
 @register("schedule", "budget-triangle2", BudgetTriangleConfig)
 def budget_triangle(cfg: BudgetTriangleConfig) -> Schedule:
-    return lambda t: max(0.0, min(cfg.base + t, (1.0 - t) / cfg.falloff, 1.0))
+    return lambda t: max(0.0, min(cfg.base + _clip(t), (1.0 - _clip(t)) / cfg.falloff, 1.0))
 
 
 class ConstantConfig(ScheduleConfig):
     type: Literal["constant"] = "constant"
+    warmup: float = 0.0  # linear warm-up over this fraction of the run
 
 
 @register("schedule", "constant", ConstantConfig)
 def constant(cfg: ConstantConfig) -> Schedule:
-    return lambda t: 1.0
+    return lambda t: min(1.0, _clip(t) / cfg.warmup) if cfg.warmup > 0 else 1.0
 
 
 class CosineConfig(ScheduleConfig):
@@ -49,13 +70,72 @@ class CosineConfig(ScheduleConfig):
 
 @register("schedule", "cosine", CosineConfig)
 def cosine(cfg: CosineConfig) -> Schedule:
+    return _warmup_then(cfg.warmup, cfg.min_factor, lambda p: 0.5 * (1 + math.cos(math.pi * p)))
+
+
+class OneCycleConfig(ScheduleConfig):
+    """Smith's one-cycle (as torch's OneCycleLR, cosine annealing): from ``start_factor`` up to 1 at
+    ``peak``, then down to ``end_factor``."""
+
+    type: Literal["one-cycle"] = "one-cycle"
+    peak: float = 0.3
+    start_factor: float = 0.04  # torch: 1 / div_factor (25)
+    end_factor: float = 4e-6  # torch: start / final_div_factor (1e4)
+
+
+@register("schedule", "one-cycle", OneCycleConfig)
+def one_cycle(cfg: OneCycleConfig) -> Schedule:
+    def anneal(start: float, end: float, p: float) -> float:
+        return end + (start - end) * 0.5 * (1 + math.cos(math.pi * p))
+
     def f(t: float) -> float:
-        if t < cfg.warmup:
-            return t / cfg.warmup
-        progress = min(1.0, (t - cfg.warmup) / max(1e-12, 1.0 - cfg.warmup))
-        return cfg.min_factor + (1 - cfg.min_factor) * 0.5 * (1 + math.cos(math.pi * progress))
+        t = _clip(t)
+        if t < cfg.peak:
+            return anneal(cfg.start_factor, 1.0, t / cfg.peak)
+        return anneal(1.0, cfg.end_factor, (t - cfg.peak) / max(1e-12, 1.0 - cfg.peak))
 
     return f
+
+
+class WarmupStableDecayConfig(ScheduleConfig):
+    """Warm-up, a long stable phase at the peak, then a decay over the last ``decay`` of the run
+    (WSD / trapezoid; MiniCPM, modded-nanogpt)."""
+
+    type: Literal["warmup-stable-decay"] = "warmup-stable-decay"
+    warmup: float = 0.05
+    decay: float = 0.2
+    decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"
+    min_factor: float = 0.0
+
+
+@register("schedule", "warmup-stable-decay", WarmupStableDecayConfig)
+def warmup_stable_decay(cfg: WarmupStableDecayConfig) -> Schedule:
+    def f(t: float) -> float:
+        t = _clip(t)
+        if t < cfg.warmup:
+            return t / cfg.warmup
+        if t <= 1.0 - cfg.decay:
+            return 1.0
+        p = (t - (1.0 - cfg.decay)) / cfg.decay  # 0 -> 1 through the decay phase
+        left = {"linear": 1 - p, "cosine": 0.5 * (1 + math.cos(math.pi * p)), "sqrt": 1 - math.sqrt(p)}[cfg.decay_shape]
+        return cfg.min_factor + (1 - cfg.min_factor) * left
+
+    return f
+
+
+class PolynomialConfig(ScheduleConfig):
+    """bert-original: linear warm-up, then (1 - progress)^power decay to ``end_factor``
+    (BERT: 10k warm-up steps of 1M, power 1)."""
+
+    type: Literal["polynomial"] = "polynomial"
+    warmup: float = 0.01
+    power: float = 1.0
+    end_factor: float = 0.0
+
+
+@register("schedule", "polynomial", PolynomialConfig)
+def polynomial(cfg: PolynomialConfig) -> Schedule:
+    return _warmup_then(cfg.warmup, cfg.end_factor, lambda p: (1 - p) ** cfg.power)
 
 
 def build_schedule(cfg: ScheduleConfig) -> Schedule:

@@ -1,0 +1,193 @@
+"""Training throughput on this machine: cramlm's engine (Trainer.train_step: global batch draw,
+MLM masking, forward, backward, clipping, AdamW) on crammed-bert tiny and base, and a small GPT when
+one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain PyTorch loop.
+
+Steps of the two contenders and a GEMM probe are interleaved (A B G A B G ...) and medians taken, so
+the load of a shared machine hits all alike; the ratio is the figure to read. MFU = tokens/s x
+FLOPs/token (counted by torch's FlopCounterMode on a real step) / peak, the peak being the higher of
+the fp32 GEMM rate measured before the run and the median measured between its steps.
+
+    python benchmarks/train_step.py                      # tiny and base, JSON + table
+    python benchmarks/train_step.py --sizes base --steps 5 --microbatch 16 --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cramlm.config.loader import load_preset
+from cramlm.config.registry import config_class, names
+from cramlm.data.collate import MLMCollator
+from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
+from cramlm.models.base import build_model
+from cramlm.train.distributed import Dist
+from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
+from cramlm.train.runtime import ImplConfig
+from cramlm.train.trainer import StepData, TrainConfig, Trainer
+
+SEQ = 128
+
+
+class RandomBlocks:
+    """Uniform random token blocks (throughput does not depend on the text)."""
+
+    def __init__(self, vocab: int, seq: int, n: int = 4096, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.blocks = rng.integers(len(SPECIAL_TOKENS), vocab, size=(n, seq), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def batch(self, indices) -> torch.Tensor:
+        return torch.from_numpy(self.blocks[np.asarray(indices)])
+
+
+def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> tuple:
+    cfg = config_class("model", arch["type"]).model_validate(arch)
+    torch.manual_seed(0)
+    model = build_model(cfg, vocab)
+    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
+    data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
+    impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_)
+    train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
+    sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
+    trainer = Trainer(model, data, train, impl, Dist(), torch.device("cpu"), None, run_dir, SEQ, val_batches=[sample])
+    trainer.model.train()
+    params = sum(p.numel() for p in model.parameters())
+
+    def step():
+        for group in trainer.optimizer.param_groups:
+            group["lr"] = 1e-4
+        trainer.train_step(1)
+
+    return step, trainer.flops_per_token, params
+
+
+def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:
+    from transformers import BertConfig, BertForMaskedLM
+
+    size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    if arch["hidden_size"] < 768:  # the tiny comparison: BERT with crammed-bert-tiny's widths
+        size = dict(hidden_size=arch["hidden_size"], num_hidden_layers=arch["num_layers"],
+                    num_attention_heads=arch["num_heads"], intermediate_size=arch["intermediate_size"])
+    config = BertConfig(vocab_size=vocab, max_position_embeddings=SEQ, **size)  # HF defaults otherwise (dropout 0.1)
+    torch.manual_seed(0)
+    model = BertForMaskedLM(config)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
+    blocks = RandomBlocks(vocab, SEQ)
+    position = [0]
+
+    def step():  # the plain loop people write around HF models
+        idx = np.arange(position[0], position[0] + micro) % len(blocks)
+        position[0] += micro
+        batch = collate(blocks.batch(idx))
+        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    sample = collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
+
+    class Wrapped(torch.nn.Module):  # FlopCounterMode wants model(**batch)["loss"]
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, **b):
+            return {"loss": self.m(**b).loss}
+
+    fpt = measure_flops_per_token(Wrapped(), sample)
+    return step, fpt, sum(p.numel() for p in model.parameters())
+
+
+def interleaved(steps: dict, warmup: int, timed: int) -> dict[str, list[float]]:
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(timed):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", nargs="+", default=["tiny", "base", "gpt"])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per contender")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--microbatch", type=int, nargs="+", default=[64, 16, 16], help="per size, in order")
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
+    ap.add_argument("--out", default="benchmarks/results/train_step.json")
+    args = ap.parse_args(argv)
+    peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
+    print(f"fp32 GEMM peak (measured, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    rows = []
+    presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "gpt": "gpt2-small"}
+    for size, micro in zip(args.sizes, args.microbatch + [args.microbatch[-1]] * len(args.sizes)):
+        if size == "gpt" and "gpt2" not in names("model"):
+            print("gpt: skipped, no 'gpt2' model registered in this branch (the models stage brings it)")
+            rows.append({"size": "gpt", "skipped": "no gpt2 model registered in this branch"})
+            continue
+        arch = load_preset("arch", presets[size]) if size != "gpt" else {"type": "gpt2"}
+        with tempfile.TemporaryDirectory() as tmp:
+            step_ours, fpt_ours, n_ours = ours(arch, args.vocab, micro, Path(tmp), args.compile)
+            contenders = {"cramlm": step_ours}
+            fpts = {"cramlm": fpt_ours}
+            params = {"cramlm": n_ours}
+            if size != "gpt":
+                step_hf, fpt_hf, n_hf = hf_bert(arch, args.vocab, micro)
+                contenders["hf"], fpts["hf"], params["hf"] = step_hf, fpt_hf, n_hf
+            a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+            contenders["gemm"] = lambda: [torch.mm(a, b) for _ in range(16)]  # the peak, measured between steps
+            times = interleaved(contenders, args.warmup, args.steps)
+            peak_now = 16 * 2 * 1024**3 / statistics.median(times.pop("gemm"))
+            contenders.pop("gemm")
+            peak_used = max(peak, peak_now)  # the higher of the two: MFU is never flattered by a busy moment
+        tokens = micro * SEQ
+        for name in contenders:
+            seconds = statistics.median(times[name])
+            tps = tokens / seconds
+            rows.append({
+                "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "seq": SEQ,
+                "vocab": args.vocab, "step_seconds": round(seconds, 4), "tokens_per_second": round(tps, 1),
+                "flops_per_token": fpts[name], "gemm_peak_flops": peak_used,
+                "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_used, 4),
+                "all_step_seconds": [round(t, 4) for t in times[name]], "compile": args.compile and name == "cramlm",
+            })
+        if "hf" in contenders:
+            ratio = rows[-2]["tokens_per_second"] / rows[-1]["tokens_per_second"]
+            rows[-2]["speedup_vs_hf"] = round(ratio, 3)
+        print(json.dumps(rows[-len(contenders):]), flush=True)
+    result = {"peak_gemm_flops": peak, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nfp32 GEMM peak {peak / 1e9:.1f} GFLOP/s before the run (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
+    print("| size | engine | params | microbatch | tokens/s | GFLOP/token | MFU (of GEMM peak) | vs HF |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if "skipped" in r:
+            print(f"| {r['size']} | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            continue
+        print(f"| {r['size']} | {r['engine']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
+              f"{r['flops_per_token'] / 1e9:.3f} | {100 * r['mfu_vs_gemm_peak']:.1f}% | {r.get('speedup_vs_hf', '')} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

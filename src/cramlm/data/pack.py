@@ -1,0 +1,227 @@
+"""The packing pass: sources -> clean -> batched Rust tokenization -> numpy writes, streaming.
+
+One pass writes a *shard* folder: ``train.cramtok`` / ``val.cramtok`` (documents in read order,
+each followed by the separator token), ``train.docs.bin`` / ``val.docs.bin`` (one record per
+document: global record number, source index, text hash; see :data:`DOC_RECORD`), optional
+``*.minhash.bin`` signatures, and ``shard.json`` (counts, written last: it marks the shard done).
+
+Memory stays flat: a reader thread parses and cleans batches of about ``batch_chars`` characters
+while the main thread tokenizes the previous batch (``encode_batch`` releases the GIL and runs on
+all cores in Rust) and writes it with numpy. An error in the reader stops the run with its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from cramlm.config.registry import build
+from cramlm.data.clean import Cleaner, MinHasher, text_hash
+from cramlm.data.packed import PackedWriter
+from cramlm.data.sources import SkipReport
+
+DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2")])
+SPLITS = ("train", "val")
+
+
+@dataclass
+class Batch:
+    texts: list[str] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)
+    chars: int = 0
+
+
+def is_validation(text: str, fraction: float) -> bool:
+    """Stable held-out choice: the same document lands on the same side whatever the order."""
+    return fraction > 0 and zlib.crc32(text.encode("utf-8", "surrogatepass")) % 1_000_000 < fraction * 1_000_000
+
+
+def read_batches(cfg, report: SkipReport, cleaner: Cleaner, batch_chars: int, batch_docs: int = 8192) -> Iterator[Batch]:
+    """Cleaned documents of ``cfg.sources`` (this shard's only), in batches of bounded size."""
+    batch = Batch()
+    for source_index, source in enumerate(cfg.sources):
+        for text in build("source", source, report):
+            if cleaner.active:
+                text, reason = cleaner(text)
+                if text is None:
+                    report.skip(reason, f"record {report.last_number}")
+                    continue
+            batch.texts.append(text)
+            batch.numbers.append(report.last_number)
+            batch.sources.append(source_index)
+            batch.chars += len(text)
+            if batch.chars >= batch_chars or len(batch.texts) >= batch_docs:
+                yield batch
+                batch = Batch()
+        if report.done:
+            break
+    if batch.texts:
+        yield batch
+
+
+def prefetch(items: Iterator, depth: int = 2) -> Iterator:
+    """Run ``items`` in a background thread, ``depth`` items ahead; its exceptions re-raise here."""
+    q: queue.Queue = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # handed to the consumer, which raises it
+            q.put(e)
+
+    thread = threading.Thread(target=work, name="cramlm-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def encode(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, batched in Rust (no special tokens, no offsets needed)."""
+    fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.20 skips offset tracking
+    encodings = fast(texts, add_special_tokens=False) if fast else tok.encode_batch(texts, add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+
+class ShardWriter:
+    """Per-split packed file + per-document records (+ MinHash signatures)."""
+
+    def __init__(self, folder: Path, split: str, vocab_size: int, fp: bytes, minhash: bool):
+        self.packed = PackedWriter(folder / f"{split}.cramtok", vocab_size, fp)
+        self.docs = open(folder / f"{split}.docs.bin", "wb")
+        self.minhash = open(folder / f"{split}.minhash.bin", "wb") if minhash else None
+        self.documents = 0
+        self.tokens = 0
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray, records: np.ndarray, signatures: np.ndarray | None) -> None:
+        self.packed.add_batch(flat, lengths)
+        self.docs.write(records.tobytes())
+        if self.minhash is not None and signatures is not None:
+            self.minhash.write(signatures.astype("<u4").tobytes())
+        self.documents += len(lengths)
+        self.tokens += int(lengths.sum())
+
+    def close(self) -> None:
+        self.packed.close()
+        self.docs.close()
+        if self.minhash is not None:
+            self.minhash.close()
+
+    def abort(self) -> None:
+        self.packed.abort()
+        self.docs.close()
+        if self.minhash is not None:
+            self.minhash.close()
+
+
+def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[int, int] = (0, 1),
+               batch_chars: int = 2_000_000, progress: bool = True) -> dict:
+    """Write shard ``shard=(index, count)`` of ``cfg`` into ``folder`` (skipped if already done)."""
+    done_marker = folder / "shard.json"
+    if done_marker.is_file():
+        return json.loads(done_marker.read_text())
+    start = time.perf_counter()
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    from cramlm.data.tokenizer import fingerprint
+
+    report = SkipReport(shard, cfg.max_entries_in_raw_dataset)
+    cleaner = Cleaner(cfg.clean)
+    hasher = MinHasher(cfg.dedup) if cfg.dedup.near else None
+    vocab_size, fp = tok.get_vocab_size(), fingerprint(tok)
+    writers = {s: ShardWriter(tmp, s, vocab_size, fp, hasher is not None) for s in SPLITS}
+    dtype = writers["train"].packed.dtype
+    bar = tqdm(desc=f"packing shard {shard[0]}/{shard[1]}", unit=" docs", disable=not progress, dynamic_ncols=True)
+    total_tokens = 0
+    try:
+        for batch in prefetch(read_batches(cfg, report, cleaner, batch_chars)):
+            ids = encode(tok, batch.texts)
+            lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+            chars = np.fromiter(map(len, batch.texts), np.int64, len(ids))
+            keep = lengths > 0
+            for i in np.flatnonzero(~keep):
+                report.skip("no_tokens", f"record {batch.numbers[i]}")
+            trash = cleaner.trash(lengths, chars) & keep
+            for i in np.flatnonzero(trash):
+                report.skip("trash", f"record {batch.numbers[i]}")
+            keep &= ~trash
+            is_val = np.array([is_validation(t, cfg.validation_fraction) for t in batch.texts], bool)
+            records = np.zeros(len(ids), DOC_RECORD)
+            records["number"], records["source"] = batch.numbers, batch.sources
+            if cfg.dedup.exact:
+                records["hash"] = [text_hash(t) for t in batch.texts]
+            for split, in_split in (("train", keep & ~is_val), ("val", keep & is_val)):
+                docs = np.flatnonzero(in_split)
+                if len(docs) == 0:
+                    continue
+                n = lengths[docs]
+                flat = np.fromiter(chain.from_iterable(ids[i] for i in docs), dtype, int(n.sum()))
+                # append the separator after each document: scatter tokens around separator slots
+                out = np.full(int(n.sum()) + len(docs), separator, dtype)
+                ends = np.cumsum(n + 1) - 1
+                mask = np.ones(len(out), bool)
+                mask[ends] = False
+                out[mask] = flat
+                signatures = np.stack([hasher.signature(batch.texts[i]) for i in docs]) if hasher else None
+                writers[split].add(out, n + 1, records[docs], signatures)
+            total_tokens += int(lengths[keep].sum()) + int(keep.sum())
+            bar.update(len(ids))
+            bar.set_postfix_str(f"{total_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s")
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    for w in writers.values():
+        w.close()
+    packed = sum(w.documents for w in writers.values())
+    info = {
+        "shard": list(shard),
+        "read": report.read,
+        "packed": packed,
+        "skipped": dict(report.skipped),
+        "skipped_examples": report.examples,
+        "splits": {s: {"documents": w.documents, "tokens": w.tokens} for s, w in writers.items()},
+        "minhash": hasher is not None,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    if report.read != packed + sum(report.skipped.values()):  # the "nothing lost" invariant
+        raise RuntimeError(f"shard {shard}: read {report.read} != packed {packed} + skipped {dict(report.skipped)}")
+    (tmp / "shard.json").write_text(json.dumps(info, indent=2))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return info

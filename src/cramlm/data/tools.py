@@ -1,0 +1,107 @@
+"""The standalone data tools behind ``cramlm data pack | inspect | dedup``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cramlm.data.clean import Cleaner, MinHasher, text_hash
+from cramlm.data.packed import read_packed
+from cramlm.data.sources import SkipReport
+
+
+def _source_for(path: str, text_key: str, on_error: str) -> dict:
+    name = Path(path).name
+    if ".jsonl" in name or name.endswith(".json"):
+        return {"type": "jsonl", "path": path, "text_key": text_key, "on_error": on_error}
+    if name.endswith(".parquet"):
+        return {"type": "parquet", "path": path, "text_key": text_key, "on_error": on_error}
+    return {"type": "text", "path": path, "on_error": on_error}
+
+
+def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "text", on_error: str = "raise") -> dict:
+    """Pack files with a given tokenizer into one ``.cramtok`` (every document, no held-out split)."""
+    from cramlm.data.prepare import DataConfig, prepare_data
+
+    cfg = DataConfig(name="pack", sources=[_source_for(p, text_key, on_error) for p in inputs],
+                     tokenizer={"path": tokenizer}, validation_fraction=0.0)
+    with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
+        prepared = prepare_data(cfg, tmp, progress=True)
+        shutil.move(str(prepared.folder / "train.cramtok"), out)
+        manifest = prepared.manifest
+    Path(out + ".manifest.json").write_text(json.dumps(manifest, indent=2))
+    return {"out": out, **manifest["documents"], "tokens": manifest["train"]["tokens"], "skipped_reasons": manifest["skipped"]}
+
+
+def inspect_packed(path: str, tokenizer: str | None = None, samples: int = 2, chars: int = 300) -> dict:
+    """Stats and decoded samples of a packed file, or of the train file of a prepared folder."""
+    from cramlm.data.tokenizer import fingerprint, load_tokenizer
+
+    p = Path(path)
+    folder = p if p.is_dir() else None
+    packed = read_packed(p / "train.cramtok" if folder else p)  # verifies the checksum
+    tok_path = tokenizer or (folder / "tokenizer.json" if folder else None)
+    lengths = packed.lengths()
+    stats = {
+        "file": str(packed.path), "version": packed.version, "vocab_size": packed.vocab_size,
+        "token_bytes": packed.width, "documents": packed.num_documents, "tokens": packed.num_tokens,
+        "fingerprint": packed.fingerprint.hex(), "checksum": "ok",
+        "doc_tokens": {q: int(np.percentile(lengths, v)) for q, v in (("min", 0), ("p50", 50), ("p90", 90), ("max", 100))} if len(lengths) else {},
+    }
+    if tok_path:
+        tok = load_tokenizer(tok_path, strict=False)
+        stats["tokenizer_matches"] = fingerprint(tok) == packed.fingerprint
+        stats["samples"] = [tok.decode(packed.document(i).tolist(), skip_special_tokens=False)[:chars]
+                            for i in np.linspace(0, packed.num_documents - 1, min(samples, packed.num_documents)).astype(int)]
+    if folder and (folder / "manifest.json").is_file():
+        m = json.loads((folder / "manifest.json").read_text())
+        stats["manifest"] = {"documents": m["documents"], "skipped": m["skipped"]}
+    return stats
+
+
+def dedup_sources(cfg, out: str | None = None) -> dict:
+    """Stream the cleaned documents of ``cfg.sources``; count exact and near duplicates (first
+    copy kept) and optionally write the kept documents as JSONL."""
+    from cramlm.config.registry import build
+
+    report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
+    seen: set[int] = set()
+    lsh = None
+    if cfg.dedup.near:
+        from datasketch import MinHash, MinHashLSH
+
+        from cramlm.data.clean import SCHEME
+
+        hasher, lsh = MinHasher(cfg.dedup), MinHashLSH(threshold=cfg.dedup.threshold, num_perm=cfg.dedup.num_perm)
+    kept = 0
+    sink = open(out, "w", encoding="utf-8") if out else None
+    try:
+        for source in cfg.sources:
+            for text in build("source", source, report):
+                number = report.last_number
+                text, reason = cleaner(text)
+                if text is None:
+                    report.skip(reason, f"record {number}")
+                    continue
+                h = text_hash(text)
+                if h in seen:
+                    report.skip("duplicate", f"record {number}")
+                    continue
+                seen.add(h)
+                if lsh is not None:
+                    m = MinHash(num_perm=cfg.dedup.num_perm, seed=1, hashvalues=hasher.signature(text), scheme=SCHEME)
+                    if lsh.query(m):
+                        report.skip("near_duplicate", f"record {number}")
+                        continue
+                    lsh.insert(number, m)
+                kept += 1
+                if sink:
+                    sink.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    finally:
+        if sink:
+            sink.close()
+    return {"read": report.read, "kept": kept, "skipped": dict(report.skipped), "examples": report.examples, "out": out}

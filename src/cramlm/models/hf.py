@@ -1,0 +1,350 @@
+"""Hugging Face checkpoints, both ways.
+
+Export: a model whose choices match a stock transformers class exactly is written as that class
+(weights renamed and split, config.json in its terms): bert-original -> BertForMaskedLM, the
+ModernBERT-like crammed variant -> ModernBertForMaskedLM, GPT-2 -> GPT2LMHeadModel, llama-like ->
+LlamaForCausalLM. Any other variant becomes a remote-code package (our own layers.py beside the
+weights, loaded with ``trust_remote_code=True``). Import: an HF BERT folder -> bert-original.
+
+A name table per architecture lists (HF name, our name, how): ``None`` copies, ``("part", i, sizes)``
+takes the i-th slice of our fused tensor along dim 0 (fused QKV, fused GLU up-projection), "T"
+transposes (GPT-2's Conv1D stores weights as (in, out)).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+
+from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.models.transformer import TransformerConfig
+
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+STOCK_CLASSES = {
+    "bert": "BertForMaskedLM",
+    "modernbert": "ModernBertForMaskedLM",
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+}
+
+# the choices each stock class hard-codes; anything else needs the remote-code package
+_COMMON = {"num_kv_heads_equal": True, "type_vocab_size": 0, "first_attn_norm": True}
+REQUIREMENTS: dict[str, dict] = {
+    "bert": dict(_COMMON, objective="mlm", norm="layernorm", norm_scheme="post", norm_bias=True, bias=True,
+                 embedding_norm=True, final_norm=False, ffn="plain", positions="learned", type_vocab_size=None),
+    "modernbert": dict(_COMMON, objective="mlm", norm="layernorm", norm_scheme="pre", norm_bias=False, bias=False,
+                       embedding_norm=True, first_attn_norm=False, final_norm=True, ffn="glu", positions="rope"),
+    "gpt2": dict(_COMMON, objective="clm", norm="layernorm", norm_scheme="pre", norm_bias=True, bias=True,
+                 embedding_norm=False, final_norm=True, ffn="plain", positions="learned"),
+    "llama": dict(_COMMON, objective="clm", norm="rmsnorm", norm_scheme="pre", bias=False, num_kv_heads_equal=None,
+                  embedding_norm=False, final_norm=True, ffn="glu", positions="rope"),
+}
+
+
+def mismatches(cfg: TransformerConfig, arch: str) -> list[str]:
+    """Choices of ``cfg`` that the stock class of ``arch`` cannot express (empty: exact)."""
+    out = []
+    for key, want in REQUIREMENTS[arch].items():
+        if want is None:
+            continue
+        have = (cfg.num_kv_heads or cfg.num_heads) == cfg.num_heads if key == "num_kv_heads_equal" else getattr(cfg, key)
+        if have != want:
+            out.append(f"{key}={have} (needs {want})")
+    if arch == "bert" and not cfg.type_vocab_size:
+        out.append("type_vocab_size=0 (needs token types)")
+    return out
+
+
+def stock_architecture(cfg: TransformerConfig) -> str | None:
+    """The stock transformers architecture that ``cfg`` matches exactly, or None."""
+    return next((arch for arch in REQUIREMENTS if not mismatches(cfg, arch)), None)
+
+
+# ---- name tables ------------------------------------------------------------------------------
+
+
+def _qkv(cfg: TransformerConfig) -> list[int]:
+    D = cfg.hidden_size // cfg.num_heads
+    return [cfg.num_heads * D, (cfg.num_kv_heads or cfg.num_heads) * D, (cfg.num_kv_heads or cfg.num_heads) * D]
+
+
+def _halves(cfg: TransformerConfig) -> list[int]:
+    return [cfg.intermediate_size // 2] * 2
+
+
+def names(cfg: TransformerConfig, arch: str) -> Iterator[tuple[str, str, object]]:
+    L, qkv, halves = cfg.num_layers, _qkv(cfg), _halves(cfg)
+    if arch == "bert":
+        e = "bert.embeddings."
+        yield e + "word_embeddings.weight", "trunk.tokens.weight", None
+        yield e + "position_embeddings.weight", "trunk.positions.table", None
+        yield e + "token_type_embeddings.weight", "trunk.token_types.weight", None
+        for s in ("weight", "bias"):
+            yield e + f"LayerNorm.{s}", f"trunk.embedding_norm.{s}", None
+            for i in range(L):
+                h, o = f"bert.encoder.layer.{i}.", f"trunk.blocks.{i}."
+                for j, name in enumerate(("query", "key", "value")):
+                    yield h + f"attention.self.{name}.{s}", o + f"attn.qkv.{s}", ("part", j, qkv)
+                yield h + f"attention.output.dense.{s}", o + f"attn.out.{s}", None
+                yield h + f"attention.output.LayerNorm.{s}", o + f"norm1.{s}", None
+                yield h + f"intermediate.dense.{s}", o + f"ffn.up.{s}", None
+                yield h + f"output.dense.{s}", o + f"ffn.down.{s}", None
+                yield h + f"output.LayerNorm.{s}", o + f"norm2.{s}", None
+            yield f"cls.predictions.transform.dense.{s}", f"head.dense.{s}", None
+            yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
+        yield "cls.predictions.decoder.weight", "head.decoder.weight", None
+        yield "cls.predictions.bias", "head.decoder.bias", None
+    elif arch == "modernbert":
+        yield "model.embeddings.tok_embeddings.weight", "trunk.tokens.weight", None
+        yield "model.embeddings.norm.weight", "trunk.embedding_norm.weight", None
+        for i in range(L):
+            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+            if i > 0:
+                yield h + "attn_norm.weight", o + "norm1.weight", None
+            yield h + "attn.Wqkv.weight", o + "attn.qkv.weight", None
+            yield h + "attn.Wo.weight", o + "attn.out.weight", None
+            yield h + "mlp_norm.weight", o + "norm2.weight", None
+            yield h + "mlp.Wi.weight", o + "ffn.up.weight", None
+            yield h + "mlp.Wo.weight", o + "ffn.down.weight", None
+        yield "model.final_norm.weight", "trunk.final_norm.weight", None
+        yield "head.dense.weight", "head.dense.weight", None
+        yield "head.norm.weight", "head.norm.weight", None
+        yield "decoder.weight", "head.decoder.weight", None
+    elif arch == "gpt2":
+        yield "transformer.wte.weight", "trunk.tokens.weight", None
+        yield "transformer.wpe.weight", "trunk.positions.table", None
+        for i in range(L):
+            h, o = f"transformer.h.{i}.", f"trunk.blocks.{i}."
+            for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+                for s in ("weight", "bias"):
+                    yield h + f"{theirs}.{s}", o + f"{ours}.{s}", None
+            for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+                yield h + f"{theirs}.weight", o + f"{ours}.weight", "T"
+                yield h + f"{theirs}.bias", o + f"{ours}.bias", None
+        for s in ("weight", "bias"):
+            yield f"transformer.ln_f.{s}", f"trunk.final_norm.{s}", None
+        yield "lm_head.weight", "lm_head.weight", None
+    elif arch == "llama":
+        yield "model.embed_tokens.weight", "trunk.tokens.weight", None
+        for i in range(L):
+            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+            yield h + "input_layernorm.weight", o + "norm1.weight", None
+            for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+                yield h + f"self_attn.{name}.weight", o + "attn.qkv.weight", ("part", j, qkv)
+            yield h + "self_attn.o_proj.weight", o + "attn.out.weight", None
+            yield h + "post_attention_layernorm.weight", o + "norm2.weight", None
+            yield h + "mlp.gate_proj.weight", o + "ffn.up.weight", ("part", 0, halves)
+            yield h + "mlp.up_proj.weight", o + "ffn.up.weight", ("part", 1, halves)
+            yield h + "mlp.down_proj.weight", o + "ffn.down.weight", None
+        yield "model.norm.weight", "trunk.final_norm.weight", None
+        yield "lm_head.weight", "lm_head.weight", None
+    else:
+        raise ValueError(f"unknown architecture '{arch}'")
+
+
+def to_hf_state_dict(model: torch.nn.Module, arch: str) -> dict[str, torch.Tensor]:
+    ours = model.state_dict()
+    out = {}
+    for theirs, name, how in names(model.cfg, arch):
+        t = ours[name]
+        if how == "T":
+            t = t.t()
+        elif how is not None:
+            _, j, sizes = how
+            t = t.split(sizes, dim=0)[j]
+        out[theirs] = t.detach().contiguous().clone()  # own storage each: safetensors refuses shared tensors
+    return out
+
+
+def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: TransformerConfig, arch: str) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`to_hf_state_dict`; HF names missing from ``hf`` are left out."""
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    out = {}
+    for theirs, name, how in names(cfg, arch):
+        if theirs not in hf:
+            continue
+        t = hf[theirs]
+        if how == "T":
+            out[name] = t.t().contiguous()
+        elif how is not None:
+            parts.setdefault(name, {})[how[1]] = t
+        else:
+            out[name] = t
+    for name, pieces in parts.items():
+        out[name] = torch.cat([pieces[j] for j in sorted(pieces)], dim=0)
+    return out
+
+
+# ---- configs ----------------------------------------------------------------------------------
+
+
+def hf_config(cfg: TransformerConfig, arch: str, vocab_size: int, special: dict[str, int]) -> dict:
+    """config.json for the stock class of ``arch`` (transformers' own field names)."""
+    common = {
+        "architectures": [STOCK_CLASSES[arch]],
+        "vocab_size": vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "max_position_embeddings": cfg.max_seq_length,
+        "initializer_range": cfg.init_std,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "pad_token_id": special.get("pad"),
+    }
+    if arch == "bert":
+        return {**common, "model_type": "bert", "intermediate_size": cfg.intermediate_size,
+                "hidden_act": HF_ACTIVATIONS[cfg.activation], "layer_norm_eps": cfg.norm_eps,
+                "type_vocab_size": cfg.type_vocab_size, "hidden_dropout_prob": cfg.dropout,
+                "attention_probs_dropout_prob": cfg.attention_dropout, "position_embedding_type": "absolute"}
+    if arch == "modernbert":
+        rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        return {**common, "model_type": "modernbert", "intermediate_size": cfg.intermediate_size // 2,
+                "hidden_activation": HF_ACTIVATIONS[cfg.activation], "classifier_activation": HF_ACTIVATIONS[cfg.activation],
+                "norm_eps": cfg.norm_eps, "norm_bias": False, "attention_bias": False, "mlp_bias": False,
+                "decoder_bias": False, "classifier_bias": False, "layer_types": ["full_attention"] * cfg.num_layers,
+                "global_attn_every_n_layers": 1, "rope_parameters": {"full_attention": rope, "sliding_attention": dict(rope)},
+                "embedding_dropout": cfg.dropout, "mlp_dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout,
+                "sparse_prediction": False, "cls_token_id": special.get("cls"), "sep_token_id": special.get("sep"),
+                "bos_token_id": special.get("cls"), "eos_token_id": special.get("sep")}
+    if arch == "gpt2":
+        return {**common, "model_type": "gpt2", "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers,
+                "n_head": cfg.num_heads, "n_positions": cfg.max_seq_length, "n_inner": cfg.intermediate_size,
+                "activation_function": HF_ACTIVATIONS[cfg.activation], "layer_norm_epsilon": cfg.norm_eps,
+                "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.attention_dropout,
+                "bos_token_id": special.get("bos"), "eos_token_id": special.get("eos")}
+    if arch == "llama":
+        return {**common, "model_type": "llama", "intermediate_size": cfg.intermediate_size // 2,
+                "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads, "head_dim": cfg.hidden_size // cfg.num_heads,
+                "hidden_act": HF_ACTIVATIONS[cfg.activation], "rms_norm_eps": cfg.norm_eps,
+                "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                "attention_bias": False, "mlp_bias": False, "attention_dropout": cfg.attention_dropout,
+                "bos_token_id": special.get("bos"), "eos_token_id": special.get("eos")}
+    raise ValueError(f"unknown architecture '{arch}'")
+
+
+# ---- tokenizer --------------------------------------------------------------------------------
+
+# our special tokens and the roles transformers gives them
+SPECIAL_ROLES = {"[PAD]": "pad", "[UNK]": "unk", "[CLS]": "cls", "[SEP]": "sep", "[MASK]": "mask",
+                 "<|endoftext|>": "eos", "<s>": "bos", "</s>": "eos", "<pad>": "pad", "<unk>": "unk", "<mask>": "mask"}
+
+
+def special_tokens(tok: Tokenizer) -> dict[str, str]:
+    """role -> token for the special tokens the tokenizer has (pad, unk, cls, sep, mask, bos, eos)."""
+    roles = {}
+    for token, role in SPECIAL_ROLES.items():
+        if tok.token_to_id(token) is not None:
+            roles.setdefault(role, token)
+    return roles
+
+
+def write_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int) -> dict[str, int]:
+    """tokenizer.json + tokenizer_config.json + special_tokens_map.json; AutoTokenizer then gives
+    our ids (including the [CLS] ... [SEP] template). Returns role -> id."""
+    tok = Tokenizer.from_str(tok.to_str())
+    tok.no_padding()
+    tok.no_truncation()
+    tok.save(str(out_dir / "tokenizer.json"))
+    roles = special_tokens(tok)
+    tokens_map = {f"{role}_token": token for role, token in roles.items()}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
+              "clean_up_tokenization_spaces": False, **tokens_map}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(tokens_map, indent=2) + "\n")
+    return {role: tok.token_to_id(token) for role, token in roles.items()}
+
+
+# ---- export / import --------------------------------------------------------------------------
+
+
+def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path) -> str:
+    """Write ``model`` and ``tok`` as an HF folder; returns the class that loads it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    special = write_tokenizer(tok, out_dir, cfg.max_seq_length)
+    arch = stock_architecture(cfg)
+    if arch is None:
+        from cramlm.models.hf_remote import export_remote
+
+        return export_remote(model, out_dir, special)
+    save_file(to_hf_state_dict(model, arch), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = hf_config(cfg, arch, model.vocab_size, special)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return STOCK_CLASSES[arch]
+
+
+def bert_config_from_hf(hf: dict) -> CrammedBertConfig:
+    """An HF BERT config.json -> the bert-original config of the same shape."""
+    if hf.get("model_type") != "bert":
+        raise ValueError(f"import supports BERT checkpoints (model_type 'bert'), not '{hf.get('model_type')}'")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError("import supports absolute position embeddings only")
+    activation = {v: k for k, v in HF_ACTIVATIONS.items()}.get(hf.get("hidden_act", "gelu"))
+    if activation is None:
+        raise ValueError(f"unsupported hidden_act '{hf.get('hidden_act')}'")
+    return CrammedBertConfig(
+        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"], max_seq_length=hf.get("max_position_embeddings", 512),
+        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_scheme="post", norm_bias=True, embedding_norm=True,
+        final_norm=False, ffn="plain", activation=activation, bias=True, positions="learned",
+        type_vocab_size=hf.get("type_vocab_size", 2), tie_embeddings=hf.get("tie_word_embeddings", True),
+        sparse_prediction=False, dropout=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), init_std=hf.get("initializer_range", 0.02),
+    )
+
+
+def resolve_hf_path(name: str | Path) -> Path:
+    """A local folder, or ``hf://owner/name`` fetched through the hub cache (offline: cache only)."""
+    name = str(name)
+    if name.startswith("hf://"):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(name[len("hf://"):]))
+        except Exception as e:  # offline and not cached, unknown name, ...
+            raise FileNotFoundError(f"{name}: cannot fetch from the Hugging Face hub ({type(e).__name__}: {e})") from None
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not an HF checkpoint folder (no config.json)")
+    return path
+
+
+def import_hf_bert(path: str | Path) -> tuple[CrammedBert, Tokenizer, CrammedBertConfig, list[str]]:
+    """(model, tokenizer, config, missing) from an HF BERT folder (BertModel or BertForMaskedLM
+    weights; ``missing`` lists our parameters the checkpoint lacks, e.g. the MLM head of a
+    BertModel, which keep their fresh initialisation). The tokenizer keeps the checkpoint's own ids."""
+    path = resolve_hf_path(path)
+    cfg = bert_config_from_hf(json.loads((path / "config.json").read_text()))
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{path}: no model.safetensors")
+    hf = load_file(str(weights))
+    if not any(k.startswith("bert.") for k in hf):  # BertModel: no "bert." prefix
+        hf = {("bert." + k if not k.startswith("cls.") else k): v for k, v in hf.items()}
+    vocab_size = hf["bert.embeddings.word_embeddings.weight"].shape[0]
+    model = CrammedBert(cfg, vocab_size)
+    ours = from_hf_state_dict(hf, cfg, "bert")
+    if "head.decoder.weight" not in ours and cfg.tie_embeddings:
+        ours["head.decoder.weight"] = ours["trunk.tokens.weight"]
+    result = model.load_state_dict(ours, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{path}: unexpected weights {result.unexpected_keys}")
+    tok = load_hf_tokenizer(path)
+    return model.eval(), tok, cfg, list(result.missing_keys)
+
+
+def load_hf_tokenizer(path: Path) -> Tokenizer:
+    if (path / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(path / "tokenizer.json"))
+    from transformers import AutoTokenizer  # vocab.txt only: let transformers build the fast tokenizer
+
+    return AutoTokenizer.from_pretrained(str(path)).backend_tokenizer
+
+
+__all__ = ["export_hf", "import_hf_bert", "stock_architecture", "mismatches", "to_hf_state_dict"]

@@ -1,0 +1,68 @@
+"""The config every transformer in cramlm shares, and its exact FLOP count.
+
+Each architectural choice is one field, so crammed-bert, the original BERT, a ModernBERT-like
+encoder, GPT-2 and a llama-like decoder are presets of the same few classes (recipes/arch/).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from cramlm.models.base import ModelConfig
+
+
+class TransformerConfig(ModelConfig):
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads (None: = num_heads)
+    # FFN up-projection width; with ffn=glu it is split in two halves (gate, value), so the
+    # down-projection reads intermediate_size / 2 (HF's "intermediate_size" of a GLU model)
+    intermediate_size: int = 3072
+    ffn: Literal["glu", "plain"] = "plain"
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-12
+    norm_scheme: Literal["pre", "post"] = "pre"
+    norm_bias: bool = True  # LayerNorm bias (RMSNorm has none)
+    embedding_norm: bool = False  # a norm right after token + position embedding
+    first_attn_norm: bool = True  # ModernBERT drops layer 0's attention norm (the embedding norm precedes)
+    final_norm: bool = True  # a norm after the last block (pre-norm models need it)
+    bias: bool = True  # biases in linear layers (and in the MLM decoder)
+    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "learned"
+    rope_theta: float = 10000.0
+    type_vocab_size: int = 0  # BERT's token-type (segment) embeddings; 0: none
+    tie_embeddings: bool = True  # output decoder shares the token-embedding matrix
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_std: float = 0.02
+    init: Literal["normal", "scaled-residual"] = "normal"  # scaled-residual: GPT-2's std/sqrt(2L) on residual outputs
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        kv = self.num_kv_heads or self.num_heads
+        if self.hidden_size % self.num_heads or self.num_heads % kv:
+            raise ValueError(f"hidden_size {self.hidden_size}, num_heads {self.num_heads}, num_kv_heads {kv} do not divide")
+        if self.positions == "rope" and (self.hidden_size // self.num_heads) % 2:
+            raise ValueError("rope needs an even head dimension")
+        if self.ffn == "glu" and self.intermediate_size % 2:
+            raise ValueError("ffn=glu needs an even intermediate_size")
+        return self
+
+
+def trunk_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
+    """Forward FLOPs per token of embeddings + blocks (2 per multiply-add of every matmul).
+    Attention scores and weighted values count the full T x T square, as SDPA's math kernel and
+    torch.utils.flop_counter do, also for causal models; norms, softmax and activations are not
+    matmuls and count zero."""
+    H, N, L = cfg.hidden_size, cfg.num_heads, cfg.num_layers
+    D = H // N
+    K = cfg.num_kv_heads or N
+    inner = cfg.intermediate_size
+    qkv = 2 * H * (N + 2 * K) * D
+    attention = 2 * 2 * seq_len * N * D  # q.k over T keys, then weights @ v
+    out = 2 * H * H
+    ffn = 2 * H * inner + 2 * (inner // 2 if cfg.ffn == "glu" else inner) * H
+    return float(L * (qkv + attention + out + ffn))

@@ -1,0 +1,132 @@
+"""Data parallelism under ``torchrun``: DDP or FSDP2 (``fully_shard``), gloo on CPU, NCCL on GPU.
+
+Every process draws the same *global* batch and keeps its slice (see trainer.py), so a run's maths
+does not depend on the number of processes. Collectives time out after ``impl.dist_timeout``
+seconds, so a dead rank makes the others fail instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cramlm.train.runtime import ImplConfig
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    strategy: str = "none"  # none | ddp | fsdp
+    owns_group: bool = False  # this Dist created the process group (and destroys it at the end)
+
+    @property
+    def enabled(self) -> bool:
+        return self.strategy != "none"
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def env_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(impl: ImplConfig) -> Dist:
+    """Join the process group set up by torchrun (RANK, WORLD_SIZE, MASTER_ADDR... in the env)."""
+    world = env_world()
+    strategy = impl.distributed
+    if strategy == "auto":
+        strategy = "ddp" if world > 1 else "none"
+    if strategy == "none":
+        if world > 1:
+            raise ValueError(f"impl.distributed=none but WORLD_SIZE={world}")
+        return Dist()
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    owns_group = not dist.is_initialized()  # a caller's group (e.g. several runs in one job) is reused
+    if owns_group:
+        use_cuda = torch.cuda.is_available() and impl.device in ("auto", "cuda")
+        backend = "nccl" if use_cuda else "gloo"
+        if use_cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend, timeout=timedelta(seconds=impl.dist_timeout))
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank, strategy, owns_group)
+
+
+def shutdown(d: Dist) -> None:
+    if d.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
+    """DDP: one replica per process, gradients all-reduced in buckets during backward.
+    FSDP2: each child of an nn.ModuleList (a transformer block) and then the root is sharded."""
+    if d.strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if d.strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
+        # replicated and `sync_replicated_grads` averages their gradients
+        scalars = {p for p in model.parameters() if p.ndim == 0}
+        for m in list(model.modules()):
+            if isinstance(m, nn.ModuleList):
+                for block in m:
+                    fully_shard(block, ignored_params=scalars & set(block.parameters()) or None)
+        fully_shard(model, ignored_params=scalars or None)
+    return model
+
+
+def sync_replicated_grads(model: nn.Module, d: Dist) -> None:
+    """Average the gradients FSDP2 left alone (its ignored, replicated parameters)."""
+    if d.strategy != "fsdp":
+        return
+    from torch.distributed.tensor import DTensor
+
+    for p in model.parameters():
+        if p.grad is not None and not isinstance(p, DTensor):
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG if dist.get_backend() == "nccl" else dist.ReduceOp.SUM)
+            if dist.get_backend() != "nccl":
+                p.grad /= d.world
+
+
+def gradient_sync(model: nn.Module, d: Dist, sync: bool):
+    """Accumulate without communicating: DDP's no_sync, FSDP2's set_requires_gradient_sync."""
+    if d.strategy == "ddp" and not sync:
+        return model.no_sync()
+    if d.strategy == "fsdp":
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def all_reduce(values: list[float], d: Dist, op: str = "sum", device: torch.device | None = None) -> list[float]:
+    """Reduce a few numbers over all processes (one small collective)."""
+    if not d.enabled:
+        return values
+    backend_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor(values, dtype=torch.float64, device=backend_device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def broadcast_object(obj, d: Dist):
+    if not d.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

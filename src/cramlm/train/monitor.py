@@ -1,0 +1,128 @@
+"""What a run reports: FLOPs per token, the device's peak, MFU, and the metric sinks
+(JSONL always; TensorBoard and Weights & Biases when asked for)."""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+# dense bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets (no sparsity)
+PEAK_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,  # SXM; PCIe is 756
+    "H100 PCIe": 756.0,
+    "H800": 989.0,
+    "GH200": 989.0,
+    "B200": 2250.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "RTX A6000": 155.0,
+    "RTX 6000 Ada": 364.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "V100": 125.0,  # fp16
+    "T4": 65.0,  # fp16
+}
+
+
+def gpu_peak_flops(name: str) -> float | None:
+    """Peak FLOP/s of a GPU by its name (longest matching table key wins)."""
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key.lower() in name.lower():
+            return PEAK_TFLOPS[key] * 1e12
+    return None
+
+
+@lru_cache(maxsize=None)
+def cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
+    """Measured fp32 GEMM FLOP/s of this CPU with torch's threads (best of short bursts)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def peak_flops(device: torch.device) -> tuple[float | None, str]:
+    """(peak FLOP/s per process, where it comes from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = gpu_peak_flops(name)
+        return peak, f"{name} bf16 table" if peak else f"{name}: not in the peak table"
+    return cpu_peak_flops(), f"measured fp32 GEMM, {torch.get_num_threads()} threads"
+
+
+def measure_flops_per_token(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
+    """Training FLOPs (forward + backward) per input token, counted by torch's FlopCounterMode on
+    one real step (matmuls and attention; what MFU counts). Gradients are cleared afterwards."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.random.fork_rng(devices=[]), FlopCounterMode(display=False) as counter:
+        model(**batch)["loss"].backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / batch["input_ids"].numel()
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int, sample: dict[str, torch.Tensor] | None) -> tuple[float, str]:
+    """The model's own count if it has one, else a measurement on ``sample``, else 6 * params."""
+    if hasattr(model, "flops_per_token"):
+        return float(model.flops_per_token(seq_len)), "model.flops_per_token"
+    if sample is not None:
+        return measure_flops_per_token(model, sample), "FlopCounterMode"
+    return 6.0 * sum(p.numel() for p in model.parameters()), "6 * parameters"
+
+
+class MetricsLog:
+    """One JSON line per record in ``metrics.jsonl``; optionally TensorBoard and W&B."""
+
+    def __init__(self, run_dir: Path, impl, config: dict, enabled: bool = True, append: bool = False):
+        self.enabled = enabled
+        self.file = self.tb = self.wandb = None
+        if not enabled:
+            return
+        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+        if impl.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if impl.wandb:
+            import wandb  # optional extra: pip install cramlm[wandb]
+
+            self.wandb = wandb.init(
+                project=impl.wandb_project, name=run_dir.name, dir=str(run_dir), mode=impl.wandb_mode,
+                config=config, resume="allow", id=run_dir.name,
+            )
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        step = record.get("step", 0)
+        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.tb:
+            for key, value in scalars.items():
+                self.tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+        if self.wandb:
+            self.wandb.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()

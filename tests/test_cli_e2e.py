@@ -1,0 +1,61 @@
+"""End to end through the real `cramlm` command line, in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TINY_PRETRAIN
+
+from cramlm.pretrain import load_run
+
+
+def cramlm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = shutil.which("cramlm")
+    cmd = [exe] if exe else [sys.executable, "-m", "cramlm"]
+    proc = subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+def test_pretrain_then_eval_through_cli(tmp_path):
+    budget_s = 15
+    cramlm("pretrain", *TINY_PRETRAIN, f"budget={budget_s}s", "name=e2e", "train.optim.lr=1e-2", cwd=tmp_path)
+    run = tmp_path / "outputs" / "e2e"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["last_loss"] < summary["first_loss"] - 0.3, summary  # it learned (ln 512 = 6.24 at start)
+    assert budget_s - 1 < summary["train_seconds"] < budget_s + 3, summary  # stopped at the budget
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if x.get("kind", "train") == "train"]
+    assert train_lines[-1]["step"] == summary["steps"] and train_lines[-1]["tokens"] == summary["tokens"]
+    model, tok, cfg = load_run(run)
+    assert cfg.name == "e2e" and tok.token_to_id("[MASK]") == 4
+    assert model.tokens.weight.shape[0] == tok.get_vocab_size()
+
+    proc = cramlm("eval", "name=e2e", "eval.epochs=1", "eval.max_train_examples=64", "eval.max_seq_length=32",
+                  "impl.progress=false", cwd=tmp_path)
+    assert "| rotten_tomatoes_small | accuracy |" in proc.stdout
+    result = json.loads((run / "eval.json").read_text())["results"][0]
+    assert result["dev_examples"] == 500 and 0.0 <= result["score"] <= 1.0
+
+
+def test_dryrun_prepares_data_and_takes_a_few_steps(tmp_path):
+    cramlm("pretrain", *TINY_PRETRAIN, "dryrun=true", "impl.dryrun_steps=3", cwd=tmp_path)
+    summary = json.loads((tmp_path / "outputs" / "default" / "summary.json").read_text())
+    assert summary["steps"] == 3
+    manifest = json.loads(next((tmp_path / "outputs" / "data").glob("*/manifest.json")).read_text())
+    docs = manifest["documents"]
+    assert docs["read"] == docs["packed"] + docs["skipped"] == 20
+    # a second run reuses the prepared data (same config -> same folder, nothing new)
+    cramlm("pretrain", *TINY_PRETRAIN, "dryrun=true", "name=again", cwd=tmp_path)
+    assert len(list((tmp_path / "outputs" / "data").iterdir())) == 1
+
+
+def test_bad_override_fails_before_any_work(tmp_path):
+    exe = shutil.which("cramlm") or "cramlm"
+    proc = subprocess.run([exe, "pretrain", "train.optim.lrr=1"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode != 0 and "train.optim.lrr: unknown key" in proc.stderr
+    assert not (tmp_path / "outputs").exists()

@@ -1,0 +1,75 @@
+"""Shared by the training tests: tiny configs, running cramlm in-process or as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from cramlm.cli_utils import resolve_or_exit
+from cramlm.pretrain import pretrain
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # plugins are imported as tests.train.plugin_models
+    sys.path.insert(0, str(REPO))
+
+# tiny MLM run, one thread so that float results are identical in every process
+TINY = [
+    "arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
+    "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
+    "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8",
+    "impl.progress=false", "impl.threads=1", "train.log_every=1", "train.validate_batches=2",
+    "train.min_updates=0",
+]
+CAUSAL = ["plugins=[tests.train.plugin_models]", f"arch={Path(__file__).with_name('tiny-causal.yaml')}"]
+
+
+def overrides(tmp: Path, name: str, *extra: str) -> list[str]:
+    return [*TINY, f"base_dir={tmp}", f"name={name}", f"impl.data_cache={tmp.parent / 'data-cache'}", *extra]
+
+
+def run_inprocess(tmp: Path, name: str, *extra: str) -> dict:
+    return pretrain(resolve_or_exit("pretrain", overrides(tmp, name, *extra)))
+
+
+def env() -> dict:
+    e = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(key, None)
+    return e
+
+
+def cramlm_cmd(tmp: Path, name: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "cramlm", "pretrain", *overrides(tmp, name, *extra)]
+
+
+def torchrun_cmd(nproc: int, tmp: Path, name: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+        "-m", "cramlm", "pretrain", *overrides(tmp, name, *extra),
+    ]
+
+
+def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    if proc.returncode:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def records(run_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records(run_dir)}

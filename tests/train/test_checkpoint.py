@@ -1,0 +1,99 @@
+"""Checkpoints: a run killed by SIGKILL and resumed ends bitwise equal to an uninterrupted one; a kill
+during a checkpoint write leaves the previous checkpoint loadable; tied weights are stored once."""
+
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import torch
+from safetensors.torch import load_file
+
+from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_checkpoint
+
+from .helpers import REPO, cramlm_cmd, env, losses, overrides, records, run, run_inprocess
+
+STEPS = ["budget=null", "train.budget.steps=10", "train.checkpoint_every=1", "train.keep_checkpoints=3"]
+
+
+def same_weights(a, b) -> bool:
+    wa, wb = load_file(str(a)), load_file(str(b))
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    reference = run_inprocess(tmp_path, "ref", *STEPS)
+    assert reference["steps"] == 10
+    kill_at = random.Random(5).randint(2, 8)  # a "random" step, fixed so the test is repeatable
+    proc = subprocess.Popen(cramlm_cmd(tmp_path, "killed", *STEPS), env=env(), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and sum(1 for _ in metrics.open()) >= kill_at:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    done = [int(p.name[5:]) for p in checkpoint_dirs(tmp_path / "killed" / "checkpoints")]
+    assert done and max(done) < 10  # killed mid-run
+    resumed = run_inprocess(tmp_path, "killed", *STEPS, "resume=auto")
+    assert resumed["steps"] == 10
+    assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "killed" / "model.safetensors")
+    # the loss of every step is the same too (resumed steps append to metrics.jsonl)
+    assert {s: l for s, l in losses(tmp_path / "killed").items()} == losses(tmp_path / "ref")
+    assert any(r["event"] == "resumed" for r in records(tmp_path / "killed", "event"))
+
+
+def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
+    # a real process that dies (SIGKILL) half-way through writing its third checkpoint
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import cramlm.train.checkpoint as c
+        original, calls = c.save_state_dict, [0]
+        def dying(state, path, aliases):
+            calls[0] += 1
+            if calls[0] == 3:
+                path.write_bytes(b"half a file")
+                os.kill(os.getpid(), signal.SIGKILL)
+            original(state, path, aliases)
+        c.save_state_dict = dying
+        from cramlm.cli import main
+        main(["pretrain", *{overrides(tmp_path, "dying", *STEPS)!r}])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=REPO, capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-3000:]
+    root = tmp_path / "dying" / "checkpoints"
+    assert [p.name for p in checkpoint_dirs(root)] == ["step-00000001", "step-00000002"]
+    assert list(root.glob(".tmp-step-00000003-*"))  # the interrupted write, under a temporary name
+    model, training, state = read_checkpoint(latest_checkpoint(root), {"head.decoder.weight": "trunk.tokens.weight"})
+    assert state["usage"]["steps"] == 2 and training["optimizer"]["state"]
+    # resuming from it cleans the partial write and finishes the run
+    resumed = run_inprocess(tmp_path, "dying", *STEPS, "resume=auto")
+    assert resumed["steps"] == 10 and not list(root.glob(".tmp-*"))
+    assert len(checkpoint_dirs(root)) == 3  # keep_checkpoints
+
+
+def test_tied_weights_stored_once_and_loadable(tmp_path):
+    from cramlm.pretrain import load_run
+
+    run_inprocess(tmp_path, "tied", "budget=null", "train.budget.steps=1")
+    names = load_file(str(tmp_path / "tied" / "model.safetensors")).keys()
+    assert "trunk.tokens.weight" in names and "head.decoder.weight" not in names
+    model, tok, cfg = load_run(tmp_path / "tied")
+    assert model.decoder.weight is model.tokens.weight
+
+
+def test_cli_resume_auto_extends_a_finished_run(tmp_path):
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    args = overrides(tmp_path, "cli", "budget=null")
+    first = CliRunner().invoke(main, ["pretrain", *args, "train.budget.steps=2"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["pretrain", "--resume", "auto", *args, "train.budget.steps=3"])
+    assert again.exit_code == 0, again.output
+    assert "resumed from" in again.output and sorted(losses(tmp_path / "cli")) == [1, 2, 3]

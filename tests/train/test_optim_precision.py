@@ -1,0 +1,111 @@
+"""Optimizers and parameter groups, non-finite losses (skip / roll back / raise), activation
+checkpointing and precision settings."""
+
+import pytest
+import torch
+from torch import nn
+
+from cramlm.config.registry import config_class
+from cramlm.train.optim import build_optimizer, param_groups
+from cramlm.train.runtime import ImplConfig, autocast_dtype, compile_model
+
+from .helpers import CAUSAL, losses, records, run_inprocess
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lin = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.out = nn.Linear(16, 50, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+    def forward(self, x):
+        return self.out(self.norm(torch.relu(self.lin(self.emb(x)))))
+
+
+def test_no_decay_on_norms_biases_and_optional_embeddings():
+    net = Net()
+    cfg = config_class("optimizer", "adamw")(type="adamw", weight_decay=0.1)
+    decay, no_decay = param_groups(net, cfg)
+    assert {id(p) for p in decay["params"]} == {id(net.emb.weight), id(net.lin.weight)}  # tied matrix once
+    assert {id(p) for p in no_decay["params"]} == {id(net.lin.bias), id(net.norm.weight), id(net.norm.bias)}
+    cfg.decay_embeddings = False
+    decay, no_decay = param_groups(net, cfg)
+    assert [id(p) for p in decay["params"]] == [id(net.lin.weight)] and no_decay["weight_decay"] == 0.0
+
+
+@pytest.mark.parametrize("name,lr", [("adamw", 1e-2), ("adam", 1e-2), ("lion", 1e-3), ("adafactor", 1e-2), ("sgd", 0.5)])
+def test_each_optimizer_learns(name, lr):
+    torch.manual_seed(0)
+    net = Net()
+    opt = build_optimizer(config_class("optimizer", name)(type=name, lr=lr), net)
+    x = torch.randint(0, 50, (64,))
+    first = None
+    for _ in range(30):
+        loss = nn.functional.cross_entropy(net(x), x)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.9 * first, (name, first, loss.item())
+
+
+def test_nonfinite_skip_rollback_raise(tmp_path):
+    base = [*CAUSAL, "budget=null", "train.budget.steps=6", "train.checkpoint_every=2", "arch.nan_at=[5]"]  # call 5 = step 4
+    clean = losses(run_inprocess(tmp_path, "clean", *base[:-1]) and tmp_path / "clean")
+    skipped = run_inprocess(tmp_path, "skip", *base)
+    assert skipped["skipped_steps"] == 1 and skipped["steps"] == 6
+    event = records(tmp_path / "skip", "event")[0]
+    assert event["event"] == "nonfinite" and "step 4" in event["message"] and "skipped" in event["message"]
+    assert sorted(losses(tmp_path / "skip")) == [1, 2, 3, 5, 6]  # step 4 logged as an event, not a loss
+    assert all(losses(tmp_path / "skip")[s] == clean[s] for s in (1, 2, 3))
+    rolled = run_inprocess(tmp_path, "rollback", *base, "train.on_nonfinite=rollback")
+    assert rolled["rollbacks"] == 1 and "rolled back" in records(tmp_path / "rollback", "event")[0]["message"]
+    with pytest.raises(FloatingPointError, match="step 4"):
+        run_inprocess(tmp_path, "raise", *base, "train.on_nonfinite=raise")
+
+
+def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
+    args = ["budget=null", "train.budget.steps=3"]
+    plain = losses(run_inprocess(tmp_path, "plain", *args) and tmp_path / "plain")
+    ac = losses(run_inprocess(tmp_path, "ac", *args, "impl.activation_checkpointing=true") and tmp_path / "ac")
+    assert ac == plain
+
+
+def test_precision_and_compile_options():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert autocast_dtype(ImplConfig(), cpu) is None  # fp32 on CPU
+    assert autocast_dtype(ImplConfig(), cuda) is torch.bfloat16
+    assert autocast_dtype(ImplConfig(precision="fp16"), cuda) is torch.float16
+    import torch._inductor.config as inductor
+
+    old = inductor.coordinate_descent_tuning
+    try:
+        compiled = compile_model(nn.Linear(2, 2), ImplConfig(compile=True, inductor={"coordinate_descent_tuning": not old}))
+        assert inductor.coordinate_descent_tuning is (not old) and hasattr(compiled, "_orig_mod")
+    finally:
+        inductor.coordinate_descent_tuning = old
+    with pytest.raises(ValueError, match="no such"):
+        compile_model(nn.Linear(2, 2), ImplConfig(inductor={"not_an_option": 1}))
+
+
+def test_tensorboard_and_wandb_sinks(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    extra = ["budget=null", "train.budget.steps=2", "impl.tensorboard=true"]
+    try:
+        import wandb  # noqa: F401
+
+        monkeypatch.setenv("WANDB_SILENT", "true")
+        extra.append("impl.wandb=true")  # offline by default
+    except ImportError:
+        wandb = None
+    run_inprocess(tmp_path, "tb", *extra)
+    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "train/tokens_per_second", "val/val_loss"} <= set(events.Tags()["scalars"])
+    if wandb is not None:
+        assert list((tmp_path / "tb" / "wandb").glob("offline-run-*"))
