@@ -12,6 +12,8 @@ from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
 from cramlm.data.cli import data
 from cramlm.eval.cli import eval_command
 from cramlm.models.cli import export
+from cramlm.pipeline.cli import run_command, sweep_command
+from cramlm.report.cli import report_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,6 +56,9 @@ def config_show(command: str, overrides: tuple[str, ...]) -> None:
 main.add_command(data)
 main.add_command(eval_command)
 main.add_command(export)
+main.add_command(run_command)
+main.add_command(report_command)
+main.add_command(sweep_command)
 
 if __name__ == "__main__":
     main()

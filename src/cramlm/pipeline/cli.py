@@ -1,0 +1,76 @@
+"""``cramlm run`` and ``cramlm sweep``: the whole pipeline, and grids of it."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cramlm.cli_utils import OVERRIDES, run_or_exit
+
+
+def split_recipe(args: tuple[str, ...], default: str) -> tuple[str, list[str]]:
+    """The first argument without '=' is the recipe; the rest are key=value overrides."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return default, list(args)
+
+
+def resolve_recipe_or_exit(recipe: str, overrides: list[str]):
+    from cramlm.config.loader import ConfigError
+    from cramlm.pipeline.run import resolve_recipe
+
+    try:
+        return resolve_recipe(recipe, overrides)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@click.command("run", context_settings=OVERRIDES)
+@click.option("--list", "list_", is_flag=True, help="List the shipped recipes and exit.")
+@click.option("--show", is_flag=True, help="Print the resolved config and exit.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
+    """Prepare data, pretrain under the budget, evaluate and write the report, in one command.
+
+    ARGS: an optional RECIPE (a shipped name or a YAML path; default: `default`, the one-minute demo)
+    then key=value overrides. Finished stages are skipped on a re-run (force=[eval] redoes one).
+
+    Examples: cramlm run | cramlm run cpu-1h | cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
+    """
+    from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, run_pipeline
+
+    if list_:
+        for name, text in list_recipes():
+            click.echo(f"{name:20s} {text}")
+        return
+    recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
+    cfg = resolve_recipe_or_exit(recipe, overrides)
+    if show:
+        sys.stdout.write(describe(cfg))
+        return
+    run_or_exit(run_pipeline, cfg)
+    click.echo(f"cramlm run: finished; report: {cfg.run_dir / 'report.html'}")
+
+
+@click.command("sweep", context_settings=OVERRIDES)
+@click.option("--sizes", default="64x2,128x2,128x4", show_default=True,
+              help="Comma-separated model sizes HIDDENxLAYERS (crammed-bert widths/depths).")
+@click.option("--budgets", default="30s,1m,2m", show_default=True, help="Comma-separated budgets ('90s', '2m', '1h').")
+@click.option("--name", default="sweep", show_default=True, help="Folder under base_dir for the grid's runs.")
+@click.option("--report/--no-report", default=True, show_default=True, help="Also write report.html comparing the runs.")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple[str, ...]) -> None:
+    """Pretrain a grid of sizes x budgets and fit final loss against compute (a power law).
+
+    ARGS: an optional RECIPE (default: `default`) then key=value overrides for every grid point.
+    Writes <base_dir>/<name>/sweep.json, sweep.png and report.html; finished points are skipped.
+
+    Example: cramlm sweep --sizes 64x2,128x4,256x4 --budgets 1m,4m,16m impl.threads=2
+    """
+    from cramlm.pipeline.run import DEFAULT_RECIPE
+    from cramlm.pipeline.sweep import sweep
+
+    recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
+    resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
+    run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)

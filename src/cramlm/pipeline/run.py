@@ -1,0 +1,214 @@
+"""``cramlm run RECIPE``: raw text to an evaluated checkpoint and a report, in one command.
+
+A run recipe (``recipes/run/<name>.yaml``, or a path to a YAML file) holds the keys of
+:class:`PipelineConfig`: group keys (``arch``, ``train``, ``data``, ``impl``, ``eval``) name presets,
+``overrides`` maps dotted keys to values applied after the presets, and command-line
+``key=value`` overrides come last.
+
+Stages: data -> pretrain -> eval -> report. Each finished stage is recorded in
+``<run>/pipeline.json`` with a key (a hash of the config it depends on); a re-run skips a stage when
+its record, its key and its output files all match, and re-runs every stage after one that ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
+from cramlm.eval.finetune import EvalConfig
+from cramlm.pretrain import PretrainConfig
+from cramlm.train.checkpoint import write_json
+
+STAGES = ("data", "pretrain", "eval", "report")
+Stage = Literal["data", "pretrain", "eval", "report"]
+DEFAULT_RECIPE = "default"
+RECORD = "pipeline.json"
+
+
+class PipelineConfig(PretrainConfig):
+    """Everything ``cramlm pretrain`` takes, plus the evaluation and which stages to run."""
+
+    description: str = ""  # one line shown by `cramlm run --list`
+    eval: EvalConfig = EvalConfig()
+    stages: list[Stage] = list(STAGES)  # the stages to run, in pipeline order
+    force: list[Stage] = []  # stages to redo even when finished (later stages follow)
+
+    def pretrain_config(self) -> PretrainConfig:
+        return _subset(PretrainConfig, self)
+
+    def eval_config(self):
+        from cramlm.evaluate import EvalRunConfig
+
+        cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir))
+        if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
+            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64)}
+            cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
+        return cfg
+
+
+def _subset(cls, cfg: PipelineConfig, **extra: Any):
+    """``cls`` built from the fields of ``cfg`` it shares (so fields added to it later flow through)."""
+    dump = cfg.model_dump(mode="json")
+    return cls.model_validate({**{k: v for k, v in dump.items() if k in cls.model_fields}, **extra})
+
+
+# ------------------------------------------------------------------------------------ recipes
+
+
+def recipe_tree(recipe: str) -> tuple[dict[str, Any], list[str]]:
+    """(keys of the recipe, its ``overrides`` as key=value strings)."""
+    tree = load_preset("run", recipe)
+    overrides = tree.pop("overrides", None) or {}
+    tree.setdefault("name", Path(recipe).stem)
+    # JSON is YAML, so every value survives the key=value round trip with its type
+    return tree, [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+
+
+def resolve_recipe(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+    tree, recipe_overrides = recipe_tree(recipe)
+    return resolve(PipelineConfig, tree, recipe_overrides + list(overrides))  # type: ignore[return-value]
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """(name, description) of every shipped run recipe."""
+    return [(name, str(load_preset("run", name).get("description", ""))) for name in available_presets("run")]
+
+
+# ---------------------------------------------------------------------------- stage records
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
+    """What each stage's result depends on. Progress bars and the stage list do not count."""
+    pre = cfg.pretrain_config().model_dump(mode="json")
+    pre["impl"].pop("progress", None)
+    ev = cfg.eval_config().model_dump(mode="json")
+    ev["impl"].pop("progress", None)
+    keys = {"data": cfg.data.cache_key() + ":" + cfg.impl.data_cache, "pretrain": _hash(pre)}
+    keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
+    keys["report"] = _hash([keys["pretrain"], keys["eval"]])
+    return keys
+
+
+def stage_outputs(cfg: PipelineConfig, stage: str) -> list[Path]:
+    run = cfg.run_dir
+    if stage == "data":
+        return [Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}" / "manifest.json"]
+    return {
+        "pretrain": [run / "model.safetensors", run / "config.yaml", run / "summary.json", run / "metrics.jsonl"],
+        "eval": [run / "eval.json"],
+        "report": [run / "report.html"],
+    }[stage]
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def finished(cfg: PipelineConfig, stage: str, record: dict[str, Any], key: str) -> bool:
+    entry = record.get("stages", {}).get(stage, {})
+    return entry.get("status") == "done" and entry.get("key") == key and all(p.is_file() for p in stage_outputs(cfg, stage))
+
+
+# ------------------------------------------------------------------------------------ stages
+
+
+def run_data(cfg: PipelineConfig) -> dict[str, Any]:
+    from cramlm.data.prepare import prepare_data
+
+    prepared = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress)
+    m = prepared.manifest
+    return {"folder": str(prepared.folder), "train_tokens": m["train"]["tokens"], "val_tokens": m["val"]["tokens"]}
+
+
+def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
+    from cramlm.pretrain import pretrain
+
+    summary = pretrain(cfg.pretrain_config())
+    return {k: summary.get(k) for k in ("parameters", "steps", "tokens", "last_loss") if k in summary}
+
+
+def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
+    from cramlm.evaluate import evaluate
+
+    results = evaluate(cfg.eval_config())
+    return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
+
+
+def run_report(cfg: PipelineConfig) -> dict[str, Any]:
+    from cramlm.report import write_report
+
+    path = write_report(cfg.run_dir)
+    return {"report": str(path)}
+
+
+RUNNERS = {"data": run_data, "pretrain": run_pretrain, "eval": run_eval, "report": run_report}
+
+
+def plan(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
+    """The stages to run now: selected, and unfinished or forced or after one that runs."""
+    keys, todo = stage_keys(cfg), []
+    for stage in STAGES:
+        if stage in cfg.stages and (todo or stage in cfg.force or not finished(cfg, stage, record, keys[stage])):
+            todo.append(stage)
+    return todo
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
+    """Run the selected stages, skipping finished ones; returns the stage record.
+
+    Under ``torchrun`` every process runs this with the same config: all decide from the same
+    record which stages run, only rank 0 prepares data, evaluates, reports and writes the record,
+    and the others join the pretrain stage (whose processes the training engine coordinates).
+    """
+    if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
+        raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
+    run_dir = cfg.run_dir
+    rank = int(os.environ.get("RANK", "0"))
+    record = read_record(run_dir)
+    record.setdefault("stages", {})
+    record["name"] = cfg.name
+    todo = plan(cfg, record)
+    if rank != 0:
+        if "pretrain" in todo:
+            run_pretrain(cfg)
+        return record
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keys = stage_keys(cfg)
+    for stage in [s for s in STAGES if s in cfg.stages]:
+        if stage not in todo:
+            print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
+            continue
+        print(f"cramlm run: {stage} ...")
+        start = time.perf_counter()
+        record["stages"][stage] = {"status": "running", "key": keys[stage], "started": _now()}
+        write_json(run_dir / RECORD, record)
+        try:
+            info = RUNNERS[stage](cfg)
+        except BaseException as e:  # record the failure (also Ctrl-C) so a re-run redoes this stage
+            record["stages"][stage].update(status="failed", error=f"{type(e).__name__}: {e}"[:500])
+            write_json(run_dir / RECORD, record)
+            raise
+        record["stages"][stage].update(status="done", finished=_now(), seconds=round(time.perf_counter() - start, 2), result=info)
+        write_json(run_dir / RECORD, record)
+    return record
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def describe(cfg: PipelineConfig) -> str:
+    return to_yaml(cfg)

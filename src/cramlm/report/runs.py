@@ -1,0 +1,108 @@
+"""Read a run folder for reporting: every file is optional, and unknown fields are kept.
+
+metrics.jsonl lines carry step/t/elapsed/tokens/loss/lr/batch_size/tokens_per_second and may carry
+more (val_loss, mfu, ...), possibly on lines of their own; series are built from the lines that
+hold both keys, so either layout plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class RunData:
+    folder: Path
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    pipeline: dict[str, Any] = field(default_factory=dict)
+
+    def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
+        """(xs, ys) from the metric lines holding a number under ``y``; a line without ``x`` (e.g. a
+        validation line with only step and val_loss) takes it from another line of the same step."""
+        by_step = {m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and "step" in m}
+        pairs = []
+        for m in self.metrics:
+            if is_number(m.get(y)):
+                at = m.get(x) if is_number(m.get(x)) else by_step.get(m.get("step"))
+                if at is not None:
+                    pairs.append((at, m[y]))
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def has(self, key: str) -> bool:
+        return any(is_number(m.get(key)) for m in self.metrics)
+
+    @property
+    def eval_results(self) -> list[dict[str, Any]]:
+        results = self.eval.get("results", [])
+        return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Metric lines; a torn last line (a run killed mid-write) is ignored."""
+    if not path.is_file():
+        return []
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            lines.append(record)
+    return lines
+
+
+def load_run_data(folder: str | Path) -> RunData:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such run folder")
+    if not any((folder / f).is_file() for f in ("metrics.jsonl", "summary.json", "eval.json")):
+        raise FileNotFoundError(f"{folder}: not a cramlm run (no metrics.jsonl, summary.json or eval.json)")
+    config: dict[str, Any] = {}
+    if (folder / "config.yaml").is_file():
+        loaded = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+        config = loaded if isinstance(loaded, dict) else {}
+    return RunData(
+        folder=folder,
+        name=str(config.get("name") or folder.name),
+        config=config,
+        metrics=read_metrics(folder / "metrics.jsonl"),
+        summary=_json(folder / "summary.json"),
+        eval=_json(folder / "eval.json"),
+        pipeline=_json(folder / "pipeline.json"),
+    )
+
+
+def result_score(result: dict[str, Any]) -> float | None:
+    """The headline score of one task result (``score``, else ``median``), as eval.json holds it."""
+    for key in ("score", "median", "mean"):
+        if is_number(result.get(key)):
+            return float(result[key])
+    return None
+
+
+def as_percent(metric: str, value: float) -> float:
+    """Scores shown as percentages, like cramming's tables (errors and losses stay as they are)."""
+    return value if any(word in metric.lower() for word in ("mse", "loss", "perplexity")) else 100 * value

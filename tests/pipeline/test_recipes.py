@@ -1,0 +1,76 @@
+"""Every shipped run recipe validates, and dry-runs a few steps of every stage on tiny data.
+
+Some recipes name presets that other issues add (the bert-original and GPT-2 models, HF corpora).
+Until those land, the recipe is checked with a stand-in preset of the same group in their place:
+every override of the recipe must still apply, and the dry run still runs. Only the presets listed
+in PENDING may be missing; any other missing preset fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cramlm.config.loader import GROUPS, available_presets, recipes_dir
+from cramlm.pipeline.run import recipe_tree, resolve_recipe, run_pipeline
+
+# preset -> the issue that adds it
+PENDING = {
+    "arch/bert-original": 4, "arch/gpt2-60m": 4, "train/bert-original": 5,
+    "data/the-pile": 3, "data/bookcorpus-wikipedia": 3, "data/openwebtext": 3,
+}
+STAND_IN = {"arch": "crammed-bert-tiny", "train": "bert-o4-cpu", "data": "default", "impl": "default", "eval": "default"}
+RECIPES = available_presets("run")
+TINY_ARCH = {  # set on whichever of these fields the recipe's model has
+    "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_seq_length": 32,
+    "n_embd": 32, "n_layer": 2, "n_head": 2, "ffn_hidden": 64, "num_kv_heads": 2,
+}
+TINY_DATA = [
+    "data=default", "data.name=tiny", "data.sources=[{type: jsonl, path: 'pkg://moby_dick.jsonl.gz'}]",
+    "data.seq_length=32", "data.tokenizer.vocab_size=512", "data.max_entries_in_raw_dataset=20",
+]
+TINY_RUN = [
+    "train.batch_size=8", "impl.microbatch_size=8", "impl.progress=false", "impl.threads=1",
+    "dryrun=true", "impl.dryrun_steps=2", "eval.tasks=[pkg://tasks/rotten_tomatoes_small]", "eval.max_seq_length=32",
+]
+
+
+def missing_presets(recipe: str) -> list[str]:
+    tree, _ = recipe_tree(recipe)
+    return [f"{g}/{tree[g]}" for g in GROUPS if isinstance(tree.get(g), str) and tree[g] not in available_presets(g)]
+
+
+def stand_ins(recipe: str) -> list[str]:
+    missing = missing_presets(recipe)
+    unexpected = [m for m in missing if m not in PENDING]
+    assert not unexpected, f"recipe {recipe} names presets that do not exist: {unexpected}"
+    return [f"{m.split('/')[0]}={STAND_IN[m.split('/')[0]]}" for m in missing]
+
+
+def test_shipped_recipes():
+    assert {"default", "cpu-1h", "crammed-bert-24h", "bert-original", "gpt2-60m"} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_validates_and_explains_itself(recipe, monkeypatch):
+    monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
+    text = (recipes_dir() / "run" / f"{recipe}.yaml").read_text()
+    assert text.lstrip().startswith("#") and text.count("\n#") >= 3, "a recipe explains itself in comments"
+    cfg = resolve_recipe(recipe, stand_ins(recipe))
+    assert cfg.name == recipe and cfg.description
+    assert "eval" not in cfg.stages or cfg.eval.tasks, "a recipe that evaluates names its tasks"
+    if recipe == "cpu-1h":  # its data and tasks come from $CRAMLM_DATA_DIR
+        assert cfg.data.sources[0].path == "/data/corpus/*.jsonl.gz" and cfg.eval.tasks[1] == "/data/tasks/rotten_tomatoes"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_dry_run(recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    overrides = stand_ins(recipe) + TINY_DATA + TINY_RUN
+    full = resolve_recipe(recipe, overrides)
+    tiny_arch = [f"arch.{k}={v}" for k, v in TINY_ARCH.items() if k in type(full.arch).model_fields]
+    cfg = resolve_recipe(recipe, overrides + tiny_arch + ["stages=" + str([s for s in full.stages if s != "report"])])
+    record = run_pipeline(cfg)
+    assert all(record["stages"][s]["status"] == "done" for s in cfg.stages)
+    assert record["stages"]["pretrain"]["result"]["steps"] == 2
+    # the recipe's own training settings survived the tiny overrides
+    assert cfg.train.optim.lr == full.train.optim.lr and cfg.train.schedule == full.train.schedule

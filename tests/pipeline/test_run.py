@@ -1,0 +1,105 @@
+"""`cramlm run`: the default recipe end to end offline, and stages that resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from cramlm.cli import main
+from cramlm.config.loader import ConfigError
+from cramlm.pipeline.run import resolve_recipe
+
+from .conftest import TINY_RUN, cramlm
+
+
+def test_default_recipe_end_to_end(tiny_run):
+    # the checkpoint, the eval table and the report, each stage recorded as done
+    assert load_file(tiny_run / "model.safetensors")
+    results = json.loads((tiny_run / "eval.json").read_text())["results"]
+    assert [r["task"] for r in results] == ["rotten_tomatoes_small"]
+    assert 0.0 <= results[0]["score"] <= 1.0
+    record = json.loads((tiny_run / "pipeline.json").read_text())
+    assert {s: v["status"] for s, v in record["stages"].items()} == dict.fromkeys(["data", "pretrain", "eval", "report"], "done")
+    html = (tiny_run / "report.html").read_text()
+    assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 5
+    for name in ("loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"):
+        assert (tiny_run / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _mtimes(run):
+    return {p.name: p.stat().st_mtime_ns for p in run.iterdir() if p.is_file()}
+
+
+def test_rerun_skips_finished_stages_and_redoes_changed_ones(tiny_run, tmp_path):
+    root = tmp_path
+    shutil.copytree(tiny_run.parents[1], root, dirs_exist_ok=True)  # a private copy of the finished run
+    run = root / "outputs" / "default"
+    before = _mtimes(run)
+    out = cramlm("run", *TINY_RUN, cwd=root)
+    assert out.count("done already, skipped") == 4
+    assert _mtimes(run) == before  # nothing rewritten
+
+    # a changed evaluation setting redoes eval and the report, not the data or the training
+    out = cramlm("run", *TINY_RUN, "eval.seed=1", cwd=root)
+    assert "data: done already" in out and "pretrain: done already" in out
+    after = _mtimes(run)
+    assert after["model.safetensors"] == before["model.safetensors"]
+    assert after["eval.json"] != before["eval.json"] and after["report.html"] != before["report.html"]
+
+    # force=[report] redoes only the report; a lost output file makes its stage run again
+    out = cramlm("run", *TINY_RUN, "eval.seed=1", "force=[report]", cwd=root)
+    assert out.count("done already, skipped") == 3
+    (run / "report.html").unlink()
+    out = cramlm("run", *TINY_RUN, "eval.seed=1", cwd=root)
+    assert "eval: done already" in out and "report ..." in out and (run / "report.html").is_file()
+
+
+def test_failed_stage_is_recorded_and_rerun(tiny_run, tmp_path, monkeypatch):
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["run", *TINY_RUN, "eval.tasks=[no/such/task]"])
+    assert result.exit_code == 1 and "no such task folder" in result.output
+    record = json.loads((tmp_path / "outputs" / "default" / "pipeline.json").read_text())
+    assert record["stages"]["eval"]["status"] == "failed"
+    assert record["stages"]["pretrain"]["status"] == "done"
+    assert "eval ..." in cramlm("run", *TINY_RUN, cwd=tmp_path)  # the failed stage runs again
+
+
+def test_recipe_errors_name_the_key():
+    with pytest.raises(ConfigError, match="train.optim.lrr"):
+        resolve_recipe("default", ["train.optim.lrr=1"])
+    with pytest.raises(ConfigError, match="no preset 'cpu1h'.*Did you mean 'cpu-1h'"):
+        resolve_recipe("cpu1h")
+    result = CliRunner().invoke(main, ["run", "default", "stages=[pretrian]"])
+    assert result.exit_code == 1 and "stages" in result.output
+
+
+def test_list_and_show():
+    out = CliRunner().invoke(main, ["run", "--list"]).output
+    for name in ("default", "cpu-1h", "crammed-bert-24h", "bert-original", "gpt2-60m"):
+        assert name in out
+    shown = CliRunner().invoke(main, ["run", "default", "budget=2m", "--show"]).output
+    assert "budget: 0.0333" in shown and "rotten_tomatoes_small" in shown
+
+
+def test_other_ranks_join_only_the_pretrain_stage(tiny_run, tmp_path, monkeypatch):
+    """Under torchrun, ranks > 0 decide like rank 0 but only train; they never write the record."""
+    import cramlm.pipeline.run as run_module
+
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    calls = []
+    monkeypatch.setattr(run_module, "run_pretrain", lambda cfg: calls.append(cfg.budget))
+    for name in ("run_data", "run_eval", "run_report"):
+        monkeypatch.setattr(run_module, name, lambda cfg, name=name: pytest.fail(f"rank 1 ran {name}"))
+    record_before = (tmp_path / "outputs" / "default" / "pipeline.json").read_text()
+    run_module.run_pipeline(resolve_recipe("default", TINY_RUN))  # all finished: nothing to do
+    assert calls == []
+    run_module.run_pipeline(resolve_recipe("default", [*TINY_RUN, "budget=4s", "stages=[data,pretrain]"]))
+    assert calls == [pytest.approx(4 / 3600)]
+    assert (tmp_path / "outputs" / "default" / "pipeline.json").read_text() == record_before
