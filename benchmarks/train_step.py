@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
     print(f"fp32 GEMM peak (measured, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
     rows = []
-    presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "gpt": "gpt2-small"}
+    # base: cramming's crammed-bert (16 layers) against BERT-base (12); base12: the same depth
+    presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small"}
     for size, micro in zip(args.sizes, args.microbatch + [args.microbatch[-1]] * len(args.sizes)):
         if size == "gpt" and "gpt2" not in names("model"):
             print("gpt: skipped, no 'gpt2' model registered in this branch (the models stage brings it)")
