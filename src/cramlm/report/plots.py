@@ -45,7 +45,9 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
         ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
         if run.has("val_loss"):
             xs, ys = run.series(x, "val_loss")
-            ax.plot([v * scale for v in xs], ys, "o--", color=color, ms=3, label=_label(run, many, "validation"))
+            # open diamonds: a run often validates only at its end, and one point must stay visible
+            ax.plot([v * scale for v in xs], ys, "D--", color=color, ms=6, markerfacecolor="white",
+                    label=_label(run, many, "validation"))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("MLM / LM loss")
     ax.grid(alpha=0.3)
