@@ -14,10 +14,7 @@ from cramlm.config.loader import GROUPS, available_presets, recipes_dir
 from cramlm.pipeline.run import recipe_tree, resolve_recipe, run_pipeline
 
 # preset -> the issue that adds it
-PENDING = {
-    "arch/bert-original": 4, "arch/gpt2-60m": 4, "train/bert-original": 5,
-    "data/the-pile": 3, "data/bookcorpus-wikipedia": 3, "data/openwebtext": 3,
-}
+PENDING: dict[str, int] = {}  # every preset the recipes name exists now
 STAND_IN = {"arch": "crammed-bert-tiny", "train": "bert-o4-cpu", "data": "default", "impl": "default", "eval": "default"}
 RECIPES = available_presets("run")
 TINY_ARCH = {  # set on whichever of these fields the recipe's model has
