@@ -193,6 +193,10 @@ def attention_mask_for(
         mask = same if mask is None else mask & same
     if causal:
         mask = mask & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+        # with left padding a padding query may see no key at all; SDPA before torch 2.5 gives NaN
+        # there, and 0 * NaN spreads it through later layers. Letting each query see itself
+        # changes only padding rows (real tokens already see themselves).
+        mask = mask | torch.eye(T, dtype=torch.bool, device=mask.device)
     return mask, False
 
 
