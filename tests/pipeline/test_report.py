@@ -53,6 +53,19 @@ def test_extra_fields_are_plotted_when_present(tmp_path):
     assert (run / "plots" / "throughput.png").stat().st_size > 0
 
 
+def test_validation_between_logged_steps_is_placed_by_interpolation(tmp_path):
+    """Training logs every 10 steps but validation falls where the budget fraction says (step 25):
+    the point must be plotted at its interpolated tokens, not dropped."""
+    run = tmp_path / "r"
+    run.mkdir()
+    lines = [{"kind": "train", "step": s, "tokens": 100 * s, "elapsed": 2.0 * s, "loss": 5.0} for s in (10, 20, 30)]
+    lines += [{"kind": "val", "step": 25, "val_loss": 4.0}, {"kind": "val", "step": 40, "val_loss": 3.0}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    data = load_run_data(run)
+    assert data.series("tokens", "val_loss") == ([2500.0], [4.0])  # step 40 lies beyond every logged step
+    assert data.series("elapsed", "val_loss") == ([50.0], [4.0])
+
+
 def test_missing_files_leave_out_their_plots(tmp_path):
     run = tmp_path / "bare"
     run.mkdir()

@@ -7,6 +7,7 @@ hold both keys, so either layout plots.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass, field
@@ -27,13 +28,15 @@ class RunData:
     pipeline: dict[str, Any] = field(default_factory=dict)
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
-        """(xs, ys) from the metric lines holding a number under ``y``; a line without ``x`` (e.g. a
-        validation line with only step and val_loss) takes it from another line of the same step."""
-        by_step = {m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and "step" in m}
+        """(xs, ys) from the metric lines holding a number under ``y``. A line without ``x`` (a
+        validation line of an older run: step and val_loss only) takes it from the lines around its
+        step, interpolated linearly, since validation need not fall on a logged step."""
+        known = sorted({m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and is_number(m.get("step"))}.items())
+        steps, values = [k for k, _ in known], [v for _, v in known]
         pairs = []
         for m in self.metrics:
             if is_number(m.get(y)):
-                at = m.get(x) if is_number(m.get(x)) else by_step.get(m.get("step"))
+                at = m.get(x) if is_number(m.get(x)) else _interpolate(steps, values, m.get("step"))
                 if at is not None:
                     pairs.append((at, m[y]))
         return [p[0] for p in pairs], [p[1] for p in pairs]
@@ -45,6 +48,17 @@ class RunData:
     def eval_results(self) -> list[dict[str, Any]]:
         results = self.eval.get("results", [])
         return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+
+
+def _interpolate(steps: list[float], values: list[float], step: Any) -> float | None:
+    """``values`` at ``step`` by linear interpolation over sorted ``steps``; None outside them."""
+    if not is_number(step) or not steps or not steps[0] <= step <= steps[-1]:
+        return None
+    i = bisect.bisect_left(steps, step)
+    if steps[i] == step:
+        return values[i]
+    s0, s1, v0, v1 = steps[i - 1], steps[i], values[i - 1], values[i]
+    return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
 
 
 def is_number(value: Any) -> bool:

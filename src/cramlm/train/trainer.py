@@ -435,7 +435,8 @@ class Trainer:
         seconds = time.perf_counter() - start
         self.times["eval_seconds"] += seconds
         if val_loss is not None:
-            self.log.write({"kind": "val", "step": self.used.steps, "t": round(t, 6), "val_loss": round(val_loss, 6)})
+            self.log.write({"kind": "val", "step": self.used.steps, "t": round(t, 6), "elapsed": round(self.used.seconds, 3),
+                            "tokens": self.used.tokens, "val_loss": round(val_loss, 6)})
         return val_loss, seconds
 
 
