@@ -124,9 +124,12 @@ def pretrain(cfg: PretrainConfig) -> dict:
     setup_start = time.perf_counter()
     dist = init_distributed(cfg.impl)
     try:
-        return _pretrain(cfg, dist, setup_start)
-    finally:
-        shutdown(dist)
+        result = _pretrain(cfg, dist, setup_start)
+    except BaseException:
+        shutdown(dist, ok=False)  # no barrier: the other ranks may be waiting in another collective
+        raise
+    shutdown(dist)
+    return result
 
 
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:

@@ -10,9 +10,10 @@ import torch.distributed as dist
 
 from cramlm.cli_utils import resolve_or_exit
 from cramlm.pretrain import pretrain
+from cramlm.train.distributed import close_process_group
 
 if __name__ == "__main__":
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))  # shared by the runs (pretrain reuses it)
     for overrides in json.loads(sys.argv[1]):
         pretrain(resolve_or_exit("pretrain", overrides))
-    dist.destroy_process_group()
+    close_process_group()

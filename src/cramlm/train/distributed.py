@@ -8,6 +8,7 @@ seconds, so a dead rank makes the others fail instead of hanging.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,8 +62,21 @@ def init_distributed(impl: ImplConfig) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, strategy, owns_group)
 
 
-def shutdown(d: Dist) -> None:
-    if d.owns_group and dist.is_initialized():
+def shutdown(d: Dist, ok: bool = True) -> None:
+    if d.owns_group:
+        close_process_group(ok)
+
+
+def close_process_group(ok: bool = True) -> None:
+    """Tear the group down in step: free the finished models (DDP reducers and FSDP states hold
+    gloo work objects; freed at interpreter exit they can abort the process), wait for every rank
+    (only after success: after an error the others may sit in another collective), then destroy.
+    Without this a successful run could end with 'terminate called without an active exception'
+    and a failed exit status."""
+    if dist.is_initialized():
+        gc.collect()
+        if ok:
+            dist.barrier()
         dist.destroy_process_group()
 
 
