@@ -7,13 +7,13 @@ hold both keys, so either layout plots.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 
@@ -52,13 +52,10 @@ class RunData:
 
 def _interpolate(steps: list[float], values: list[float], step: Any) -> float | None:
     """``values`` at ``step`` by linear interpolation over sorted ``steps``; None outside them."""
-    if not is_number(step) or not steps or not steps[0] <= step <= steps[-1]:
+    if not is_number(step) or not steps:
         return None
-    i = bisect.bisect_left(steps, step)
-    if steps[i] == step:
-        return values[i]
-    s0, s1, v0, v1 = steps[i - 1], steps[i], values[i - 1], values[i]
-    return v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    at = float(np.interp(step, steps, values, left=math.nan, right=math.nan))
+    return None if math.isnan(at) else at
 
 
 def is_number(value: Any) -> bool:
