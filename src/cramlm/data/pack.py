@@ -26,12 +26,12 @@ from typing import Iterator
 
 import numpy as np
 from tokenizers import Tokenizer
-from tqdm import tqdm
 
 from cramlm.config.registry import build
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.packed import PackedWriter
 from cramlm.data.sources import SkipReport
+from cramlm.progress import progress_bar
 
 DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2")])
 SPLITS = ("train", "val")
@@ -162,7 +162,7 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
     vocab_size, fp = tok.get_vocab_size(), fingerprint(tok)
     writers = {s: ShardWriter(tmp, s, vocab_size, fp, hasher is not None) for s in SPLITS}
     dtype = writers["train"].packed.dtype
-    bar = tqdm(desc=f"packing shard {shard[0]}/{shard[1]}", unit=" docs", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(desc=f"packing shard {shard[0]}/{shard[1]}", unit=" docs", enabled=progress)
     total_tokens = 0
     try:
         for batch in prefetch(read_batches(cfg, report, cleaner, batch_chars)):
@@ -196,8 +196,8 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
                 signatures = np.stack([hasher.signature(batch.texts[i]) for i in docs]) if hasher else None
                 writers[split].add(out, n + 1, records[docs], signatures)
             total_tokens += int(lengths[keep].sum()) + int(keep.sum())
+            bar.set_postfix_str(f"{total_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s", refresh=False)
             bar.update(len(ids))
-            bar.set_postfix_str(f"{total_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s")
     except BaseException:
         for w in writers.values():
             w.abort()

@@ -13,12 +13,12 @@ from typing import Literal
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from cramlm.config.base import Config
 from cramlm.eval.metrics import score_all
 from cramlm.eval.tasks import Task, TaskSpec
 from cramlm.models.heads import SequenceClassifier
+from cramlm.progress import progress_bar
 from cramlm.train.runtime import ImplConfig, autocast, autocast_dtype
 
 
@@ -120,7 +120,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     total = steps_per_epoch * hp.epochs
     warmup = hp.warmup * total if hp.warmup < 1 else hp.warmup
     step, start, epochs = 0, time.perf_counter(), []
-    bar = tqdm(total=total, desc=f"{task.name} seed {seed}", disable=not impl.progress, dynamic_ncols=True, leave=False)
+    bar = progress_bar(total=total, desc=f"{task.name} seed {seed}", enabled=impl.progress, leave=False)
     for _ in range(hp.epochs):
         model.train()
         for idx in length_grouped_batches(lengths, hp.batch_size, rng):
@@ -136,8 +136,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)  # update() redraws, at its own pace
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
         epochs.append(
             {
                 split: score_all(task.metrics, predict(model, ids, task.is_regression, hp.eval_batch_size, pad_id, device, amp), dev_y[split])

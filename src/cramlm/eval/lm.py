@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from cramlm.data.collate import MLMCollator
 from cramlm.data.dataset import BlockDataset
 from cramlm.data.packed import read_packed
 from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
 from cramlm.models.crammed_bert import IGNORE_INDEX
+from cramlm.progress import progress_bar
 
 
 @torch.inference_mode()
@@ -41,7 +41,7 @@ def lm_eval(
     collator = MLMCollator(packed.vocab_size, MASK_ID, len(SPECIAL_TOKENS), mlm_probability, seed)
     model = model.to(device).eval()
     total_loss, total_tokens = 0.0, 0
-    for start in tqdm(range(0, n, batch_size), desc="LM eval", disable=not progress, leave=False):
+    for start in progress_bar(iterable=range(0, n, batch_size), desc="LM eval", enabled=progress, leave=False):
         input_ids = dataset.batch(indices[start : start + batch_size])  # (B, T)
         if objective == "mlm":
             batch = collator(input_ids)

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from cramlm.config.base import Config, component
 from cramlm.data.dataset import ShuffledStream
+from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
 from cramlm.train.budget import Budget, BudgetConfig, Usage
 from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, sync_replicated_grads, wrap_model
@@ -315,7 +316,7 @@ class Trainer:
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
         if self.resumed_from:
             self.log.write(self.resumed_from)
-        bar = tqdm(total=100, unit="%", disable=not (self.impl.progress and self.dist.main), dynamic_ncols=True,
+        bar = progress_bar(total=100, unit="%", enabled=self.impl.progress and self.dist.main,
                    bar_format="{l_bar}{bar}| {n:.1f}/100% of budget [{elapsed}{postfix}]")
         self.model.train()
         clock, base_seconds, not_counted = time.perf_counter(), used.seconds, 0.0
