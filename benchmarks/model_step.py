@@ -3,10 +3,12 @@ width, depth, heads, FFN width and vocabulary, on the same MLM batch, in the sam
 
     python benchmarks/model_step.py                       # tiny and base, JSON + table
     python benchmarks/model_step.py --sizes base --steps 5 --batch 8 --profile
+    python benchmarks/model_step.py --device cuda --precision bf16 --batch 64   # on a GPU
 
-Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
+The device defaults to CUDA when there is one (timed with synchronisation); `--precision bf16|fp16`
+runs both under the same autocast (cramming trains in fp16 autocast). Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
 processes hits both alike; tokens/s come from the best step of each (the least disturbed), the
-median is reported beside it. Both run in fp32 without dropout
+median is reported beside it. Both run without dropout
 (cramming pretrains without it); both get 25% of positions scored (cramming's masking rate), which
 crammed-bert's sparse prediction exploits and BERT's dense head cannot.
 """
@@ -23,6 +25,7 @@ import torch
 from cramlm.config.loader import load_preset
 from cramlm.models import build_model
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.train.runtime import autocast
 
 VOCAB = 32768
 
@@ -46,11 +49,18 @@ def make_batch(batch: int, seq: int, rate: float, seed: int = 0) -> dict[str, to
     return {"input_ids": ids, "labels": labels}
 
 
-def step(model, batch) -> float:
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
     start = time.perf_counter()
-    loss = model(**batch)
+    with autocast(device, dtype):
+        loss = model(**batch)
     loss = loss["loss"] if isinstance(loss, dict) else loss.loss
     loss.backward()
+    sync()  # CUDA runs asynchronously: time the work, not the launch
     elapsed = time.perf_counter() - start
     for p in model.parameters():
         p.grad = None
@@ -60,16 +70,17 @@ def step(model, batch) -> float:
 def bench_size(size: str, args) -> dict:
     cfg = CrammedBertConfig.model_validate(load_preset("arch", f"crammed-bert-{size}"))
     torch.manual_seed(0)
-    ours, theirs = build_model(cfg, VOCAB).train(), hf_bert(cfg).train()
+    device, dtype = torch.device(args.device), PRECISIONS[args.precision]
+    ours, theirs = build_model(cfg, VOCAB).train().to(device), hf_bert(cfg).train().to(device)
     if args.compile:
         ours, theirs = torch.compile(ours), torch.compile(theirs)
-    batch = make_batch(args.batch, args.seq, args.mask_rate)
+    batch = {k: v.to(device) for k, v in make_batch(args.batch, args.seq, args.mask_rate).items()}
     for _ in range(args.warmup):
-        step(ours, batch), step(theirs, batch)
+        step(ours, batch, device, dtype), step(theirs, batch, device, dtype)
     times: dict[str, list[float]] = {"crammed-bert": [], "hf-bert": []}
     for _ in range(args.steps):
-        times["crammed-bert"].append(step(ours, batch))
-        times["hf-bert"].append(step(theirs, batch))
+        times["crammed-bert"].append(step(ours, batch, device, dtype))
+        times["hf-bert"].append(step(theirs, batch, device, dtype))
     tokens = args.batch * args.seq
     # best step: the one least disturbed by other processes (timeit's rule); median for the record
     tps = {k: tokens / min(v) for k, v in times.items()}
@@ -86,6 +97,7 @@ def bench_size(size: str, args) -> dict:
         "size": size, "hidden": cfg.hidden_size, "layers": cfg.num_layers, "heads": cfg.num_heads,
         "intermediate": cfg.intermediate_size, "vocab": VOCAB, "batch": args.batch, "seq": args.seq,
         "steps": args.steps, "compile": args.compile, "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "precision": args.precision,
         "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
         "speedup": round(tps["crammed-bert"] / tps["hf-bert"], 3),
         "tokens_per_s_median": {k: round(v, 1) for k, v in tps_median.items()},
@@ -99,11 +111,13 @@ def bench_size(size: str, args) -> dict:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         for name, m in (("crammed-bert", ours), ("hf-bert", theirs)):
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                step(m, batch)
+            with profile(activities=activities) as prof:
+                step(m, batch, device, dtype)
             print(f"--- {name} ({size}) ---")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+            print(prof.key_averages().table(sort_by=sort, row_limit=12))
     return result
 
 
@@ -115,6 +129,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--mask-rate", type=float, default=0.25)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype for both models")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
     parser.add_argument("--profile", action="store_true", help="print a torch.profiler table per model")
     parser.add_argument("--json", help="also write the results to this file")
