@@ -13,10 +13,14 @@ from conftest import TINY_PRETRAIN
 from cramlm.pretrain import load_run
 
 
+def cramlm_command() -> list[str]:
+    # the console script of the environment running the tests (it may not be on PATH)
+    exe = shutil.which("cramlm", path=str(Path(sys.executable).parent))
+    return [exe] if exe else [sys.executable, "-m", "cramlm"]
+
+
 def cramlm(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    exe = shutil.which("cramlm")
-    cmd = [exe] if exe else [sys.executable, "-m", "cramlm"]
-    proc = subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([*cramlm_command(), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -55,7 +59,6 @@ def test_dryrun_prepares_data_and_takes_a_few_steps(tmp_path):
 
 
 def test_bad_override_fails_before_any_work(tmp_path):
-    exe = shutil.which("cramlm") or "cramlm"
-    proc = subprocess.run([exe, "pretrain", "train.optim.lrr=1"], cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run([*cramlm_command(), "pretrain", "train.optim.lrr=1"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode != 0 and "train.optim.lrr: unknown key" in proc.stderr
     assert not (tmp_path / "outputs").exists()
