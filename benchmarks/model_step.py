@@ -25,7 +25,7 @@ import torch
 from cramlm.config.loader import load_preset
 from cramlm.models import build_model
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.train.runtime import autocast
+from cramlm.train.runtime import PRECISION_DTYPES, autocast
 
 VOCAB = 32768
 
@@ -49,9 +49,6 @@ def make_batch(batch: int, seq: int, rate: float, seed: int = 0) -> dict[str, to
     return {"input_ids": ids, "labels": labels}
 
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -70,7 +67,7 @@ def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float
 def bench_size(size: str, args) -> dict:
     cfg = CrammedBertConfig.model_validate(load_preset("arch", f"crammed-bert-{size}"))
     torch.manual_seed(0)
-    device, dtype = torch.device(args.device), PRECISIONS[args.precision]
+    device, dtype = torch.device(args.device), PRECISION_DTYPES[args.precision]
     ours, theirs = build_model(cfg, VOCAB).train().to(device), hf_bert(cfg).train().to(device)
     if args.compile:
         ours, theirs = torch.compile(ours), torch.compile(theirs)
@@ -130,7 +127,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--mask-rate", type=float, default=0.25)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype for both models")
+    parser.add_argument("--precision", choices=sorted(PRECISION_DTYPES), default="fp32", help="autocast dtype for both models")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
     parser.add_argument("--profile", action="store_true", help="print a torch.profiler table per model")
     parser.add_argument("--json", help="also write the results to this file")

@@ -53,11 +53,14 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
     return device
 
 
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
+
+
 def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:
     precision = impl.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return PRECISION_DTYPES[precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -375,7 +375,7 @@ class Trainer:
             if (due_by_steps or due_by_time) and not done:
                 self.save_checkpoint()
                 last_checkpoint_seconds = used.seconds
-        bar.n = min(100.0, 100 * self.budget.progress(used))
+        bar.update(min(100.0, 100 * self.budget.progress(used)) - bar.n)
         bar.close()
         val_loss, _ = self._validate_now(self.budget.progress(used))
         final = self.save_checkpoint()
@@ -396,11 +396,12 @@ class Trainer:
         self.log.write(record)
         self.losses.append(record["loss"])
         left = used.seconds * (1 - t) / max(t, 1e-9)  # time left in the budget at the current pace
-        bar.n = min(100.0, 100 * t)
         bar.set_postfix_str(
             f"step {used.steps} loss {record['loss']:.3f} {speed:,.0f} tok/s"
-            + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "") + f" left {_duration(left)}"
+            + (f" MFU {100 * mfu:.1f}%" if mfu is not None else "") + f" left {_duration(left)}",
+            refresh=False,
         )
+        bar.update(min(100.0, 100 * t) - bar.n)  # redraws at progress_bar's pace (30 s into a log file)
 
     def _summary(self, val_loss: float | None, final: Path, tokens_per_second: float | None) -> dict:
         used = self.used
