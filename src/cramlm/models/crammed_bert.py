@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cramlm.config.base import PositiveInt
 from cramlm.config.registry import register
 from cramlm.models.layers import IGNORE_INDEX, MLMHead, Trunk, init_weights
 from cramlm.models.transformer import TransformerConfig, trunk_flops_per_token
@@ -22,7 +23,7 @@ class CrammedBertConfig(TransformerConfig):
     """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml)."""
 
     type: Literal["crammed-bert"] = "crammed-bert"
-    num_layers: int = 16
+    num_layers: PositiveInt = 16
     ffn: Literal["glu", "plain"] = "glu"
     norm_scheme: Literal["pre", "post"] = "pre"
     embedding_norm: bool = True

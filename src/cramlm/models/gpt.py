@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cramlm.config.base import PositiveFloat, PositiveInt
 from cramlm.config.registry import register
 from cramlm.models.layers import IGNORE_INDEX, Trunk, init_weights
 from cramlm.models.transformer import TransformerConfig, trunk_flops_per_token
@@ -20,9 +21,9 @@ class GPT2Config(TransformerConfig):
 
     type: Literal["gpt2"] = "gpt2"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: int = 1024
+    max_seq_length: PositiveInt = 1024
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu-tanh"
-    norm_eps: float = 1e-5
+    norm_eps: PositiveFloat = 1e-5
     init: Literal["normal", "scaled-residual"] = "scaled-residual"
 
 
@@ -31,12 +32,12 @@ class LlamaConfig(TransformerConfig):
 
     type: Literal["llama"] = "llama"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: int = 2048
-    intermediate_size: int = 4096  # gate + up halves, 2 x 2048
+    max_seq_length: PositiveInt = 2048
+    intermediate_size: PositiveInt = 4096  # gate + up halves, 2 x 2048
     ffn: Literal["glu", "plain"] = "glu"
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    norm_eps: float = 1e-5
+    norm_eps: PositiveFloat = 1e-5
     bias: bool = False
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "rope"
     tie_embeddings: bool = False

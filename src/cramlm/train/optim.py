@@ -5,19 +5,23 @@ registered builder that takes the parameter groups."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
-from cramlm.config.base import ComponentConfig
+from cramlm.config.base import ComponentConfig, NonNegativeFloat, PositiveFloat
 from cramlm.config.registry import register
+
+
+Beta = Annotated[float, Field(ge=0, lt=1)]  # a moving-average coefficient
 
 
 class OptimizerConfig(ComponentConfig):
     kind: ClassVar[str] = "optimizer"
-    lr: float = 1e-3
-    weight_decay: float = 0.01
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.01
     decay_embeddings: bool = True  # apply weight decay to embedding matrices too
 
 
@@ -46,8 +50,8 @@ def _fused_supported(groups: list[dict]) -> bool:
 
 class AdamWConfig(OptimizerConfig):
     type: Literal["adamw"] = "adamw"
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-12
+    betas: tuple[Beta, Beta] = (0.9, 0.98)
+    eps: PositiveFloat = 1e-12
     fused: bool | None = None  # None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)
 
 
@@ -65,8 +69,8 @@ class AdamConfig(OptimizerConfig):
     """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
 
     type: Literal["adam"] = "adam"
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-6
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    eps: PositiveFloat = 1e-6
     fused: bool | None = None
 
 
@@ -77,7 +81,7 @@ def build_adam(cfg: AdamConfig, groups: list[dict]) -> torch.optim.Optimizer:
 
 class SGDConfig(OptimizerConfig):
     type: Literal["sgd"] = "sgd"
-    momentum: float = 0.9
+    momentum: Beta = 0.9
     nesterov: bool = False
 
 
@@ -90,8 +94,8 @@ class AdafactorConfig(OptimizerConfig):
     """torch.optim.Adafactor (factored second moments: memory O(rows + cols) per matrix)."""
 
     type: Literal["adafactor"] = "adafactor"
-    beta2_decay: float = -0.8
-    eps: tuple[float | None, float] = (None, 1e-3)
+    beta2_decay: Annotated[float, Field(le=0)] = -0.8  # torch requires <= 0
+    eps: tuple[NonNegativeFloat | None, NonNegativeFloat] = (None, 1e-3)
 
 
 @register("optimizer", "adafactor", AdafactorConfig)
@@ -128,9 +132,9 @@ class Lion(torch.optim.Optimizer):
 
 class LionConfig(OptimizerConfig):
     type: Literal["lion"] = "lion"
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.1
+    lr: PositiveFloat = 1e-4
+    betas: tuple[Beta, Beta] = (0.9, 0.99)
+    weight_decay: NonNegativeFloat = 0.1
 
 
 @register("optimizer", "lion", LionConfig)

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from cramlm.config.base import Config, component
+from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveInt, Probability, UnitFloat, component
 from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
@@ -55,20 +55,20 @@ class TrainConfig(Config):
     optim: component(OptimizerConfig) = AdamWConfig()
     schedule: component(ScheduleConfig) = BudgetTriangleConfig()
     budget: BudgetConfig = BudgetConfig()  # tokens / FLOPs / steps (hours: the root key `budget`)
-    batch_size: int | Literal["auto"] = 8192  # sequences per optimizer step, all processes together
-    max_batch_size: int = 8192  # what batch_size=auto aims for (then capped by min_updates)
-    batch_ramp: float = 0.6  # grow the batch from one microbatch to batch_size over this fraction of t (0: off)
-    min_updates: int = 100  # cap the batch so the budget allows at least this many optimizer steps (0: off)
-    grad_clip: float | None = 0.5
-    mlm_probability: float = 0.25
-    log_every: int = 10  # optimizer steps between metric lines
-    validate_every: float = 0.25  # held-out loss every this fraction of t, and at the end (0: only at the end)
-    validate_batches: int = 8  # microbatches of the validation set scored each time
-    checkpoint_every: int = 0  # optimizer steps between checkpoints (0: by time only)
-    checkpoint_minutes: float | None = 30.0  # wall-clock minutes between checkpoints (null: by steps only)
-    keep_checkpoints: int = 2  # newest checkpoints kept; the final one is always written
+    batch_size: PositiveInt | Literal["auto"] = 8192  # sequences per optimizer step, all processes together
+    max_batch_size: PositiveInt = 8192  # what batch_size=auto aims for (then capped by min_updates)
+    batch_ramp: UnitFloat = 0.6  # grow the batch from one microbatch to batch_size over this fraction of t (0: off)
+    min_updates: NonNegativeInt = 100  # cap the batch so the budget allows at least this many optimizer steps (0: off)
+    grad_clip: PositiveFloat | None = 0.5  # max gradient norm (null: no clipping)
+    mlm_probability: Probability = 0.25
+    log_every: PositiveInt = 10  # optimizer steps between metric lines
+    validate_every: UnitFloat = 0.25  # held-out loss every this fraction of t, and at the end (0: only at the end)
+    validate_batches: NonNegativeInt = 8  # microbatches of the validation set scored each time
+    checkpoint_every: NonNegativeInt = 0  # optimizer steps between checkpoints (0: by time only)
+    checkpoint_minutes: PositiveFloat | None = 30.0  # wall-clock minutes between checkpoints (null: by steps only)
+    keep_checkpoints: NonNegativeInt = 2  # newest checkpoints kept; the final one is always written
     on_nonfinite: Literal["skip", "rollback", "raise"] = "skip"  # NaN/inf loss: drop the step, reload the last checkpoint, or stop
-    max_nonfinite: int = 20  # consecutive non-finite steps before the run gives up
+    max_nonfinite: NonNegativeInt = 20  # consecutive non-finite steps before the run gives up
 
 
 class StepData:
