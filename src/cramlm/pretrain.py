@@ -239,17 +239,25 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
         raise CheckpointFileError(f"{training}: not a readable torch checkpoint, truncated or damaged ({e})") from None
 
 
+def load_error_reason(e: BaseException) -> str:
+    """One short line for a failed torch/safetensors load (torch adds paragraphs of advice)."""
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a non-data object
+        detail = next((line.strip() for line in text.splitlines() if "nsupported" in line), type(e).__name__)
+        return f"refused: it holds more than tensors and plain data, so cramlm did not write it ({detail})"
+    first = (text.splitlines() or [""])[0].split(". ")[0]
+    return f"{type(e).__name__}: {first}"
+
+
 def resume_trainer(trainer: Trainer, folder: Path) -> None:
     """``trainer.resume`` with its failures as one clear line naming the checkpoint."""
     try:
         trainer.resume(folder)
-    except pickle.UnpicklingError as e:  # torch.load(weights_only=True) refused something that is not plain data
-        detail = next((line.strip() for line in str(e).splitlines() if "Unsupported" in line), "not plain tensors and data")
-        raise CheckpointFileError(f"{folder / 'training.pt'}: refused to load it ({detail}): not a file cramlm wrote") from None
+    except pickle.UnpicklingError as e:  # training.pt is the checkpoint's only pickle
+        raise CheckpointFileError(f"{folder / 'training.pt'}: {load_error_reason(e)}") from None
     except (RuntimeError, KeyError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
         raise CheckpointFileError(
-            f"resume from {folder}: cannot load it into this run ({type(e).__name__}: {first}); "
+            f"resume from {folder}: cannot load it into this run ({load_error_reason(e)}); "
             "was train.optim or the arch changed since it was written?"
         ) from None
 
@@ -332,6 +340,5 @@ def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     try:
         load_weights(model, weights)
     except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({first})") from None
+        raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({load_error_reason(e)})") from None
     return model.to(device), tok, cfg

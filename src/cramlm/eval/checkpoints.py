@@ -259,12 +259,9 @@ def _weight_files(name_or_path: str) -> str:
 
 
 def _first_line(e: Exception) -> str:
-    """A short reason: torch's refusal to unpickle names the offending global on a later line."""
     import pickle
 
-    text = str(e).strip()
-    if isinstance(e, pickle.UnpicklingError):
-        detail = next((line.strip() for line in text.splitlines() if "Unsupported" in line), "")
-        return f"refused: it holds more than tensors and plain data, not a plain weights file ({detail or type(e).__name__})"
-    first = (text.splitlines()[0] if text else "").split(". ")[0]  # torch adds paragraphs of advice
-    return f"{type(e).__name__}: {first}; the file may be truncated or damaged"
+    from cramlm.pretrain import load_error_reason
+
+    reason = load_error_reason(e)
+    return reason if isinstance(e, pickle.UnpicklingError) else f"{reason}; the file may be truncated or damaged"
