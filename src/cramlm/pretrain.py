@@ -180,7 +180,7 @@ def unlock_run_dir(lock: FolderLock | None, created: bool) -> None:
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
-    check_extras(cfg)  # resolve() checked already; a config built in code is checked here
+    check_extras(cfg)  # the CLI checked already (resolve_or_exit); a config built in code is checked here
     setup_start = time.perf_counter()
     dist = init_distributed(cfg.impl)
     created = not cfg.run_dir.exists()

@@ -175,3 +175,13 @@ def test_cli_prints_one_error_without_traceback(in_tmp, override, shown):
     assert result.exit_code == 1 and shown in result.output and "Traceback" not in result.output
     assert result.output.startswith("Error:")
     assert list(in_tmp.iterdir()) == []
+
+
+def test_missing_optional_dependency_stops_cramlm_run_before_any_stage(tmp_path, monkeypatch):
+    from cramlm.pipeline.run import resolve_recipe, run_pipeline
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    cfg = resolve_recipe("default", [f"base_dir={tmp_path}", f"impl.data_cache={tmp_path / 'cache'}", "impl.tensorboard=true"])
+    with pytest.raises(ConfigError, match=r"pip install 'cramlm\[tensorboard\]'"):
+        run_pipeline(cfg)
+    assert list(tmp_path.iterdir()) == []
