@@ -281,8 +281,8 @@ class Trainer:
                     self.save_checkpoint()
         bar.update(min(100.0, 100 * meter.t) - bar.n)
         bar.close()
-        self._check_trained()  # a diverged run fails here, before a NaN model is saved as final
         val_loss = self._validate_now(meter.t)
+        self._check_trained(val_loss)  # a diverged run fails here, before a NaN model is saved as final
         final = self.save_checkpoint(final=True)
         self.log.close()
         return self._summary(val_loss, final)
@@ -425,15 +425,17 @@ class Trainer:
         self.log.close()
         raise Interrupted(name, self.used.steps, folder)
 
-    def _check_trained(self) -> None:
-        """Fail a run whose every step was non-finite, or whose weights are no longer finite."""
+    def _check_trained(self, val_loss: float | None) -> None:
+        """Fail a run that diverged: non-finite weights, no step with a finite loss, or a
+        non-finite held-out loss at the end."""
         params = [p.to_local() if hasattr(p, "to_local") else p for p in self.module.parameters()]
-        finite = all(bool(torch.isfinite(p).all()) for p in params)
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) if params else True
         (bad,) = all_reduce([0.0 if finite else 1.0], self.dist, "max", self.device)
         n, used = self.events["nonfinite_steps"], self.used.steps
-        if bad or (used and n >= used):
+        what = ("the weights are no longer finite" if bad else "no step had a finite loss" if used and n >= used
+                else f"the held-out loss is {val_loss}" if val_loss is not None and not math.isfinite(val_loss) else None)
+        if what:
             self.log.close()
-            what = "the weights are no longer finite" if bad else "no step had a finite loss"
             raise NonFiniteError(
                 f"training diverged: {what} after step {used} ({n} of {used} steps non-finite); no final "
                 "checkpoint or model written. Lower train.optim.lr or set train.grad_clip"
