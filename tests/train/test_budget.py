@@ -6,8 +6,7 @@ import math
 import pytest
 
 from cramlm.config.loader import ConfigError
-from cramlm.train.budget import Budget, BudgetConfig, Usage
-from cramlm.train.budget import BatchPlan
+from cramlm.train.budget import BatchPlan, Budget, BudgetConfig, Usage
 from cramlm.train.trainer import TrainConfig
 
 from .helpers import records, run_inprocess

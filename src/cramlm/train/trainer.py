@@ -273,7 +273,7 @@ class Trainer:
                 if last or used.steps == 1 or self.logging_due(used, t):
                     self._log(window, t, lr, bar)
                     window = Window()
-                if step.stop:
+                if step.stop and not meter.done:  # (a run that is done anyway just finishes)
                     self._interrupted(step.stop, bar)  # checkpoint, event, exit status 75
                 if not last and self.validation_due(used, t):
                     self._validate_now(t)
