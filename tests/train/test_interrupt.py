@@ -236,3 +236,24 @@ def test_state_json_holds_no_second_data_position_and_old_checkpoints_resume(tmp
     state_file.write_text(json.dumps(state))
     resumed = run_inprocess(tmp_path, "old", "budget=null", "train.budget.steps=3", "resume=auto")
     assert resumed["steps"] == 3 and resumed["first_loss"] == losses(tmp_path / "old")[3]  # only this segment's known
+
+
+def test_sigterm_to_torchrun_reaches_the_workers_which_checkpoint(tmp_path):
+    """The documented Slurm path: SIGTERM to torchrun, which passes it on to its workers (and kills
+    them 30 s later); they finish the step, save together and exit 75."""
+    from .helpers import torchrun_cmd
+
+    proc = subprocess.Popen(torchrun_cmd(2, tmp_path, "tr", *STEPS, "impl.microbatch_size=4", "impl.dist_timeout=60"),
+                            env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: the signal goes to torchrun only
+    try:
+        wait_for_lines(tmp_path / "tr" / "metrics.jsonl", 2, [proc])
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0  # torchrun itself ends with its SignalException
+    (event,) = records(tmp_path / "tr", "event")
+    assert f"SIGTERM: stopped after step {event['step']}" in out + err, (out + err)[-3000:]
+    assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 60
+    assert [p.name for p in checkpoint_dirs(tmp_path / "tr" / "checkpoints")] == [f"step-{event['step']:08d}"]
