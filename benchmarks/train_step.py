@@ -29,8 +29,10 @@ from cramlm.config.registry import config_class, names
 from cramlm.data.collate import MLMCollator
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
+from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
+from cramlm.train.parallelize import parallelize
 from cramlm.train.runtime import ImplConfig
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
@@ -60,7 +62,10 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> t
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_)
     train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
-    trainer = Trainer(model, data, train, impl, Dist(), torch.device("cpu"), None, run_dir, SEQ, val_batches=[sample])
+    device = torch.device("cpu")
+    costs = measure_costs(model, SEQ, sample, device)
+    meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
+    trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir, val_batches=[sample])
     trainer.model.train()
     params = sum(p.numel() for p in model.parameters())
 
@@ -69,7 +74,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> t
             group["lr"] = 1e-4
         trainer.train_step(1)
 
-    return step, trainer.flops_per_token, params
+    return step, costs.flops_per_token, params
 
 
 def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:

@@ -29,16 +29,19 @@ from cramlm.data.prepare import DataConfig, prepare_data
 from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS, check_special_ids
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.locks import FolderLock, LockHeld
+from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.checkpoint import (
     atomic_path,
     checkpoint_dirs,
-    latest_checkpoint,
+    checkpoint_problem,
     remove_partial_checkpoints,
+    resumable_checkpoint,
     tied_aliases,
     write_json,
     write_text,
 )
 from cramlm.train.distributed import barrier, broadcast_object, init_distributed, shutdown
+from cramlm.train.parallelize import parallelize
 from cramlm.train.runtime import ImplConfig, setup_device
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
@@ -143,11 +146,13 @@ def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[
 def find_resume(cfg: PretrainConfig) -> Path | None:
     if cfg.resume is None:
         return None
-    if cfg.resume == "auto":
-        return latest_checkpoint(cfg.run_dir / "checkpoints")
+    if cfg.resume == "auto":  # the newest checkpoint that verifies (damaged newer ones: set aside, warned)
+        return resumable_checkpoint(cfg.run_dir / "checkpoints")
     folder = Path(cfg.resume)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"resume={cfg.resume}: not a checkpoint folder (no state.json)")
+    if problem := checkpoint_problem(folder):
+        raise ValueError(f"resume={cfg.resume}: damaged checkpoint ({problem})")
     return folder
 
 
@@ -279,7 +284,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed)
 
     run_dir = cfg.run_dir
-    resume_from = find_resume(cfg)
+    resume_from = broadcast_object(find_resume(cfg) if dist.main else None, dist)  # rank 0 checks (and sets aside)
     if resume_from is not None:
         check_resumable(resume_from, model, vocab_size)
     if dist.main:
@@ -291,12 +296,12 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         write_text(run_dir / "config.yaml", to_yaml(cfg))
         shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
     barrier(dist)
-    trainer = Trainer(
-        model, steps, cfg.train, cfg.impl, dist, device, cfg.budget, run_dir, cfg.data.seq_length,
-        val_batches=validation_batches(cfg, data, vocab_size),
-        max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None,
-        config=cfg.model_dump(mode="json"),
-    )
+    val_batches = validation_batches(cfg, data, vocab_size)
+    costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device)
+    meter = Meter(Budget(cfg.train.budget, cfg.budget, costs.flops_per_token), costs, dist.world,
+                  max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None)
+    trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, cfg.train, cfg.impl, meter, run_dir,
+                      val_batches=val_batches, config=cfg.model_dump(mode="json"))
     if resume_from is not None:
         resume_trainer(trainer, resume_from)
         say(f"cramlm: resumed from {resume_from} (step {trainer.used.steps})")

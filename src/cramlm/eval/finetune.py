@@ -3,6 +3,11 @@
 Defaults follow cramming's GLUE-sane protocol: AdamW lr 4e-5, betas (0.9, 0.98), eps 1e-6, no
 weight decay, batch 16, 5 epochs, cosine decay after 10% warm-up, max length 128, first-token
 pooler + dense + tanh. Batches are padded per batch (dynamic padding) and grouped by length.
+
+The training step is pretraining's: parameter groups (no decay on biases and norms, tied weights
+once) and the optimizer from train/optim.py, the lr schedule from train/schedules.py (at step s of
+S, t = s / S: the same factors as Hugging Face's schedules with warm-up, which cramming uses), and
+train/step.py's OptimizerStep (autocast, GradScaler for fp16, clipping, the step).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from cramlm.eval.metrics import score_all
 from cramlm.eval.tasks import Task, TaskSpec
 from cramlm.models.heads import SequenceClassifier
 from cramlm.progress import progress_bar
+from cramlm.train.optim import AdamWConfig, build_optimizer
 from cramlm.train.runtime import ImplConfig, autocast, autocast_dtype
+from cramlm.train.schedules import ConstantConfig, CosineConfig, PolynomialConfig, Schedule, build_schedule
+from cramlm.train.step import OptimizerStep
 
 
 class Hparams(Config):
@@ -41,13 +49,13 @@ class Hparams(Config):
     eval_batch_size: int = 128
 
 
-def lr_factor(schedule: str, warmup_steps: float, step: int, total: int) -> float:
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1.0, total - warmup_steps))
-    return 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + np.cos(np.pi * progress))
+def schedule_for(hp: Hparams, total: int) -> Schedule:
+    """The lr factor as a function of t = step / total: linear warm-up over ``hp.warmup`` (a
+    fraction of the steps, or a number of steps when >= 1), then ``hp.schedule``."""
+    warmup = hp.warmup if hp.warmup < 1 else hp.warmup / max(1, total)
+    cfg = {"cosine": CosineConfig(warmup=warmup), "linear": PolynomialConfig(warmup=warmup, power=1.0),
+           "constant": ConstantConfig(warmup=warmup)}[hp.schedule]
+    return build_schedule(cfg)
 
 
 def pad_batch(ids: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -87,13 +95,6 @@ def predict(model, ids: list[list[int]], regression: bool, batch_size: int, pad_
     return out
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and norm weights (1-D tensors)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, device: torch.device) -> dict:
     """Fine-tune a copy of ``checkpoint.encoder`` on ``task`` with ``seed``.
 
@@ -113,12 +114,13 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     dev_y = {split: np.asarray([e.label for e in exs]) for split, exs in dev.items()}
 
     model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, hp.weight_decay), lr=hp.lr, betas=hp.betas, eps=hp.eps)
+    optimizer = build_optimizer(AdamWConfig(lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay), model)
     amp = autocast_dtype(impl, device)
+    update = OptimizerStep(optimizer, model, device, amp, hp.grad_clip)
     lengths = np.asarray([len(x) for x in train_ids])
     steps_per_epoch = (len(train) + hp.batch_size - 1) // hp.batch_size
     total = steps_per_epoch * hp.epochs
-    warmup = hp.warmup * total if hp.warmup < 1 else hp.warmup
+    schedule = schedule_for(hp, total)
     step, start, epochs = 0, time.perf_counter(), []
     bar = progress_bar(total=total, desc=f"{task.name} seed {seed}", enabled=impl.progress, leave=False)
     for _ in range(hp.epochs):
@@ -127,16 +129,14 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
             batch = pad_batch([train_ids[i] for i in idx], pad_id)
             batch["labels"] = train_y[idx]
             for group in optimizer.param_groups:
-                group["lr"] = hp.lr * lr_factor(hp.schedule, warmup, step, total)
-            with autocast(device, amp):
+                group["lr"] = hp.lr * schedule(step / total)
+            with update.autocast():
                 loss = model(**{k: v.to(device) for k, v in batch.items()})["loss"]
-            loss.backward()
-            if hp.grad_clip:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            update.backward(loss)
+            update()
             step += 1
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)  # update() redraws, at its own pace
+            if step % 10 == 1:  # reading the loss waits for the device: not every step
+                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)  # update() redraws, at its own pace
             bar.update(1)
         epochs.append(
             {
@@ -151,6 +151,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
         "train_examples": len(train),
         "dev_examples": {split: len(exs) for split, exs in dev.items()},
         "seconds": round(time.perf_counter() - start, 2),
+        "loss_scale": update.scaler.get_scale() if update.scaler.is_enabled() else None,  # fp16 only
     }
 
 

@@ -9,11 +9,15 @@ any hardware (and make a resumed run bitwise reproducible); set ``budget=null`` 
 What the clock counts: it starts after set-up (data preparation, model construction, checkpoint
 loading: not counted, as in cramming); compilation happens in the first steps and counts unless
 ``count_compile=false``; held-out validation does not count unless ``count_eval=true``. All of
-them are recorded separately in summary.json.
+them are recorded separately in summary.json. ``Meter`` keeps that clock and the run's usage;
+``BatchPlan`` turns t into the number of microbatches of the next step.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from cramlm.config.base import Config
@@ -81,3 +85,136 @@ class Budget:
     def describe(self) -> str:
         units = {"seconds": "s", "tokens": " tokens", "flops": " FLOPs", "steps": " steps"}
         return " or ".join(f"{v:.4g}{units[k]}" for k, v in self.limits.items())
+
+
+class BatchPlan:
+    """Microbatches (global) per optimizer step as a function of t: the ramp, then a cap that
+    keeps at least ``min_updates`` steps in the remaining budget, rounded to the process count.
+    ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates)."""
+
+    def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget):
+        size = cfg.max_batch_size if cfg.batch_size == "auto" else cfg.batch_size
+        if size % (micro * world):
+            raise ValueError(
+                f"train.batch_size={size} must be a multiple of impl.microbatch_size={micro} x {world} processes"
+            )
+        self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
+        self.full = size // micro
+
+    def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
+        n = self.full
+        if self.cfg.batch_ramp > 0:
+            n = max(1, min(n, math.ceil(self.full * t / self.cfg.batch_ramp)))
+        if self.cfg.min_updates > 0:
+            if "seconds" in self.budget.limits and not tokens_per_second:
+                n = 1  # probe: the throughput, hence the tokens the clock allows, is not measured yet
+            else:
+                left = self.budget.remaining_tokens(used, tokens_per_second)
+                if left is not None:
+                    updates_left = max(1, self.cfg.min_updates - used.steps)
+                    n = min(n, max(1, int(left // (updates_left * self.micro * self.seq_len))))
+        return math.ceil(n / self.world) * self.world
+
+
+@dataclass
+class Costs:
+    """What a token costs and what the hardware can do: the FLOP and peak figures of MFU."""
+
+    flops_per_token: float
+    flops_source: str
+    peak: float | None  # FLOP/s of one process's device
+    peak_source: str
+
+
+def measure_costs(model, seq_len: int, sample: dict | None, device) -> Costs:
+    """FLOPs per token (the model's own count, else counted on ``sample``) and the device's peak
+    (a table on GPU, a short GEMM probe on CPU). Run on the plain model, before it is wrapped."""
+    from cramlm.train.monitor import flops_per_token, peak_flops
+
+    if sample is not None:  # a small slice: its labels also give the scored fraction of MLM positions
+        sample = {k: v[:8].to(device) for k, v in sample.items()}
+    flops, flops_source = flops_per_token(model, seq_len, sample)
+    peak, peak_source = peak_flops(device)
+    return Costs(flops, flops_source, peak, peak_source)
+
+
+class Meter:
+    """What the run has spent, as the budget counts it, and how fast it goes.
+
+    The clock starts with ``start()`` (after set-up) and leaves out what the budget does not count:
+    the first step (compilation, warm-up) unless ``count_compile``, validation unless ``count_eval``
+    (``timed``). Each step, every process reads its clock (``reading``), the slowest reading is
+    adopted everywhere (the caller reduces it with the step's other flags) and ``record`` books the
+    step, so t, the lr and the stop decision agree on every process. The throughput is measured
+    from the second step on (the first one includes compilation)."""
+
+    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None):
+        self.budget, self.costs, self.world, self.max_steps = budget, costs, world, max_steps
+        self.count = {"compile": budget.cfg.count_compile, "eval": budget.cfg.count_eval}
+        self.used = Usage()
+        self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
+        self.rate_tokens, self.rate_seconds = 0, 0.0
+        self._clock: float | None = None
+        self._base = self._excluded = 0.0
+        self._first = True
+
+    def start(self) -> None:
+        self._clock, self._base, self._excluded, self._first = time.perf_counter(), self.used.seconds, 0.0, True
+
+    @property
+    def t(self) -> float:
+        return self.budget.progress(self.used)
+
+    @property
+    def done(self) -> bool:
+        return self.t >= 1.0 or (self.max_steps is not None and self.used.steps >= self.max_steps)
+
+    def reading(self, step_seconds: float) -> float:
+        """This process's counted seconds since ``start``, for a step that has run ``step_seconds``."""
+        if self._clock is None:
+            self.start()
+        if self._first:
+            self.times["first_step_seconds"] += step_seconds
+            if not self.count["compile"]:
+                self._excluded += step_seconds
+        return time.perf_counter() - self._clock - self._excluded
+
+    def record(self, tokens: int, step_seconds: float, agreed_seconds: float) -> None:
+        """Book one optimizer step: its tokens (all processes), its duration here, the agreed clock."""
+        if not self._first:
+            self.rate_tokens += tokens
+            self.rate_seconds += step_seconds
+        self._first = False
+        used = self.used
+        used.seconds = self._base + agreed_seconds
+        used.steps += 1
+        used.tokens += tokens
+        used.flops = used.tokens * self.costs.flops_per_token
+
+    @contextmanager
+    def timed(self, key: str, counts: bool = True):
+        """Time a pause of training (``eval`` or ``checkpoint``); left off the clock unless it counts."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self.times[f"{key}_seconds"] += seconds
+            if not counts:
+                self._excluded += seconds
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.rate_tokens / self.rate_seconds if self.rate_seconds > 0 else None
+
+    def mfu(self, tokens_per_second: float | None) -> float | None:
+        if not tokens_per_second or not self.costs.peak:
+            return None
+        return tokens_per_second * self.costs.flops_per_token / (self.costs.peak * self.world)
+
+    def state_dict(self) -> dict:
+        return {"usage": self.used.state_dict(), "times": dict(self.times)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.used = Usage(**state["usage"])
+        self.times.update(state.get("times", {}))

@@ -123,12 +123,14 @@ def gradient_sync(model: nn.Module, d: Dist, sync: bool):
     return contextlib.nullcontext()
 
 
-def all_reduce(values: list[float], d: Dist, op: str = "sum", device: torch.device | None = None) -> list[float]:
-    """Reduce a few numbers over all processes (one small collective)."""
+def all_reduce(values: list, d: Dist, op: str = "sum", device: torch.device | None = None) -> list[float]:
+    """Reduce a few numbers over all processes (one small collective); the values may be Python
+    numbers or scalar tensors (e.g. a flag computed on the GPU). Reading the result is a host
+    synchronisation; with one process the values come back as they are."""
     if not d.enabled:
         return values
     backend_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor(values, dtype=torch.float64, device=backend_device)
+    t = torch.stack([torch.as_tensor(v).to(backend_device, torch.float64).reshape(()) for v in values])
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 

@@ -7,8 +7,21 @@ One optimizer step, on any number of processes:
 2. every process draws the same *global* batch from the shuffled stream (same masking RNG) and
    runs its own contiguous slice of microbatches, accumulating gradients without communication
    until the last one; the result is the same as one process running all microbatches;
-3. loss, a non-finite flag and the elapsed time are reduced over processes, so every process takes
-   the same decision (step, skip, roll back, validate, checkpoint, stop) at the same step.
+3. one reduction over processes agrees on the clock, the non-finite flag and a stop request, so
+   every process takes the same decision (step, skip, roll back, validate, checkpoint, stop) at
+   the same step; then the optimizer step (step.py).
+
+Around the step, ``fit`` reads top to bottom: the budget meter (budget.py) says when the run is
+done, small ``Due`` policies say when to log, validate and checkpoint, ``NonFinite`` handles
+NaN/inf steps in one place, and ``StopRequest`` (preemption.py) turns SIGINT/SIGTERM/SIGUSR1 into
+a checkpoint and exit status 75. The model arrives ready (parallelize.py).
+
+Host synchronisation: losses and gradient norms stay device tensors until a metrics line is
+written. With one process, a fused optimizer (AdamW's default) and ``on_nonfinite=skip`` a
+non-finite step is dropped on the device and counted at the next metrics line, so a step between
+metrics lines never waits for the device; otherwise the non-finite flag is read once per step
+(with several processes inside the step's one reduction). Batches go through pinned memory with
+non-blocking copies on CUDA, so the next batch is drawn and masked while the device works.
 
 The whole state (weights, optimizer, scaler, counters, data position, RNG) goes into checkpoints
 (checkpoint.py); a run resumed from one continues bit for bit when its budget is not wall-clock.
@@ -17,12 +30,11 @@ The whole state (weights, optimizer, scaler, counters, data position, RNG) goes 
 from __future__ import annotations
 
 import math
-import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -37,18 +49,15 @@ from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveIn
 from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
-from cramlm.train.budget import Budget, BudgetConfig, Usage
-from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, sync_replicated_grads, wrap_model
-from cramlm.train.monitor import MetricsLog, flops_per_token, peak_flops
+from cramlm.train.budget import BatchPlan, BudgetConfig, Meter  # noqa: F401  (BatchPlan: moved to budget.py)
+from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
+from cramlm.train.monitor import MetricsLog
 from cramlm.train.optim import AdamWConfig, OptimizerConfig, build_optimizer
-from cramlm.train.runtime import (
-    ImplConfig,
-    apply_activation_checkpointing,
-    autocast,
-    autocast_dtype,
-    compile_model,
-)
+from cramlm.train.parallelize import Parallel
+from cramlm.train.preemption import Interrupted, StopRequest, signal_name
+from cramlm.train.runtime import ImplConfig, autocast_dtype
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig, build_schedule
+from cramlm.train.step import OptimizerStep
 
 
 class TrainConfig(Config):
@@ -79,6 +88,7 @@ class StepData:
         self.dataset = dataset
         self.collate = collate
         self.order = ShuffledStream(len(dataset), seed)
+        self.seq_len = getattr(dataset, "seq_length", None) or len(dataset.batch([0])[0])
 
     def take(self, n: int) -> dict[str, torch.Tensor]:
         return self.collate(self.dataset.batch(self.order.take(n)))
@@ -93,308 +103,302 @@ class StepData:
             self.collate.load_state_dict(state["collator"])
 
 
-class BatchPlan:
-    """Microbatches (global) per optimizer step as a function of t: the ramp, then a cap that
-    keeps at least ``min_updates`` steps in the remaining budget, rounded to the process count."""
+@dataclass
+class Due:
+    """When a periodic action is due: every ``steps`` optimizer steps, every ``minutes`` of the
+    budget clock since the last time, or each time t passes a multiple of ``fraction`` (whichever
+    are set; 0/None: off). ``next_t`` is saved in checkpoints."""
 
-    def __init__(self, cfg: TrainConfig, micro: int, world: int, seq_len: int, budget: Budget):
-        size = cfg.max_batch_size if cfg.batch_size == "auto" else cfg.batch_size
-        if size % (micro * world):
-            raise ValueError(
-                f"train.batch_size={size} must be a multiple of impl.microbatch_size={micro} x {world} processes"
-            )
-        self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
-        self.full = size // micro
+    steps: int = 0
+    minutes: float | None = None
+    fraction: float = 0.0
+    next_t: float = math.inf
+    last_seconds: float = 0.0
 
-    def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
-        n = self.full
-        if self.cfg.batch_ramp > 0:
-            n = max(1, min(n, math.ceil(self.full * t / self.cfg.batch_ramp)))
-        if self.cfg.min_updates > 0:
-            if "seconds" in self.budget.limits and not tokens_per_second:
-                n = 1  # probe: the throughput, hence the tokens the clock allows, is not measured yet
-            else:
-                left = self.budget.remaining_tokens(used, tokens_per_second)
-                if left is not None:
-                    updates_left = max(1, self.cfg.min_updates - used.steps)
-                    n = min(n, max(1, int(left // (updates_left * self.micro * self.seq_len))))
-        return math.ceil(n / self.world) * self.world
+    def __post_init__(self):
+        if self.fraction > 0:
+            self.next_t = self.fraction
+
+    def __call__(self, used, t: float) -> bool:
+        due = bool(self.steps) and used.steps % self.steps == 0
+        due |= bool(self.minutes) and used.seconds - self.last_seconds >= 60 * self.minutes
+        due |= t >= self.next_t
+        while self.fraction > 0 and self.next_t <= t:
+            self.next_t += self.fraction
+        if self.fraction <= 0 and t >= self.next_t:  # a resumed run with the fraction now off
+            self.next_t = math.inf
+        if due:
+            self.last_seconds = used.seconds
+        return due
+
+
+@dataclass
+class Step:
+    """What one optimizer step left: device tensors until a metrics line reads them."""
+
+    number: int
+    loss: torch.Tensor  # this process's sum of microbatch losses
+    n_micro: int
+    tokens: int
+    seconds: float
+    norm: torch.Tensor | None
+    nonfinite: bool | torch.Tensor  # a device flag until NonFinite reads it
+    stop: int  # the signal a process received (agreed over processes), 0: none
+
+
+class NonFinite:
+    """Non-finite steps, in one place. A step whose loss (on any process) or gradient norm is NaN
+    or inf is dropped (its update never applied) and handled per ``train.on_nonfinite``: ``skip``
+    counts it, ``rollback`` reloads weights and optimizer from the newest checkpoint (the data
+    stream moves on), ``raise`` stops the run; more than ``max_nonfinite`` in a row stop it too.
+    Flags still on the device (see ``Trainer.device_skip``) are read by ``flush``, at the next
+    metrics line or checkpoint, in step order."""
+
+    def __init__(self, trainer: "Trainer"):
+        self.trainer, self.cfg = trainer, trainer.cfg
+        self.pending: list[Step] = []
+        self.consecutive = 0
+
+    def observe(self, step: Step) -> None:
+        if isinstance(step.nonfinite, torch.Tensor):
+            self.pending.append(step)
+        else:
+            self._handle(step)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        flags = torch.stack([s.nonfinite for s in self.pending]).tolist()  # one host read
+        pending, self.pending = self.pending, []
+        for step, flag in zip(pending, flags):
+            step.nonfinite = bool(flag)
+            self._handle(step)
+
+    def _handle(self, step: Step) -> None:
+        if not step.nonfinite:
+            self.consecutive = 0
+            return
+        trainer, events, action = self.trainer, self.trainer.events, self.cfg.on_nonfinite
+        events["nonfinite_steps"] += 1
+        self.consecutive += 1
+        if action == "raise" or self.consecutive > self.cfg.max_nonfinite:
+            raise NonFiniteError(f"non-finite loss at step {step.number} (train.on_nonfinite={action}, "
+                                 f"{self.consecutive} in a row, train.max_nonfinite={self.cfg.max_nonfinite})")
+        folder = ckpt.latest_checkpoint(trainer.checkpoints)
+        if action == "rollback" and folder is not None:
+            trainer.load_weights_and_optimizer(folder)
+            events["rollbacks"] += 1
+            note = f"rolled back weights and optimizer to {folder.name}; the data stream moves on"
+        else:
+            events["skipped_steps"] += 1
+            note = "step skipped" + (" (no checkpoint to roll back to)" if action == "rollback" else "")
+        trainer.event("nonfinite", f"non-finite loss at step {step.number}: {note}", step=step.number)
+
+
+class NonFiniteError(FloatingPointError, ValueError):
+    """The run diverged (a ValueError too: the command line reports it as one Error: line)."""
+
+
+@dataclass
+class Window:
+    """The steps since the last metrics line."""
+
+    steps: list[Step] = field(default_factory=list)
+
+    def add(self, step: Step) -> None:
+        self.steps.append(step)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.steps)
+
+    @property
+    def seconds(self) -> float:
+        return sum(s.seconds for s in self.steps)
 
 
 class Trainer:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        data: StepData,
-        cfg: TrainConfig,
-        impl: ImplConfig,
-        dist: Dist,
-        device: torch.device,
-        budget_hours: float | None,
-        run_dir: Path,
-        seq_len: int,
-        val_batches: list[dict[str, torch.Tensor]] | None = None,
-        max_steps: int | None = None,
-        config: dict | None = None,
-    ):
-        self.cfg, self.impl, self.dist, self.device = cfg, impl, dist, device
-        self.data, self.seq_len, self.run_dir, self.max_steps = data, seq_len, Path(run_dir), max_steps
+    """Trains a ready model (``parallelize``) on ``data`` under ``meter``'s budget; ``fit()``."""
+
+    def __init__(self, model: Parallel, data: StepData, cfg: TrainConfig, impl: ImplConfig, meter: Meter,
+                 run_dir: Path, val_batches: list[dict[str, torch.Tensor]] | None = None, config: dict | None = None):
+        self.model, self.module, self.dist, self.device = model.model, model.module, model.dist, model.device
+        self.aliases, self.data, self.cfg, self.impl, self.meter = model.aliases, data, cfg, impl, meter
+        self.run_dir, self.config = Path(run_dir), config or {}
         self.checkpoints = self.run_dir / "checkpoints"
-        self.module = model  # the plain module (state dicts are taken from it)
-        self.aliases = ckpt.tied_aliases(model)
-        # a small sample for FLOP counting (its labels also give the scored fraction of MLM positions)
-        sample = {k: v[:8].to(device) for k, v in val_batches[0].items()} if val_batches else None
-        self.flops_per_token, self.flops_source = flops_per_token(model, seq_len, sample)
-        self.budget = Budget(cfg.budget, budget_hours, self.flops_per_token)
-        self.plan = BatchPlan(cfg, impl.microbatch_size, dist.world, seq_len, self.budget)
-        self.peak, self.peak_source = peak_flops(device)
-        if impl.activation_checkpointing:
-            apply_activation_checkpointing(model)
-        self.model = wrap_model(model, dist, device)  # DDP wrapper, or the same module sharded by FSDP2
         self.optimizer = build_optimizer(cfg.optim, self.module)
-        if impl.compile:
-            self.model = compile_model(self.model, impl)
+        self.steps = OptimizerStep(self.optimizer, self.module, self.device, autocast_dtype(impl, self.device), cfg.grad_clip)
         self.schedule = build_schedule(cfg.schedule)
-        self.amp = autocast_dtype(impl, device)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp is torch.float16)
+        self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
         self.val_batches = self._shard_val(val_batches or [])
-        self.used = Usage()
-        self.next_validation = cfg.validate_every if cfg.validate_every > 0 else math.inf
+        self.logging_due = Due(steps=cfg.log_every)
+        self.validation_due = Due(fraction=cfg.validate_every)
+        self.checkpoint_due = Due(steps=cfg.checkpoint_every, minutes=cfg.checkpoint_minutes)
+        self.nonfinite = NonFinite(self)
+        # drop non-finite steps on the device, reading the flag only at metrics lines (see the docstring)
+        self.device_skip = cfg.on_nonfinite == "skip" and not self.dist.enabled and self.steps.skips_on_device
+        self.stop = StopRequest()
         self.events = {"nonfinite_steps": 0, "skipped_steps": 0, "rollbacks": 0}
-        self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
-        self.consecutive_nonfinite = 0
-        self.losses: list[float] = []  # one mean loss per logged window (this session)
-        self.config = config or {}
+        self.first_loss: float | None = None  # of the run (restored on resume), not of this session
+        self.last_loss: float | None = None
         self.resumed_from: dict | None = None
         self.log: MetricsLog | None = None  # opened by fit(): a resumed run appends to metrics.jsonl
 
-    # ------------------------------------------------------------------ state
+    @property
+    def used(self):
+        return self.meter.used
 
-    def _full_state(self) -> tuple[dict, dict]:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (
-            get_model_state_dict(self.module, options=options),
-            get_optimizer_state_dict(self.module, self.optimizer, options=options),
-        )
+    @property
+    def budget(self):
+        return self.meter.budget
 
-    def save_checkpoint(self) -> Path:
-        start = time.perf_counter()
-        model_state, optim_state = self._full_state()  # a collective under FSDP: every rank takes part
-        folder = self.checkpoints / f"step-{self.used.steps:08d}"
-        if self.dist.main:
-            training = {
-                "optimizer": optim_state,
-                "scaler": self.scaler.state_dict(),
-                "data": self.data.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            }
-            np_state = np.random.get_state(legacy=False)
-            np_state["state"]["key"] = np_state["state"]["key"].tolist()
-            state = {
-                "usage": self.used.state_dict(),
-                "next_validation": self.next_validation if math.isfinite(self.next_validation) else None,
-                "events": self.events,
-                "times": self.times,
-                "world_size": self.dist.world,
-                "data_position": self.data.order.state_dict(),
-                "python_rng": random.getstate(),
-                "numpy_rng": np_state,
-            }
-            folder = ckpt.write_checkpoint(
-                self.checkpoints, self.used.steps, model_state, self.aliases, training, state, self.cfg.keep_checkpoints
-            )
-        barrier(self.dist)
-        self.times["checkpoint_seconds"] += time.perf_counter() - start
-        return folder
+    # ------------------------------------------------------------------ the loop
 
-    def _load_weights_and_optimizer(self, folder: Path) -> tuple[dict, dict]:
-        model_state, training, state = ckpt.read_checkpoint(folder, self.aliases)
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.module, model_state, options=options)
-        set_optimizer_state_dict(self.module, self.optimizer, training["optimizer"], options=options)
-        if training.get("scaler"):
-            self.scaler.load_state_dict(training["scaler"])
-        return training, state
-
-    def resume(self, folder: Path) -> None:
-        """Continue from a checkpoint (written by any number of processes)."""
-        training, state = self._load_weights_and_optimizer(folder)
-        self.data.load_state_dict(training["data"])
-        torch.set_rng_state(training["torch_rng"])
-        if training.get("cuda_rng") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(training["cuda_rng"])
-        np_state = state["numpy_rng"]
-        np_state["state"]["key"] = np.asarray(np_state["state"]["key"], dtype=np.uint32)
-        np.random.set_state(np_state)
-        version, internal, gauss = state["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
-        self.used = Usage(**state["usage"])
-        nv = state.get("next_validation")
-        self.next_validation = math.inf if nv is None else nv
-        self.events.update(state.get("events", {}))
-        self.times.update(state.get("times", {}))
-        self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
-                             "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size")}
+    def fit(self) -> dict:
+        """Train until the budget is spent, validate, write the final checkpoint; the summary.
+        A stop signal ends the run after the current step with a checkpoint (``Interrupted``)."""
+        meter, used = self.meter, self.meter.used
+        self._open_log()
+        bar, window = self._progress_bar(), Window()
+        self.model.train()
+        with self.stop:
+            meter.start()
+            self.checkpoint_due.last_seconds = used.seconds
+            while not meter.done:
+                lr = self._set_lr(meter.t)
+                step = self.train_step(self.plan.microbatches(meter.t, used, meter.tokens_per_second))
+                self.nonfinite.observe(step)
+                window.add(step)
+                t, last = meter.t, meter.done or bool(step.stop)
+                if last or used.steps == 1 or self.logging_due(used, t):
+                    self._log(window, t, lr, bar)
+                    window = Window()
+                if step.stop and not meter.done:  # (a run that is done anyway just finishes)
+                    self._interrupted(step.stop, bar)  # checkpoint, event, exit status 75
+                if not last and self.validation_due(used, t):
+                    self._validate_now(t)
+                if not last and self.checkpoint_due(used, t):
+                    self.save_checkpoint()
+        bar.update(min(100.0, 100 * meter.t) - bar.n)
+        bar.close()
+        val_loss = self._validate_now(meter.t)
+        self._check_trained(val_loss)  # a diverged run fails here, before a NaN model is saved as final
+        final = self.save_checkpoint(final=True)
+        self.log.close()
+        return self._summary(val_loss, final)
 
     # ------------------------------------------------------------------ one step
 
-    def _local_slice(self, n_micro: int) -> range:
-        n_local = n_micro // self.dist.world
-        return range(self.dist.rank * n_local, (self.dist.rank + 1) * n_local)
-
-    def train_step(self, n_micro: int) -> tuple[float, bool, float | None]:
-        """(mean loss over all microbatches, whether it was finite everywhere, grad norm)."""
+    def train_step(self, n_micro: int) -> Step:
+        """Forward and backward over this process's microbatches of the global batch, one
+        agreement over processes (clock, non-finite flag, stop request), then the update."""
+        start = time.perf_counter()
         m = self.impl.microbatch_size
         batch = self.data.take(n_micro * m)  # (n_micro * m, T) each, the same on every process
+        if self.device.type == "cuda":  # page-locked: the copies below return at once
+            batch = {k: v.pin_memory() for k, v in batch.items()}
         mine = self._local_slice(n_micro)
         losses = []
         for i, j in enumerate(mine):
             micro = {k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
-            last = i == len(mine) - 1
-            with gradient_sync(self.model, self.dist, sync=last), autocast(self.device, self.amp):
+            with gradient_sync(self.model, self.dist, sync=i == len(mine) - 1), self.steps.autocast():
                 loss = self.model(**micro)["loss"]
-                self.scaler.scale(loss / len(mine)).backward()
+                self.steps.backward(loss / len(mine))
             losses.append(loss.detach().float())
         sync_replicated_grads(self.module, self.dist)
-        local = torch.stack(losses).sum().item()
-        total, bad = all_reduce([local, 0.0 if math.isfinite(local) else 1.0], self.dist, "sum", self.device)
-        if bad:
-            self.optimizer.zero_grad(set_to_none=True)
-            return math.nan, False, None
-        norm = None
-        if self.cfg.grad_clip:
-            self.scaler.unscale_(self.optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
-            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total / n_micro, True, norm
+        norm = self.steps.clip()
+        loss = torch.stack(losses).sum()
+        bad = ~torch.isfinite(loss) if norm is None else ~(torch.isfinite(loss) & torch.isfinite(norm))
+        clock = self.meter.reading(time.perf_counter() - start)
+        if self.dist.enabled:  # the step's one reduction: every process adopts the slowest clock
+            clock, stop, flag = all_reduce([clock, float(self.stop.signal), bad], self.dist, "max", self.device)
+            stop, bad = int(stop), bool(flag)
+        else:
+            stop = self.stop.signal
+            bad = bad if self.device_skip else bool(bad)
+        if self.device_skip:
+            self.steps.step(skip=bad)
+        elif bad:
+            self.steps.drop()
+        else:
+            self.steps.step()
+        tokens = n_micro * m * self.data.seq_len
+        seconds = time.perf_counter() - start
+        self.meter.record(tokens, seconds, clock)
+        return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop)
+
+    def _set_lr(self, t: float) -> float:
+        lr = self.cfg.optim.lr * self.schedule(t)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _local_slice(self, n_micro: int) -> range:
+        n_local = n_micro // self.dist.world
+        return range(self.dist.rank * n_local, (self.dist.rank + 1) * n_local)
 
     @torch.no_grad()
     def validate(self) -> float | None:
         if not self.val_batches:
             return None
         self.model.eval()
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
         for batch in self.val_batches:
-            with autocast(self.device, self.amp):
-                total += self.model(**{k: v.to(self.device) for k, v in batch.items()})["loss"].float().item()
+            with self.steps.autocast():
+                total += self.model(**{k: v.to(self.device) for k, v in batch.items()})["loss"].double()
         self.model.train()
         total, count = all_reduce([total, float(len(self.val_batches))], self.dist, "sum", self.device)
-        return total / count
+        return float(total) / count
 
     def _shard_val(self, batches: list[dict]) -> list[dict]:
         """Each process scores an equal share (FSDP needs every process in every forward)."""
         usable = len(batches) // self.dist.world * self.dist.world
         return batches[:usable][self.dist.rank :: self.dist.world]
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ what fit() calls
 
-    def _handle_nonfinite(self) -> None:
-        self.events["nonfinite_steps"] += 1
-        self.consecutive_nonfinite += 1
-        action = self.cfg.on_nonfinite
-        folder = ckpt.latest_checkpoint(self.checkpoints)
-        if action == "raise" or self.consecutive_nonfinite > self.cfg.max_nonfinite:
-            raise FloatingPointError(f"non-finite loss at step {self.used.steps} (train.on_nonfinite={action})")
-        if action == "rollback" and folder is not None:
-            self._load_weights_and_optimizer(folder)
-            self.events["rollbacks"] += 1
-            note = f"rolled back weights and optimizer to {folder.name}; the data stream moves on"
-        else:
-            self.events["skipped_steps"] += 1
-            note = "step skipped" + (" (no checkpoint to roll back to)" if action == "rollback" else "")
-        message = f"non-finite loss at step {self.used.steps}: {note}"
-        self.log.write({"kind": "event", "event": "nonfinite", "step": self.used.steps, "message": message})
-        if self.dist.main:
-            tqdm.write(f"cramlm: {message}")
-
-    def fit(self) -> dict:
-        cfg, used = self.cfg, self.used
+    def _open_log(self) -> None:
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
         if self.resumed_from:
             self.log.write(self.resumed_from)
-        bar = progress_bar(total=100, unit="%", enabled=self.impl.progress and self.dist.main,
-                   bar_format="{l_bar}{bar}| {n:.1f}/100% of budget [{elapsed}{postfix}]")
-        self.model.train()
-        clock, base_seconds, not_counted = time.perf_counter(), used.seconds, 0.0
-        last_checkpoint_seconds = used.seconds
-        rate_tokens, rate_seconds = 0, 0.0  # throughput after the first step (which includes compile)
-        window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
-        first_step = True
-        while True:
-            t = self.budget.progress(used)
-            if t >= 1.0 or (self.max_steps is not None and used.steps >= self.max_steps):
-                break
-            lr = cfg.optim.lr * self.schedule(t)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            tps = rate_tokens / rate_seconds if rate_seconds > 0 else None
-            n_micro = self.plan.microbatches(t, used, tps)
-            step_start = time.perf_counter()
-            loss, finite, norm = self.train_step(n_micro)
-            step_seconds = time.perf_counter() - step_start
-            if first_step:
-                self.times["first_step_seconds"] += step_seconds
-                if not cfg.budget.count_compile:
-                    not_counted += step_seconds
-            else:
-                rate_tokens += n_micro * self.impl.microbatch_size * self.seq_len
-                rate_seconds += step_seconds
-            first_step = False
-            # every process adopts the slowest clock: t, the lr and the stop decision agree everywhere
-            (elapsed,) = all_reduce([time.perf_counter() - clock - not_counted], self.dist, "max", self.device)
-            used.seconds = base_seconds + elapsed
-            tokens = n_micro * self.impl.microbatch_size * self.seq_len
-            used.steps += 1
-            used.tokens += tokens
-            used.flops = used.tokens * self.flops_per_token
-            if not finite:
-                self._handle_nonfinite()
-            else:
-                self.consecutive_nonfinite = 0
-                window["loss"] += loss
-                window["steps"] += 1
-            window["tokens"] += tokens
-            window["seconds"] += step_seconds
-            t = self.budget.progress(used)
-            done = t >= 1.0 or (self.max_steps is not None and used.steps >= self.max_steps)
-            if window["steps"] and (used.steps % cfg.log_every == 0 or used.steps == 1 or done):
-                self._log_window(window, t, lr, n_micro, norm, bar)
-                window = {"loss": 0.0, "steps": 0, "tokens": 0, "seconds": 0.0}
-            if t >= self.next_validation and not done:
-                _, seconds = self._validate_now(t)
-                if not cfg.budget.count_eval:
-                    not_counted += seconds
-                while self.next_validation <= t:
-                    self.next_validation += cfg.validate_every
-            due_by_steps = cfg.checkpoint_every and used.steps % cfg.checkpoint_every == 0
-            due_by_time = cfg.checkpoint_minutes and used.seconds - last_checkpoint_seconds >= 60 * cfg.checkpoint_minutes
-            if (due_by_steps or due_by_time) and not done:
-                self.save_checkpoint()
-                last_checkpoint_seconds = used.seconds
-        bar.update(min(100.0, 100 * self.budget.progress(used)) - bar.n)
-        bar.close()
-        val_loss, _ = self._validate_now(self.budget.progress(used))
-        final = self.save_checkpoint()
-        self.log.close()
-        return self._summary(val_loss, final, rate_tokens / rate_seconds if rate_seconds else None)
 
-    def _log_window(self, window: dict, t: float, lr: float, n_micro: int, norm: float | None, bar) -> None:
-        """One metrics line (and the progress bar) for the steps since the last one."""
-        used = self.used
-        speed = window["tokens"] / max(window["seconds"], 1e-9)
-        mfu = speed * self.flops_per_token / (self.peak * self.dist.world) if self.peak else None
+    def _progress_bar(self):
+        """% of the budget; a resumed run's bar starts where the run is."""
+        return progress_bar(total=100, initial=min(100.0, 100 * self.meter.t), unit="%",
+                            enabled=self.impl.progress and self.dist.main,
+                            bar_format="{l_bar}{bar}| {n:.1f}/100% of budget [{elapsed}{postfix}]")
+
+    def event(self, name: str, message: str, **extra) -> None:
+        """An event line in metrics.jsonl, printed too (rank 0)."""
+        self.log.write({"kind": "event", "event": name, "step": self.used.steps, **extra, "message": message})
+        if self.dist.main:
+            tqdm.write(f"cramlm: {message}")
+
+    def _log(self, window: Window, t: float, lr: float, bar) -> None:
+        """One metrics line (and the progress bar) for the steps since the last one: the only
+        place a step's loss and gradient norm are read back to the host."""
+        self.nonfinite.flush()
+        steps = window.steps
+        if self.dist.enabled:  # every process takes part in this collective (metrics lines are agreed)
+            totals = all_reduce([s.loss for s in steps], self.dist, "sum", self.device)
+        else:
+            totals = torch.stack([s.loss for s in steps]).double().tolist()  # one host read
+        finite = [float(total) / s.n_micro for s, total in zip(steps, totals) if not s.nonfinite]
+        if not finite:
+            return
+        used, last = self.used, steps[-1]
+        speed = window.tokens / max(window.seconds, 1e-9)
+        mfu = self.meter.mfu(speed)
+        norm = float(last.norm) if last.norm is not None and not last.nonfinite else None
         record = {
             "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
-            "tokens": used.tokens, "loss": round(window["loss"] / window["steps"], 6), "lr": lr,
-            "batch_size": n_micro * self.impl.microbatch_size, "grad_norm": norm,
+            "tokens": used.tokens, "loss": round(sum(finite) / len(finite), 6), "lr": lr,
+            "batch_size": last.n_micro * self.impl.microbatch_size, "grad_norm": norm,
             "tokens_per_second": round(speed, 1), "mfu": round(mfu, 4) if mfu is not None else None,
         }
         self.log.write(record)
-        self.losses.append(record["loss"])
+        self.first_loss = record["loss"] if self.first_loss is None else self.first_loss
+        self.last_loss = record["loss"]
         left = used.seconds * (1 - t) / max(t, 1e-9)  # time left in the budget at the current pace
         bar.set_postfix_str(
             f"step {used.steps} loss {record['loss']:.3f} {speed:,.0f} tok/s"
@@ -403,43 +407,119 @@ class Trainer:
         )
         bar.update(min(100.0, 100 * t) - bar.n)  # redraws at progress_bar's pace (30 s into a log file)
 
-    def _summary(self, val_loss: float | None, final: Path, tokens_per_second: float | None) -> dict:
-        used = self.used
-        mfu = tokens_per_second * self.flops_per_token / (self.peak * self.dist.world) if tokens_per_second and self.peak else None
+    def _validate_now(self, t: float) -> float | None:
+        """The held-out loss, logged; its time counts against the budget only if count_eval."""
+        with self.meter.timed("eval", counts=self.meter.count["eval"]):
+            val_loss = self.validate()
+        if val_loss is not None:
+            self.log.write({"kind": "val", "step": self.used.steps, "t": round(t, 6), "elapsed": round(self.used.seconds, 3),
+                            "tokens": self.used.tokens, "val_loss": round(val_loss, 6)})
+        return val_loss
+
+    def _interrupted(self, signum: int, bar) -> None:
+        name = signal_name(signum)  # perhaps received by another process
+        bar.close()
+        folder = self.save_checkpoint()
+        self.event("interrupted", f"{name}: stopped after step {self.used.steps}, checkpoint {folder}; "
+                   "resume=auto continues", signal=name, checkpoint=str(folder))
+        self.log.close()
+        raise Interrupted(name, self.used.steps, folder)
+
+    def _check_trained(self, val_loss: float | None) -> None:
+        """Fail a run that diverged: non-finite weights, no step with a finite loss, or a
+        non-finite held-out loss at the end."""
+        params = [p.to_local() if hasattr(p, "to_local") else p for p in self.module.parameters()]
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in params]).all()) if params else True
+        (bad,) = all_reduce([0.0 if finite else 1.0], self.dist, "max", self.device)
+        n, used = self.events["nonfinite_steps"], self.used.steps
+        what = ("the weights are no longer finite" if bad else "no step had a finite loss" if used and n >= used
+                else f"the held-out loss is {val_loss}" if val_loss is not None and not math.isfinite(val_loss) else None)
+        if what:
+            self.log.close()
+            raise NonFiniteError(
+                f"training diverged: {what} after step {used} ({n} of {used} steps non-finite); no final "
+                "checkpoint or model written. Lower train.optim.lr or set train.grad_clip"
+            )
+
+    # ------------------------------------------------------------------ state
+
+    def save_checkpoint(self, final: bool = False) -> Path | None:
+        """All processes take part (a collective under FSDP); rank 0 writes. A full disk: a
+        warning for a periodic checkpoint (training goes on), an error for the final one."""
+        self.nonfinite.flush()  # the counters saved include every step so far
+        with self.meter.timed("checkpoint"):
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model_state = get_model_state_dict(self.module, options=options)
+            optim_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            folder = self.checkpoints / f"step-{self.used.steps:08d}"
+            if self.dist.main:
+                counters = {
+                    **self.meter.state_dict(),
+                    "next_validation": self.validation_due.next_t if math.isfinite(self.validation_due.next_t) else None,
+                    "events": self.events,
+                    "first_loss": self.first_loss,
+                    "world_size": self.dist.world,
+                }
+                training, state = ckpt.train_state(optim_state, self.steps.state_dict(), self.data.state_dict(), counters)
+                try:
+                    folder = ckpt.write_checkpoint(self.checkpoints, self.used.steps, model_state, self.aliases,
+                                                   training, state, self.cfg.keep_checkpoints)
+                except ckpt.DiskFullError as e:
+                    if final:
+                        raise
+                    self.event("disk_full", f"warning: {e}; training goes on")
+                    folder = None
+            barrier(self.dist)
+        return folder
+
+    def load_weights_and_optimizer(self, folder: Path) -> tuple[dict, dict]:
+        model_state, training, state = ckpt.read_checkpoint(folder, self.aliases)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.module, model_state, options=options)
+        set_optimizer_state_dict(self.module, self.optimizer, training["optimizer"], options=options)
+        self.steps.load_state_dict(training.get("scaler"))
+        return training, state
+
+    def resume(self, folder: Path) -> None:
+        """Continue from a checkpoint (written by any number of processes)."""
+        training, state = self.load_weights_and_optimizer(folder)
+        self.data.load_state_dict(training["data"])
+        ckpt.set_rng_state(training, state)
+        self.meter.load_state_dict(state)
+        nv = state.get("next_validation")
+        self.validation_due.next_t = math.inf if nv is None else nv
+        self.events.update(state.get("events", {}))
+        self.first_loss = state.get("first_loss")
+        self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
+                             "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size")}
+
+    def _summary(self, val_loss: float | None, final: Path) -> dict:
+        meter, used, costs = self.meter, self.used, self.meter.costs
+        speed = meter.tokens_per_second
+        mfu = meter.mfu(speed)
         return {
             "steps": used.steps,
             "tokens": used.tokens,
             "flops": used.flops,
             "train_seconds": round(used.seconds, 3),
-            "t": round(self.budget.progress(used), 6),
-            "budget": self.budget.describe(),
-            "budget_counts": {"compile": self.cfg.budget.count_compile, "eval": self.cfg.budget.count_eval,
+            "t": round(meter.t, 6),
+            "budget": meter.budget.describe(),
+            "budget_counts": {"compile": meter.count["compile"], "eval": meter.count["eval"],
                               "setup": False, "checkpoints": True},
-            **{k: round(v, 3) for k, v in self.times.items()},
+            **{k: round(v, 3) for k, v in meter.times.items()},
             **self.events,
-            "tokens_per_second": round(tokens_per_second, 1) if tokens_per_second else None,
-            "flops_per_token": self.flops_per_token,
-            "flops_source": self.flops_source,
-            "peak_flops": self.peak,
-            "peak_source": self.peak_source,
+            "tokens_per_second": round(speed, 1) if speed else None,
+            "flops_per_token": costs.flops_per_token,
+            "flops_source": costs.flops_source,
+            "peak_flops": costs.peak,
+            "peak_source": costs.peak_source,
             "mfu": round(mfu, 4) if mfu is not None else None,
-            "first_loss": self.losses[0] if self.losses else None,
-            "last_loss": self.losses[-1] if self.losses else None,
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss,
             "val_loss": val_loss,
             "world_size": self.dist.world,
             "final_checkpoint": str(final),
         }
-
-    def _validate_now(self, t: float) -> tuple[float | None, float]:
-        """(held-out loss, seconds it took)."""
-        start = time.perf_counter()
-        val_loss = self.validate()
-        seconds = time.perf_counter() - start
-        self.times["eval_seconds"] += seconds
-        if val_loss is not None:
-            self.log.write({"kind": "val", "step": self.used.steps, "t": round(t, 6), "elapsed": round(self.used.seconds, 3),
-                            "tokens": self.used.tokens, "val_loss": round(val_loss, 6)})
-        return val_loss, seconds
 
 
 def _duration(seconds: float) -> str:

@@ -1,0 +1,52 @@
+"""Make a plain model ready to train on this device and these processes (torchtitan's
+``parallelize``): the model code stays free of distributed and performance code, all of it is
+applied here, from outside, in this order:
+
+1. activation checkpointing (``impl.activation_checkpointing``): each block (every child of an
+   ``nn.ModuleList``) is wrapped to recompute its activations in backward. First, so that FSDP2
+   shards the wrapped blocks and the recomputation happens inside each block's all-gather;
+2. data parallelism (``impl.distributed``): DDP wraps the model, or FSDP2 shards each block and
+   then the root in place (distributed.wrap_model);
+3. compilation (``impl.compile``): ``torch.compile`` of the result, last, so that it traces what
+   actually runs (with DDP, dynamo's DDPOptimizer splits the graph at the gradient buckets).
+   torchtitan compiles each block before FSDP instead; the whole-model compile is kept here
+   because it also serves DDP and single-process runs with one call.
+
+The optimizer is built afterwards from ``Parallel.module`` (under FSDP2 its parameters are the
+sharded DTensors), in the Trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cramlm.train.checkpoint import tied_aliases
+from cramlm.train.distributed import Dist, wrap_model
+from cramlm.train.runtime import ImplConfig, apply_activation_checkpointing, compile_model
+
+
+@dataclass
+class Parallel:
+    """A model ready to train: ``module`` holds the parameters (state dicts, the optimizer),
+    ``model`` is what a step calls (``module``, or DDP around it, compiled or not)."""
+
+    module: nn.Module
+    model: nn.Module
+    dist: Dist
+    device: torch.device
+    aliases: dict[str, str]  # tied parameter names (checkpoints store each tied tensor once)
+
+
+def parallelize(model: nn.Module, impl: ImplConfig, dist: Dist, device: torch.device) -> Parallel:
+    """Activation checkpointing, then DDP/FSDP2, then torch.compile (see the module docstring).
+    ``model`` must already be on ``device``."""
+    aliases = tied_aliases(model)  # before wrapping renames anything
+    if impl.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    wrapped = wrap_model(model, dist, device)  # DDP wrapper, or the same module sharded by FSDP2
+    if impl.compile:
+        wrapped = compile_model(wrapped, impl)
+    return Parallel(module=model, model=wrapped, dist=dist, device=device, aliases=aliases)
