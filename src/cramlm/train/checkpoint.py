@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -322,8 +323,8 @@ def read_checkpoint(folder: Path, aliases: dict[str, str]) -> tuple[dict, dict, 
         model_state = load_state_dict(folder / "model.safetensors", aliases)
         training = torch.load(folder / "training.pt", map_location="cpu", weights_only=True)
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
+    except (FileNotFoundError, pickle.UnpicklingError):
+        raise  # the caller names the file (a refused pickle is a security finding, not damage)
     except Exception as e:  # safetensors, torch.load (unpickling refused, truncated zip), JSON
         raise ValueError(f"{folder}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
     return model_state, training, state
