@@ -107,6 +107,8 @@ class LMData:
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
+    config: Any = None  # the run's PretrainConfig (the held-out set follows its settings, eval/lm.py)
+    vocab_size: int = 0
 
 
 @dataclass
@@ -175,7 +177,8 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         model = build_model(cfg.arch, tok.get_vocab_size())
     else:
         model, tok, cfg = load_run(run_dir)
-    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability)
+    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
+                cfg, tok.get_vocab_size())
     return Checkpoint(
         label=run_dir.name + (UNTRAINED if untrained else ""),
         encoder=model,

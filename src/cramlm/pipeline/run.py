@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
-from cramlm.eval.finetune import EvalConfig
+from cramlm.eval.config import EvalConfig
 from cramlm.pretrain import PretrainConfig
-from cramlm.train.checkpoint import write_json
 
 STAGES = ("data", "pretrain", "eval", "report")
 Stage = Literal["data", "pretrain", "eval", "report"]
@@ -173,6 +172,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     record which stages run, only rank 0 prepares data, evaluates, reports and writes the record,
     and the others join the pretrain stage (whose processes the training engine coordinates).
     """
+    from cramlm.train.checkpoint import write_json  # imports torch: not at the top (fast config errors)
+
     if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
         raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     run_dir = cfg.run_dir

@@ -5,20 +5,12 @@ registered builder that takes the parameter groups."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
 import torch
 from torch import nn
 
-from cramlm.config.base import ComponentConfig
 from cramlm.config.registry import register
-
-
-class OptimizerConfig(ComponentConfig):
-    kind: ClassVar[str] = "optimizer"
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    decay_embeddings: bool = True  # apply weight decay to embedding matrices too
+# the configs live torch-free in train/config.py (validating a config imports no torch)
+from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, OptimizerConfig, SGDConfig  # noqa: F401
 
 
 def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
@@ -44,13 +36,6 @@ def _fused_supported(groups: list[dict]) -> bool:
     return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and not isinstance(p, DTensor) for p in params)
 
 
-class AdamWConfig(OptimizerConfig):
-    type: Literal["adamw"] = "adamw"
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-12
-    fused: bool | None = None  # None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)
-
-
 @register("optimizer", "adamw", AdamWConfig)
 def build_adamw(cfg: AdamWConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return _adam(torch.optim.AdamW, cfg, groups)
@@ -61,37 +46,14 @@ def _adam(cls, cfg, groups: list[dict]) -> torch.optim.Optimizer:
     return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
-class AdamConfig(OptimizerConfig):
-    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
-
-    type: Literal["adam"] = "adam"
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-6
-    fused: bool | None = None
-
-
 @register("optimizer", "adam", AdamConfig)
 def build_adam(cfg: AdamConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return _adam(torch.optim.Adam, cfg, groups)
 
 
-class SGDConfig(OptimizerConfig):
-    type: Literal["sgd"] = "sgd"
-    momentum: float = 0.9
-    nesterov: bool = False
-
-
 @register("optimizer", "sgd", SGDConfig)
 def build_sgd(cfg: SGDConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-
-
-class AdafactorConfig(OptimizerConfig):
-    """torch.optim.Adafactor (factored second moments: memory O(rows + cols) per matrix)."""
-
-    type: Literal["adafactor"] = "adafactor"
-    beta2_decay: float = -0.8
-    eps: tuple[float | None, float] = (None, 1e-3)
 
 
 @register("optimizer", "adafactor", AdafactorConfig)
@@ -124,13 +86,6 @@ class Lion(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"])
                 m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
         return loss
-
-
-class LionConfig(OptimizerConfig):
-    type: Literal["lion"] = "lion"
-    lr: float = 1e-4
-    betas: tuple[float, float] = (0.9, 0.99)
-    weight_decay: float = 0.1
 
 
 @register("optimizer", "lion", LionConfig)

@@ -6,11 +6,12 @@ config trains the same model on a laptop CPU or on many GPUs."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from cramlm.config.base import Config
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ImplConfig(Config):
@@ -38,6 +39,8 @@ class ImplConfig(Config):
 
 
 def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.device:
+    import torch  # here, not at the top: ImplConfig validates without torch
+
     if impl.threads:
         torch.set_num_threads(impl.threads)
     name = impl.device
@@ -53,25 +56,38 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
     return device
 
 
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
+def __getattr__(name: str) -> Any:
+    # PRECISION_DTYPES holds torch dtypes: built on first use, so that importing ImplConfig needs no torch
+    if name == "PRECISION_DTYPES":
+        return _precision_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _precision_dtypes() -> dict[str, torch.dtype | None]:
+    import torch
+
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
 
 
 def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:
     precision = impl.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
-    return PRECISION_DTYPES[precision]
+    return _precision_dtypes()[precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
+    import torch
+
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def apply_activation_checkpointing(model: torch.nn.Module) -> int:
     """Wrap every child of every nn.ModuleList (the transformer blocks, whatever the model) so its
     activations are recomputed in backward. Applied from outside: the model code stays plain."""
+    import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
 
     blocks = {id(b) for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m}
@@ -80,6 +96,8 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
 
 
 def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
+    import torch
+
     if impl.inductor:
         import torch._inductor.config as inductor_config
 

@@ -20,7 +20,6 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -33,14 +32,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from cramlm.config.base import Config, component
 from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
-from cramlm.train.budget import Budget, BudgetConfig, Usage
+from cramlm.train.budget import Budget, Usage
 from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, sync_replicated_grads, wrap_model
 from cramlm.train.monitor import MetricsLog, flops_per_token, peak_flops
-from cramlm.train.optim import AdamWConfig, OptimizerConfig, build_optimizer
+from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
+from cramlm.train.optim import build_optimizer
 from cramlm.train.runtime import (
     ImplConfig,
     apply_activation_checkpointing,
@@ -48,27 +47,7 @@ from cramlm.train.runtime import (
     autocast_dtype,
     compile_model,
 )
-from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig, build_schedule
-
-
-class TrainConfig(Config):
-    optim: component(OptimizerConfig) = AdamWConfig()
-    schedule: component(ScheduleConfig) = BudgetTriangleConfig()
-    budget: BudgetConfig = BudgetConfig()  # tokens / FLOPs / steps (hours: the root key `budget`)
-    batch_size: int | Literal["auto"] = 8192  # sequences per optimizer step, all processes together
-    max_batch_size: int = 8192  # what batch_size=auto aims for (then capped by min_updates)
-    batch_ramp: float = 0.6  # grow the batch from one microbatch to batch_size over this fraction of t (0: off)
-    min_updates: int = 100  # cap the batch so the budget allows at least this many optimizer steps (0: off)
-    grad_clip: float | None = 0.5
-    mlm_probability: float = 0.25
-    log_every: int = 10  # optimizer steps between metric lines
-    validate_every: float = 0.25  # held-out loss every this fraction of t, and at the end (0: only at the end)
-    validate_batches: int = 8  # microbatches of the validation set scored each time
-    checkpoint_every: int = 0  # optimizer steps between checkpoints (0: by time only)
-    checkpoint_minutes: float | None = 30.0  # wall-clock minutes between checkpoints (null: by steps only)
-    keep_checkpoints: int = 2  # newest checkpoints kept; the final one is always written
-    on_nonfinite: Literal["skip", "rollback", "raise"] = "skip"  # NaN/inf loss: drop the step, reload the last checkpoint, or stop
-    max_nonfinite: int = 20  # consecutive non-finite steps before the run gives up
+from cramlm.train.schedules import build_schedule
 
 
 class StepData:
