@@ -30,8 +30,9 @@ def test_console_summary_is_short_and_eval_reports_the_same_held_out_loss(in_tmp
     assert f"held-out {summary['val_loss']:.3f}" in tail[1]
     assert "outputs/tiny" in tail[2]
 
-    result = _cli("eval", "checkpoint=tiny", "eval.tasks=[]", "impl.progress=false")
+    result = _cli("eval", "checkpoint=latest", "eval.tasks=[]", "impl.progress=false")
     assert result.exit_code == 0, result.output
+    assert "checkpoint=latest is outputs/tiny" in result.output  # it says which run it took
     lm = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["lm"]
     # one definition: the run's validation sequences with the run's masks (was 8.006 vs 7.907)
     assert lm["loss"] == pytest.approx(summary["val_loss"], abs=1e-5)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from cramlm.config.base import Config, component
 from cramlm.config.loader import to_yaml
@@ -75,6 +75,11 @@ class PretrainConfig(Config):
         if value is not None and value <= 0:
             raise ValueError("must be positive")
         return value
+
+    @model_validator(mode="after")
+    def _tokenizer_for_objective(self):
+        self.data.resolve_tokenizer(type(self.arch).objective)  # data.tokenizer.kind=auto: by the model
+        return self
 
     @property
     def run_dir(self) -> Path:
@@ -186,7 +191,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         barrier(dist)
     if cfg.data.seq_length > cfg.arch.max_seq_length:
         raise ValueError(f"data.seq_length={cfg.data.seq_length} exceeds arch.max_seq_length={cfg.arch.max_seq_length}")
-    check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
+    if cfg.arch.objective == "mlm":  # causal LMs take any tokenizer, e.g. GPT-2's own (data.tokenizer.path)
+        check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
     vocab_size = data.tokenizer.get_vocab_size()
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())

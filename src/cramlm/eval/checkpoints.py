@@ -135,7 +135,9 @@ def resolve_path(spec: str, base_dir: Path) -> Path | str:
     if spec.startswith("hf://"):
         return spec
     if spec == "latest":
-        return latest_run(base_dir)
+        run = latest_run(base_dir)
+        print(f"cramlm: checkpoint=latest is {run} (the newest finished run under {base_dir}/)")
+        return run
     for candidate in (Path(spec).expanduser(), base_dir / spec):
         if candidate.is_dir():
             return candidate
@@ -202,7 +204,9 @@ def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
         data = json.loads(summary.read_text()).get("data")
         if data:
             candidates.append(Path(data))
-    candidates.append(Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}")
+    from cramlm.data.prepare import output_folder
+
+    candidates.append(output_folder(cfg.data, cfg.impl.data_cache))
     for folder in candidates:
         if (folder / "val.cramtok").is_file():
             return folder / "val.cramtok"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
+from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.pretrain import PretrainConfig
 
@@ -92,7 +93,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     pre["impl"].pop("progress", None)
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
-    keys = {"data": cfg.data.cache_key() + ":" + cfg.impl.data_cache, "pretrain": _hash(pre)}
+    keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
     keys["report"] = _hash([keys["pretrain"], keys["eval"]])
     return keys
@@ -101,7 +102,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
 def stage_outputs(cfg: PipelineConfig, stage: str) -> list[Path]:
     run = cfg.run_dir
     if stage == "data":
-        return [Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}" / "manifest.json"]
+        return [output_folder(cfg.data, cfg.impl.data_cache) / "manifest.json"]
     return {
         "pretrain": [run / "model.safetensors", run / "config.yaml", run / "summary.json", run / "metrics.jsonl"],
         "eval": [run / "eval.json"],

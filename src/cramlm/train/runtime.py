@@ -20,7 +20,7 @@ class ImplConfig(Config):
     microbatch_size: int = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
     threads: int | None = None  # torch CPU threads (None: torch's default)
     tf32: bool = True  # TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)
-    data_cache: str = "outputs/data"  # where prepared data is cached, keyed by the data config
+    data_cache: str | None = None  # where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)
     progress: bool = True  # progress bars
     dryrun_steps: int = 4  # optimizer steps taken when dryrun=true
     # --- speed
