@@ -56,7 +56,7 @@ class PretrainConfig(Config):
     # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
     # train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the run.
     budget: float | None = 1 / 60
-    dryrun: bool = False  # full data preparation, then impl.dryrun_steps optimizer steps only
+    dryrun: bool = False  # full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)
     resume: str | None = None  # "auto": continue from the newest checkpoint of this run if any; or a checkpoint folder
     plugins: list[str] = []  # modules to import first (they may register components)
     arch: component(ModelConfig)
