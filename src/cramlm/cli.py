@@ -58,7 +58,7 @@ def config_show(command: str, overrides: tuple[str, ...]) -> None:
     """Print the fully resolved config of COMMAND (pretrain, eval, data) with OVERRIDES."""
     import yaml
 
-    tree = resolve_or_exit(command, overrides).model_dump(mode="json")
+    tree = resolve_or_exit(command, overrides, check_extras=False).model_dump(mode="json")
     if isinstance(tree.get("budget"), float):
         tree["budget"] = format_hours(tree["budget"])  # '1m', not 0.016666666666666666 (parses back)
     sys.stdout.write(yaml.safe_dump(tree, sort_keys=False))

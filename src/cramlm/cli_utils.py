@@ -26,13 +26,19 @@ def command_spec(command: str) -> tuple[type, dict[str, Any]]:
     return getattr(mod, root), getattr(mod, defaults)
 
 
-def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str]):
-    """The validated root config of ``command``; a config error exits with its message."""
+def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str], check_extras: bool = True):
+    """The validated root config of ``command``; a config error exits with its message, and so
+    does a missing optional dependency the config needs (unless ``check_extras`` is false: only
+    showing a config needs none)."""
+    from cramlm.config.extras import check_extras as check
     from cramlm.config.loader import ConfigError, resolve
 
     root, defaults = command_spec(command)
     try:
-        return resolve(root, defaults, list(overrides))
+        cfg = resolve(root, defaults, list(overrides))
+        if check_extras:
+            check(cfg)
+        return cfg
     except ConfigError as e:
         raise click.ClickException(str(e)) from None
 
@@ -42,8 +48,9 @@ def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
     from cramlm.data.packed import PackedFormatError
     from cramlm.data.sources import DataError
     from cramlm.eval.tasks import TaskError
+    from cramlm.locks import LockHeld
 
     try:
         return fn(*args)
-    except (DataError, PackedFormatError, TaskError, FileNotFoundError, ValueError) as e:
+    except (DataError, PackedFormatError, TaskError, FileNotFoundError, ValueError, LockHeld) as e:
         raise click.ClickException(str(e)) from None

@@ -8,24 +8,30 @@ Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/
 
 from __future__ import annotations
 
+import pickle
 import re
 import shutil
 import time
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import field_validator, model_validator
 
-from cramlm.config.base import Config, component
+from cramlm.config.base import Config, SafeName, component
+from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
 from cramlm.data.prepare import DataConfig, prepare_data
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
+from cramlm.locks import FolderLock, LockHeld
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.config import TrainConfig
 from cramlm.train.runtime import ImplConfig, setup_device
 
 if TYPE_CHECKING:
     import torch
+
+    from cramlm.train.trainer import Trainer
 # torch and the modules that import it are imported inside the functions below: PretrainConfig
 # validates without torch, so `cramlm pretrain` with a typo fails fast (tests/test_cli_imports.py)
 
@@ -50,7 +56,7 @@ def parse_hours(value: Any) -> Any:
 
 
 class PretrainConfig(Config):
-    name: str = "default"  # run folder: <base_dir>/<name>
+    name: SafeName = "default"  # run folder: <base_dir>/<name> (one folder name: no '/', no '..')
     base_dir: str = "outputs"
     seed: int = 0
     # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
@@ -77,6 +83,18 @@ class PretrainConfig(Config):
         return value
 
     @model_validator(mode="after")
+    def _consistent(self):
+        """Checks across groups, so that they fail before any data is prepared."""
+        max_len = getattr(self.arch, "max_seq_length", None)
+        if max_len is not None and self.data.seq_length > max_len:
+            raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
+        size = self.train.max_batch_size if self.train.batch_size == "auto" else self.train.batch_size
+        if size % self.impl.microbatch_size:
+            key = "train.max_batch_size" if self.train.batch_size == "auto" else "train.batch_size"
+            raise ValueError(f"{key}={size} must be a multiple of impl.microbatch_size={self.impl.microbatch_size}")
+        return self
+
+    @model_validator(mode="after")
     def _tokenizer_for_objective(self):
         self.data.resolve_tokenizer(type(self.arch).objective)  # data.tokenizer.kind=auto: by the model
         return self
@@ -84,6 +102,13 @@ class PretrainConfig(Config):
     @property
     def run_dir(self) -> Path:
         return Path(self.base_dir) / self.name
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint or run file cannot be used; the message names the file and what is wrong."""
+
+
+RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
 
 
 def causal_batch(input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -158,18 +183,123 @@ def find_resume(cfg: PretrainConfig) -> Path | None:
     return folder
 
 
+def lock_run_dir(cfg: PretrainConfig, dist) -> FolderLock | None:
+    """Rank 0 takes the run folder's lock (a second run of the same name refuses, naming the
+    holder); every rank learns the outcome, so none waits for a rank that gave up."""
+    from cramlm.train.distributed import broadcast_object
+
+    lock, error = None, None
+    if dist.main:
+        try:
+            lock = FolderLock(cfg.run_dir / RUN_LOCK, f"run folder {cfg.run_dir}").acquire()
+        except LockHeld as e:
+            error = str(e)
+    error = broadcast_object(error, dist)
+    if error is not None:
+        raise LockHeld(error)
+    return lock
+
+
+def unlock_run_dir(lock: FolderLock | None, created: bool) -> None:
+    """Release; a run folder this run created and left empty (it failed early) is removed again."""
+    if lock is None:
+        return
+    lock.release()
+    if created and [p.name for p in lock.path.parent.iterdir()] == [RUN_LOCK]:
+        lock.path.unlink(missing_ok=True)
+        try:
+            lock.path.parent.rmdir()
+        except OSError:  # something appeared meanwhile: leave it
+            pass
+
+
 def pretrain(cfg: PretrainConfig) -> dict:
     from cramlm.train.distributed import init_distributed, shutdown
 
+    check_extras(cfg)  # the CLI checked already (resolve_or_exit); a config built in code is checked here
     setup_start = time.perf_counter()
     dist = init_distributed(cfg.impl)
+    created = not cfg.run_dir.exists()
+    lock = None
     try:
+        lock = lock_run_dir(cfg, dist)
         result = _pretrain(cfg, dist, setup_start)
     except BaseException:
+        unlock_run_dir(lock, created)
         shutdown(dist, ok=False)  # no barrier: the other ranks may be waiting in another collective
         raise
+    unlock_run_dir(lock, created=False)
     shutdown(dist)
     return result
+
+
+def clear_checkpoints(root: Path) -> list[Path]:
+    """Remove the checkpoints an earlier run of this name left: only cramlm's own ``step-<n>``
+    folders, never the folder itself or anything else in it."""
+    from cramlm.train.checkpoint import checkpoint_dirs
+
+    found = checkpoint_dirs(root)
+    for folder in found:
+        shutil.rmtree(folder)
+    return found
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise CheckpointFileError(f"{path}: not a readable safetensors file, truncated or damaged ({e})") from None
+
+
+def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> None:
+    """Refuse, before any work, a checkpoint this run cannot continue from: unreadable files, or
+    weights of another shape (a different vocabulary or arch), saying which file and what differs."""
+    from cramlm.train.checkpoint import tied_aliases
+
+    shapes = _safetensors_shapes(folder / "model.safetensors")
+    aliases = tied_aliases(model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
+    problems = [f"{k} is {list(shapes[k])} there, {list(v)} here" for k, v in expected.items() if k in shapes and shapes[k] != v]
+    problems += [f"{k} missing there" for k in expected if k not in shapes]
+    problems += [f"{k} not in this model" for k in shapes if k not in expected]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointFileError(
+            f"resume from {folder}: its model.safetensors does not fit this run's model: {'; '.join(problems[:3])}{more}. "
+            f"This run's vocabulary has {vocab_size} tokens; the data (tokenizer) or arch config differs from the run "
+            "that wrote the checkpoint: resume with the same config, or start a fresh run"
+        )
+    training = folder / "training.pt"
+    try:
+        zipfile.ZipFile(training).close()  # its central directory: a truncated file fails here, cheaply
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CheckpointFileError(f"{training}: not a readable torch checkpoint, truncated or damaged ({e})") from None
+
+
+def load_error_reason(e: BaseException) -> str:
+    """One short line for a failed torch/safetensors load (torch adds paragraphs of advice)."""
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a non-data object
+        detail = next((line.strip() for line in text.splitlines() if "nsupported" in line), type(e).__name__)
+        return f"refused: it holds more than tensors and plain data, so cramlm did not write it ({detail})"
+    first = (text.splitlines() or [""])[0].split(". ")[0]
+    return f"{type(e).__name__}: {first}"
+
+
+def resume_trainer(trainer: Trainer, folder: Path) -> None:
+    """``trainer.resume`` with its failures as one clear line naming the checkpoint."""
+    try:
+        trainer.resume(folder)
+    except pickle.UnpicklingError as e:  # training.pt is the checkpoint's only pickle
+        raise CheckpointFileError(f"{folder / 'training.pt'}: {load_error_reason(e)}") from None
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointFileError(
+            f"resume from {folder}: cannot load it into this run ({load_error_reason(e)}); "
+            "was train.optim or the arch changed since it was written?"
+        ) from None
 
 
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
@@ -189,8 +319,6 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress and dist.main)
     if dist.main:
         barrier(dist)
-    if cfg.data.seq_length > cfg.arch.max_seq_length:
-        raise ValueError(f"data.seq_length={cfg.data.seq_length} exceeds arch.max_seq_length={cfg.arch.max_seq_length}")
     if cfg.arch.objective == "mlm":  # causal LMs take any tokenizer, e.g. GPT-2's own (data.tokenizer.path)
         check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
     vocab_size = data.tokenizer.get_vocab_size()
@@ -201,10 +329,12 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
 
     run_dir = cfg.run_dir
     resume_from = find_resume(cfg)
+    if resume_from is not None:
+        check_resumable(resume_from, model, vocab_size)
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if resume_from is None:  # a fresh run replaces whatever an earlier run of this name left
-            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        if resume_from is None:  # a fresh run replaces the checkpoints an earlier run of this name left
+            clear_checkpoints(run_dir / "checkpoints")
         for partial in remove_partial_checkpoints(run_dir / "checkpoints"):
             say(f"cramlm: removed {partial.name}, an interrupted checkpoint write")
         write_text(run_dir / "config.yaml", to_yaml(cfg))
@@ -218,7 +348,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         config=cfg.model_dump(mode="json"),
     )
     if resume_from is not None:
-        trainer.resume(resume_from)
+        resume_trainer(trainer, resume_from)
         say(f"cramlm: resumed from {resume_from} (step {trainer.used.steps})")
     elif cfg.resume == "auto":
         say("cramlm: resume=auto found no checkpoint; starting fresh")
@@ -254,5 +384,10 @@ def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
     tok = load_tokenizer(run_dir)
     model = build_model(cfg.arch, tok.get_vocab_size())
-    load_weights(model, run_dir / "model.safetensors")
+    weights = run_dir / "model.safetensors"
+    _safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
+    try:
+        load_weights(model, weights)
+    except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes
+        raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({load_error_reason(e)})") from None
     return model.to(device), tok, cfg

@@ -54,4 +54,4 @@ def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
     (tmp_path / "tokenizer.lock").write_text(f"{socket.gethostname()} {dead.pid}")
     cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(20)]))}])
     tok = get_tokenizer(cfg, tmp_path, wait_s=5)
-    assert tok.get_vocab_size() > 5 and not (tmp_path / "tokenizer.lock").exists()
+    assert tok.get_vocab_size() > 5 and not (tmp_path / "tokenizer.lock.owner").exists()  # released

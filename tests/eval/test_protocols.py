@@ -27,7 +27,7 @@ def test_full_glue_protocol():
 def test_overrides_per_task_and_inline_tasks():
     cfg = resolve_or_exit(
         "eval", ["eval=glue-sane", "eval.overrides.rte.lr=2e-5", "eval.overrides.rte.epochs=10", "eval.glue_dir=hf",
-                 "eval.tasks=[glue:rte, {path: my/task, metric: f1}]"]
+                 "eval.tasks=[glue:rte, {path: my/task, metric: f1}]"], check_extras=False,  # datasets may be missing
     ).eval
     assert cfg.for_task("rte").lr == 2e-5 and cfg.for_task("rte").epochs == 10 and cfg.for_task("cola").lr == 4e-5
     assert cfg.glue_dir == "hf" and cfg.tasks[1].path == "my/task" and cfg.tasks[1].metrics == ["f1"]

@@ -82,21 +82,42 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override '{text}': empty key")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except yaml.YAMLError as e:
+        # A value that opens a YAML list, mapping or quoted string must close it: `data.name=[1,` is a
+        # typo, not the name "[1,". Other unparsable text (a glob like `*.jsonl`) is taken as written.
+        if raw.strip()[:1] in ("[", "{", '"', "'"):
+            problem = str(getattr(e, "problem", None) or e).strip()
+            raise ConfigError(
+                f"{key}: invalid YAML value {raw!r} ({problem}); quote it to pass it as text: {key}=\"'{raw}'\""
+            ) from None
         value = raw
     return key.split("."), value
 
 
+def _list_index(node: list, part: str, path: list[str], i: int) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{'.'.join(path)}: '{'.'.join(path[:i])}' is a list of {len(node)}; no item '{part}'")
+    return int(part)
+
+
 def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node = tree
+    """Set ``tree[a][b]... = value`` for the key path; a number indexes an existing list item
+    (``data.sources.0.text_key=body``)."""
+    node: Any = tree
     for i, part in enumerate(path[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
+        if isinstance(node, list):
+            child = node[_list_index(node, part, path, i)]
+        else:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+        if not isinstance(child, (dict, list)):
             raise ConfigError(f"{'.'.join(path)}: '{'.'.join(path[: i + 1])}' is not a mapping")
         node = child
-    node[path[-1]] = value
+    if isinstance(node, list):
+        node[_list_index(node, path[-1], path, len(path) - 1)] = value
+    else:
+        node[path[-1]] = value
 
 
 def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -140,27 +161,47 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...], data: Any) -> type[Ba
             return None
         if isinstance(part, int):
             node = node[part] if isinstance(node, list) and part < len(node) else None
-            continue
-        field = cls.model_fields.get(part)
-        node = node.get(part) if isinstance(node, dict) else None
-        if field is None:
-            return None
-        candidates = _unwrap(field.annotation)
-        cls = candidates[0] if candidates else None
+        else:
+            field = cls.model_fields.get(part)
+            node = node.get(part) if isinstance(node, dict) else None
+            if field is None:
+                return None
+            candidates = _unwrap(field.annotation)
+            cls = candidates[0] if candidates else None
+        # a component (also an item of a list of them, e.g. data.sources.0): the class of its type
         if cls is not None and issubclass(cls, ComponentConfig) and isinstance(node, dict):
-            from cramlm.config.registry import config_class
+            from cramlm.config.registry import RegistryError, config_class
 
             try:
                 cls = config_class(cls.kind, node.get("type"))
-            except KeyError:
+            except (KeyError, RegistryError):
                 return cls
     return cls
 
 
+def _clean_loc(e: dict[str, Any], data: Any) -> tuple[Any, ...]:
+    """The error's key path without pydantic's validator and union-branch tags
+    (``train.batch_size.constrained-int`` -> ``train.batch_size``): a string part that is not a key of
+    the input at that point is a tag, except the last part of a missing-key error."""
+    loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    out: list[Any] = []
+    node = data
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            node = node[part] if isinstance(node, (list, tuple)) and part < len(node) else None
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        elif not (i == len(loc) - 1 and e["type"] == "missing"):
+            continue  # a tag: the input has no such key here
+        out.append(part)
+    return tuple(out)
+
+
 def format_errors(root: type[BaseModel], err: ValidationError, data: Any, prefix: str = "") -> str:
     lines = []
+    value_errors: dict[str, tuple[list[str], Any]] = {}  # path -> (messages of each union branch, input)
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _clean_loc(e, data)
         path = prefix + ".".join(str(p) for p in loc)
         if e["type"] == "extra_forbidden":
             owner = _model_at(root, loc, data)
@@ -172,9 +213,14 @@ def format_errors(root: type[BaseModel], err: ValidationError, data: Any, prefix
             msg = e["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
-            got = e.get("input")
-            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-            lines.append(f"{path or '<root>'}: {msg}{shown}")
+            messages, _ = value_errors.setdefault(path, ([], e.get("input")))
+            if msg not in messages:
+                messages.append(msg)
+    for path, (messages, got) in value_errors.items():
+        shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+        # an error of the whole config (a check across keys) names its keys itself
+        text = ", or ".join(m if i == 0 else m[:1].lower() + m[1:] for i, m in enumerate(messages))
+        lines.append(f"{path}: {text}{shown}" if path else text)
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

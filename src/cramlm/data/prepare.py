@@ -16,16 +16,15 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Annotated, Iterator, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
-from cramlm.config.base import Config, component
+from cramlm.config.base import Config, PositiveInt, SafeName, component
 from cramlm.config.registry import build
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.merge import merge_shards
@@ -34,20 +33,21 @@ from cramlm.data.packed import VERSION as FORMAT_VERSION
 from cramlm.data.packed import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
+from cramlm.locks import FolderLock
 
 PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
 
 
 class DataConfig(Config):
-    name: str = "default"
+    name: SafeName = "default"  # the cache folder is <cache>/<name>-<key>
     sources: list[component(SourceConfig)] = [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")]
     tokenizer: TokenizerConfig = TokenizerConfig()
     clean: CleanConfig = CleanConfig()
     dedup: DedupConfig = DedupConfig()
-    seq_length: int = 128
-    validation_fraction: float = 0.02  # documents held out (chosen by a hash of their text)
-    max_entries_in_raw_dataset: int | None = None  # read at most this many raw records (cramming)
-    max_seq_in_tokenized_dataset: int | None = None  # keep at most this many training sequences (cramming)
+    seq_length: Annotated[int, Field(ge=2)] = 128  # tokens per sequence ([CLS] + at least one token)
+    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.02  # documents held out (chosen by a hash of their text)
+    max_entries_in_raw_dataset: PositiveInt | None = None  # read at most this many raw records (cramming)
+    max_seq_in_tokenized_dataset: PositiveInt | None = None  # keep at most this many training sequences (cramming)
     ordering: Literal["as-read", "random", "sentence-length-curriculum"] = "as-read"
     seed: int = 0  # for random ordering and fractional mixture weights
 
@@ -125,50 +125,17 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
 
     HF tokenizer training is not deterministic (ties are broken in hash-map order), so all shards
     must share one tokenizer: the first process to take ``tokenizer.lock`` trains it, the others
-    wait for it."""
-    saved, lock = folder / "tokenizer.json", folder / "tokenizer.lock"
-    folder.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + wait_s
-    while not saved.is_file():
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
-            os.close(fd)
-            break  # ours to train
-        except FileExistsError:
-            if _stale(lock):
-                lock.unlink(missing_ok=True)
-                continue
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{lock}: another process is training the tokenizer; remove the lock if it died") from None
-            time.sleep(1.0)
+    wait for it (a lock whose process died is free again: see cramlm.locks)."""
+    saved = folder / "tokenizer.json"
     if saved.is_file():
         return load_tokenizer(saved, strict=False)
-    try:
-        tok = make_tokenizer(cfg)
-        tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
-        tok.save(str(tmp))
-        os.replace(tmp, saved)
-    finally:
-        lock.unlink(missing_ok=True)
+    with FolderLock(folder / "tokenizer.lock", f"{folder} (tokenizer training)", timeout=wait_s):
+        if not saved.is_file():  # not trained by whoever held the lock before us
+            tok = make_tokenizer(cfg)
+            tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
+            tok.save(str(tmp))
+            os.replace(tmp, saved)
     return load_tokenizer(saved, strict=False)
-
-
-def _stale(lock: Path) -> bool:
-    """A lock left by a dead process on this machine."""
-    try:
-        host, pid = lock.read_text().split()
-    except (OSError, ValueError):
-        return False  # being written right now, or unreadable: not ours to judge
-    if host != socket.gethostname():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def make_tokenizer(cfg: DataConfig) -> Tokenizer:

@@ -234,6 +234,10 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     except (OSError, ValueError, StopIteration) as e:
         hint = "" if trust_remote_code else " (a remote-code checkpoint needs trust_remote_code=true)"
         raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+    except Exception as e:  # a truncated or tampered weights file (torch / safetensors errors)
+        if not _is_weights_error(e):
+            raise
+        raise CheckpointError(f"{_weight_files(name_or_path)}: cannot load the weights: {_first_line(e)}") from None
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
     max_length = min(positions, tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
@@ -246,3 +250,25 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
         stem="eval",
         untrained=untrained,
     )
+
+
+def _is_weights_error(e: Exception) -> bool:
+    import pickle
+
+    return isinstance(e, (pickle.UnpicklingError, RuntimeError, EOFError)) or type(e).__name__ == "SafetensorError"
+
+
+def _weight_files(name_or_path: str) -> str:
+    """The weight files of a local HF folder (what failed to load), else the checkpoint's name."""
+    folder = Path(name_or_path)
+    found = sorted(p.name for p in folder.glob("*") if p.suffix in (".bin", ".safetensors", ".pt", ".pth")) if folder.is_dir() else []
+    return ", ".join(str(folder / name) for name in found) or f"checkpoint '{name_or_path}'"
+
+
+def _first_line(e: Exception) -> str:
+    import pickle
+
+    from cramlm.pretrain import load_error_reason
+
+    reason = load_error_reason(e)
+    return reason if isinstance(e, pickle.UnpicklingError) else f"{reason}; the file may be truncated or damaged"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from cramlm.config.base import ComponentConfig
+from cramlm.config.base import ComponentConfig, PositiveInt
 
 
 class ModelConfig(ComponentConfig):
@@ -14,7 +14,7 @@ class ModelConfig(ComponentConfig):
     # input_ids + labels with -100 at unscored positions) or causal LM (input_ids + labels shifted
     # inside the model). The data stage builds batches to match.
     objective: ClassVar[Literal["mlm", "clm"]] = "mlm"
-    max_seq_length: int = 128
+    max_seq_length: PositiveInt = 128
 
 
 def build_model(cfg: ModelConfig, vocab_size: int):

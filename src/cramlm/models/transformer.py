@@ -8,26 +8,29 @@ The configs live here, without torch, so that validating a config imports no tor
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
+from cramlm.config.base import NonNegativeInt, PositiveFloat, PositiveInt
 from cramlm.config.registry import declare
 from cramlm.models.base import ModelConfig
 
+Dropout = Annotated[float, Field(ge=0, lt=1)]
+
 
 class TransformerConfig(ModelConfig):
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    num_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads (None: = num_heads)
+    hidden_size: PositiveInt = 768
+    num_layers: PositiveInt = 12
+    num_heads: PositiveInt = 12
+    num_kv_heads: PositiveInt | None = None  # grouped-query attention: fewer key/value heads (None: = num_heads)
     # FFN up-projection width; with ffn=glu it is split in two halves (gate, value), so the
     # down-projection reads intermediate_size / 2 (HF's "intermediate_size" of a GLU model)
-    intermediate_size: int = 3072
+    intermediate_size: PositiveInt = 3072
     ffn: Literal["glu", "plain"] = "plain"
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: float = 1e-12
+    norm_eps: PositiveFloat = 1e-12
     norm_scheme: Literal["pre", "post"] = "pre"
     norm_bias: bool = True  # LayerNorm bias (RMSNorm has none)
     embedding_norm: bool = False  # a norm right after token + position embedding
@@ -35,12 +38,12 @@ class TransformerConfig(ModelConfig):
     final_norm: bool = True  # a norm after the last block (pre-norm models need it)
     bias: bool = True  # biases in linear layers (and in the MLM decoder)
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "learned"
-    rope_theta: float = 10000.0
-    type_vocab_size: int = 0  # BERT's token-type (segment) embeddings; 0: none
+    rope_theta: PositiveFloat = 10000.0
+    type_vocab_size: NonNegativeInt = 0  # BERT's token-type (segment) embeddings; 0: none
     tie_embeddings: bool = True  # output decoder shares the token-embedding matrix
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    init_std: float = 0.02
+    dropout: Dropout = 0.0
+    attention_dropout: Dropout = 0.0
+    init_std: PositiveFloat = 0.02
     init: Literal["normal", "scaled-residual"] = "normal"  # scaled-residual: GPT-2's std/sqrt(2L) on residual outputs
 
     @model_validator(mode="after")
@@ -59,7 +62,7 @@ class CrammedBertConfig(TransformerConfig):
     """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml)."""
 
     type: Literal["crammed-bert"] = "crammed-bert"
-    num_layers: int = 16
+    num_layers: PositiveInt = 16
     ffn: Literal["glu", "plain"] = "glu"
     norm_scheme: Literal["pre", "post"] = "pre"
     embedding_norm: bool = True
@@ -73,9 +76,9 @@ class GPT2Config(TransformerConfig):
 
     type: Literal["gpt2"] = "gpt2"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: int = 1024
+    max_seq_length: PositiveInt = 1024
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu-tanh"
-    norm_eps: float = 1e-5
+    norm_eps: PositiveFloat = 1e-5
     init: Literal["normal", "scaled-residual"] = "scaled-residual"
 
 
@@ -84,12 +87,12 @@ class LlamaConfig(TransformerConfig):
 
     type: Literal["llama"] = "llama"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: int = 2048
-    intermediate_size: int = 4096  # gate + up halves, 2 x 2048
+    max_seq_length: PositiveInt = 2048
+    intermediate_size: PositiveInt = 4096  # gate + up halves, 2 x 2048
     ffn: Literal["glu", "plain"] = "glu"
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    norm_eps: float = 1e-5
+    norm_eps: PositiveFloat = 1e-5
     bias: bool = False
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "rope"
     tie_embeddings: bool = False

@@ -173,8 +173,10 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     record which stages run, only rank 0 prepares data, evaluates, reports and writes the record,
     and the others join the pretrain stage (whose processes the training engine coordinates).
     """
+    from cramlm.config.extras import check_extras
     from cramlm.train.checkpoint import write_json  # imports torch: not at the top (fast config errors)
 
+    check_extras(cfg)  # a missing optional dependency fails now, before any stage runs
     if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
         raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     run_dir = cfg.run_dir

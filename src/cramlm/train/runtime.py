@@ -8,21 +8,24 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, Literal
 
-from cramlm.config.base import Config
+from pydantic import field_validator
+
+from cramlm.config.base import Config, PositiveFloat, PositiveInt
+from cramlm.config.loader import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
 
 class ImplConfig(Config):
-    device: str = "auto"  # auto: cuda if available, else cpu
+    device: str = "auto"  # auto: cuda if available, else cpu; or a torch device: cpu, cuda, cuda:1, mps
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    microbatch_size: int = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
-    threads: int | None = None  # torch CPU threads (None: torch's default)
+    microbatch_size: PositiveInt = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
+    threads: PositiveInt | None = None  # torch CPU threads (None: torch's default)
     tf32: bool = True  # TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)
     data_cache: str | None = None  # where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)
     progress: bool = True  # progress bars
-    dryrun_steps: int = 4  # optimizer steps taken when dryrun=true
+    dryrun_steps: PositiveInt = 4  # optimizer steps taken when dryrun=true
     # --- speed
     compile: bool = False  # torch.compile the training model
     compile_mode: str | None = None  # e.g. "max-autotune", "reduce-overhead"
@@ -30,12 +33,24 @@ class ImplConfig(Config):
     activation_checkpointing: bool = False  # recompute each block (every child of an nn.ModuleList) in backward
     # --- parallelism (launch with torchrun; see docs/training.md)
     distributed: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # auto: ddp when WORLD_SIZE > 1
-    dist_timeout: float = 300.0  # seconds a collective may wait for a dead or stuck rank before failing
+    dist_timeout: PositiveFloat = 300.0  # seconds a collective may wait for a dead or stuck rank before failing
     # --- logging
     tensorboard: bool = False  # also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)
     wandb: bool = False  # also log to Weights & Biases (needs `wandb`)
     wandb_mode: Literal["offline", "online"] = "offline"
     wandb_project: str = "cramlm"
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if value != "auto":
+            import torch  # only for a named device: ImplConfig validates without torch
+
+            try:
+                torch.device(value)
+            except (RuntimeError, ValueError):
+                raise ValueError("not a torch device: use auto, cpu, cuda, cuda:<index> or mps") from None
+        return value
 
 
 def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.device:
@@ -49,11 +64,26 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
     if name == "cuda" and local_rank is not None:
         name = f"cuda:{local_rank}"
     device = torch.device(name)
+    check_available(device, impl.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = impl.tf32
         torch.backends.cudnn.allow_tf32 = impl.tf32
     return device
+
+
+def check_available(device: torch.device, key: str) -> None:
+    """A clear error, before any work, for a device this machine does not have."""
+    import torch
+
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"impl.device={key}: this machine has no CUDA device (torch.cuda.is_available() is false); "
+                              "use impl.device=auto or impl.device=cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"impl.device={key}: no CUDA device {device.index} (this machine has {torch.cuda.device_count()})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"impl.device={key}: MPS (Apple GPU) is not available here; use impl.device=auto or impl.device=cpu")
 
 
 def __getattr__(name: str) -> Any:

