@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# prepared data goes to a per-user cache (~/.cache/cramlm) by default: never the real one in tests
+# (each test gets its own below; this covers anything outside a test)
+os.environ["CRAMLM_CACHE"] = tempfile.mkdtemp(prefix="cramlm-test-cache-")
+atexit.register(shutil.rmtree, os.environ["CRAMLM_CACHE"], ignore_errors=True)
 
 def _find_shared_data() -> Path:
     """$CRAMLM_SHARED_DATA, else the first shared/data folder above the checkout."""
@@ -36,6 +43,12 @@ TINY_PRETRAIN = [
     "impl.microbatch_size=8",
     "impl.progress=false",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _own_data_cache(tmp_path_factory, monkeypatch) -> None:
+    """Each test prepares data into its own cache folder (as it did under its own ./outputs)."""
+    monkeypatch.setenv("CRAMLM_CACHE", str(tmp_path_factory.mktemp("cramlm-cache")))
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -52,12 +53,15 @@ def test_dryrun_prepares_data_and_takes_a_few_steps(tmp_path):
     cramlm("pretrain", *TINY_PRETRAIN, "dryrun=true", "impl.dryrun_steps=3", cwd=tmp_path)
     summary = json.loads((tmp_path / "outputs" / "default" / "summary.json").read_text())
     assert summary["steps"] == 3
-    manifest = json.loads(next((tmp_path / "outputs" / "data").glob("*/manifest.json")).read_text())
+    cache = Path(os.environ["CRAMLM_CACHE"]) / "data"  # the per-user cache (a temporary one in tests)
+    manifest = json.loads(next(cache.glob("*/manifest.json")).read_text())
     docs = manifest["documents"]
     assert docs["read"] == docs["packed"] + docs["skipped"] == 20
-    # a second run reuses the prepared data (same config -> same folder, nothing new)
-    cramlm("pretrain", *TINY_PRETRAIN, "dryrun=true", "name=again", cwd=tmp_path)
-    assert len(list((tmp_path / "outputs" / "data").iterdir())) == 1
+    assert not (tmp_path / "outputs" / "data").exists()
+    # a second run, from another folder, reuses the prepared data (same config -> same folder, nothing new)
+    (tmp_path / "elsewhere").mkdir()
+    cramlm("pretrain", *TINY_PRETRAIN, "dryrun=true", "name=again", cwd=tmp_path / "elsewhere")
+    assert len(list(cache.iterdir())) == 1 and not (tmp_path / "elsewhere" / "outputs" / "data").exists()
 
 
 def test_bad_override_fails_before_any_work(tmp_path):

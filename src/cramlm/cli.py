@@ -28,8 +28,16 @@ def main() -> None:
 def pretrain(overrides: tuple[str, ...], resume: str | None) -> None:
     """Pretrain a model. Defaults: arch=crammed-bert-tiny train=bert-o4-cpu data=default budget=1m.
 
-    Example: cramlm pretrain arch=crammed-bert train=bert-o4 budget=24 name=bert24
-    Multi-process: torchrun --nproc_per_node 2 -m cramlm pretrain ... (docs/training.md)
+    OVERRIDES are group picks (arch=gpt2-tiny) and dotted keys (train.optim.lr=1e-3);
+    `cramlm config show pretrain ...` prints the resolved config.
+
+    \b
+    Examples:
+      cramlm pretrain arch=crammed-bert train=bert-o4 budget=24 name=bert24
+      cramlm pretrain arch=gpt2-tiny budget=5m name=gpt
+      cramlm pretrain budget=null train.budget.tokens=2e9
+      cramlm pretrain dryrun=true
+      torchrun --nproc_per_node 2 -m cramlm pretrain ...   (docs/training.md)
     """
     from cramlm.pretrain import pretrain as run_pretrain
 
@@ -48,9 +56,21 @@ def config() -> None:
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def config_show(command: str, overrides: tuple[str, ...]) -> None:
     """Print the fully resolved config of COMMAND (pretrain, eval, data) with OVERRIDES."""
-    from cramlm.config.loader import to_yaml
+    import yaml
 
-    sys.stdout.write(to_yaml(resolve_or_exit(command, overrides, check_extras=False)))
+    tree = resolve_or_exit(command, overrides, check_extras=False).model_dump(mode="json")
+    if isinstance(tree.get("budget"), float):
+        tree["budget"] = format_hours(tree["budget"])  # '1m', not 0.016666666666666666 (parses back)
+    sys.stdout.write(yaml.safe_dump(tree, sort_keys=False))
+
+
+def format_hours(hours: float) -> str:
+    """Hours in the unit a person would write: 24h, 1.5h, 5m, 90s (what `budget=` accepts)."""
+    seconds = round(hours * 3600, 6)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and (seconds / size * 100).is_integer():  # at most two decimals
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 main.add_command(data)

@@ -15,10 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cramlm.config.base import Config
-from cramlm.eval.finetune import EvalConfig, finetune
-from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
-from cramlm.eval.tasks import load_task
-from cramlm.train.checkpoint import write_json, write_text
+from cramlm.eval.config import EvalConfig
 from cramlm.train.runtime import ImplConfig, setup_device
 
 DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
@@ -37,7 +34,12 @@ class EvalRunConfig(Config):
 
 
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
+    # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
+    from cramlm.eval.finetune import finetune
+    from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
+    from cramlm.eval.tasks import load_task
+    from cramlm.train.checkpoint import write_json, write_text
 
     ev = cfg.eval
     tasks = [load_task(spec, ev.glue_dir) for spec in ev.tasks]  # fail on a bad task before any training
@@ -53,11 +55,16 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
         if val is None:
             print("LM eval skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
         else:
-            from cramlm.eval.lm import lm_eval
+            from cramlm.data.packed import read_packed
+            from cramlm.eval.lm import lm_eval, run_held_out_batches
 
-            lm = lm_eval(ckpt.lm.model, ckpt.lm.objective, val, ckpt.lm.seq_length, ckpt.lm.mlm_probability,
-                         ev.lm_max_sequences, device=device, seed=ev.seed, progress=cfg.impl.progress)
-            print(f"held-out {lm['objective'].upper()} loss {lm['loss']:.4f}" + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else ""))
+            # the run's own held-out set, masked as in pretraining: the same number as its val_loss
+            batches = run_held_out_batches(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size)
+            lm = {**lm_eval(ckpt.lm.model, ckpt.lm.objective, batches, device=device, progress=cfg.impl.progress),
+                  "file": str(val)}
+            print(f"held-out {lm['objective'].upper()} loss {lm['loss']:.4f}"
+                  + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else "")
+                  + f" ({lm['sequences']} sequences of {val}, as pretraining's val_loss)")
 
     rows = []
     for task in tasks:

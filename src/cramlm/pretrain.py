@@ -8,42 +8,32 @@ Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import field_validator, model_validator
 
 from cramlm.config.base import Config, SafeName, component
 from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
-from cramlm.data.collate import MLMCollator
-from cramlm.data.dataset import BlockDataset
 from cramlm.data.prepare import DataConfig, prepare_data
-from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS, check_special_ids
-from cramlm.models.base import ModelConfig, build_model
+from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
 from cramlm.locks import FolderLock, LockHeld
-from cramlm.train.budget import Budget, Meter, measure_costs
-from cramlm.train.checkpoint import (
-    atomic_path,
-    checkpoint_dirs,
-    checkpoint_problem,
-    remove_partial_checkpoints,
-    resumable_checkpoint,
-    tied_aliases,
-    write_json,
-    write_text,
-)
-from cramlm.train.distributed import barrier, broadcast_object, init_distributed, shutdown
-from cramlm.train.parallelize import parallelize
+from cramlm.models.base import ModelConfig, build_model
+from cramlm.train.config import TrainConfig
 from cramlm.train.runtime import ImplConfig, setup_device
-from cramlm.train.trainer import StepData, TrainConfig, Trainer
+
+if TYPE_CHECKING:
+    import torch
+
+    from cramlm.train.trainer import Trainer
+# torch and the modules that import it are imported inside the functions below: PretrainConfig
+# validates without torch, so `cramlm pretrain` with a typo fails fast (tests/test_cli_imports.py)
 
 # what `cramlm pretrain` with no arguments runs: the tiny model for one minute on the shipped corpus
 DEFAULTS: dict[str, Any] = {
@@ -72,7 +62,7 @@ class PretrainConfig(Config):
     # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
     # train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the run.
     budget: float | None = 1 / 60
-    dryrun: bool = False  # full data preparation, then impl.dryrun_steps optimizer steps only
+    dryrun: bool = False  # full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)
     resume: str | None = None  # "auto": continue from the newest checkpoint of this run if any; or a checkpoint folder
     plugins: list[str] = []  # modules to import first (they may register components)
     arch: component(ModelConfig)
@@ -104,6 +94,11 @@ class PretrainConfig(Config):
             raise ValueError(f"{key}={size} must be a multiple of impl.microbatch_size={self.impl.microbatch_size}")
         return self
 
+    @model_validator(mode="after")
+    def _tokenizer_for_objective(self):
+        self.data.resolve_tokenizer(type(self.arch).objective)  # data.tokenizer.kind=auto: by the model
+        return self
+
     @property
     def run_dir(self) -> Path:
         return Path(self.base_dir) / self.name
@@ -122,28 +117,62 @@ def causal_batch(input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
+    from cramlm.data.collate import MLMCollator
+
     if cfg.arch.objective == "clm":
         return causal_batch
     return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
 
 
 def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[str, torch.Tensor]]:
-    """A fixed set of held-out microbatches (first blocks of val, masked once with its own seed)."""
-    if data.val is None or cfg.train.validate_batches <= 0:
-        return []
-    try:
-        val = BlockDataset(data.val, cfg.data.seq_length, CLS_ID)
-    except ValueError:  # fewer tokens than one sequence
-        return []
-    # microbatches of up to impl.microbatch_size sequences, smaller on a small validation set so that
-    # there are validate_batches of them to share among processes (the same set on any process count)
-    size = max(1, min(cfg.impl.microbatch_size, len(val) // cfg.train.validate_batches))
-    count = min(cfg.train.validate_batches, len(val) // size)
-    collate = make_collator(cfg, vocab_size, cfg.seed + 1)
-    return [collate(val.batch(range(i * size, (i + 1) * size))) for i in range(count)]
+    """The held-out microbatches: the same set `cramlm eval` scores (eval/lm.py defines it)."""
+    from cramlm.eval.lm import run_held_out_batches
+
+    return run_held_out_batches(cfg, data.val, vocab_size)
+
+
+def dryrun_plan(cfg: PretrainConfig, world: int) -> tuple[TrainConfig, None]:
+    """dryrun=true: impl.dryrun_steps steps of one microbatch per process, validated once at the
+    end, under a step budget instead of the clock (a dry run shows that everything runs; it takes
+    seconds, whatever the budget)."""
+    steps_only = cfg.train.budget.model_copy(update={"tokens": None, "flops": None, "steps": cfg.impl.dryrun_steps})
+    train = cfg.train.model_copy(update={
+        "budget": steps_only, "batch_size": cfg.impl.microbatch_size * world, "batch_ramp": 0.0, "min_updates": 0,
+        "validate_every": 0.0, "checkpoint_every": 0, "checkpoint_minutes": None,
+    })
+    return train, None
+
+
+def _si(x: float) -> str:
+    """12,345 -> '12.3k', 4.2e9 -> '4.2G' (console figures)."""
+    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= size:
+            return f"{x / size:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def console_summary(summary: dict, run_dir: Path) -> str:
+    """What the console shows at the end of pretraining (summary.json holds everything)."""
+    def loss(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    speed = summary.get("tokens_per_second")
+    mfu = summary.get("mfu")
+    lines = [
+        f"cramlm pretrain: done: {summary['steps']:,} steps, {_si(summary['tokens'])} tokens in "
+        f"{summary['train_seconds']:.1f} s (+{summary['setup_seconds']:.1f} s setup)"
+        + (f", {speed:,.0f} tokens/s" if speed else "") + (f", MFU {100 * mfu:.1f}%" if mfu is not None else ""),
+        f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} (train), "
+        f"held-out {loss(summary.get('val_loss'))} (validation set; `cramlm eval` scores the same)",
+        f"  run folder {run_dir}: model.safetensors, summary.json, metrics.jsonl; "
+        f"checkpoint {Path(summary['final_checkpoint']).name}",
+    ]
+    return "\n".join(lines)
 
 
 def find_resume(cfg: PretrainConfig) -> Path | None:
+    from cramlm.train.checkpoint import checkpoint_problem, resumable_checkpoint
+
     if cfg.resume is None:
         return None
     if cfg.resume == "auto":  # the newest checkpoint that verifies (damaged newer ones: set aside, warned)
@@ -159,6 +188,8 @@ def find_resume(cfg: PretrainConfig) -> Path | None:
 def lock_run_dir(cfg: PretrainConfig, dist) -> FolderLock | None:
     """Rank 0 takes the run folder's lock (a second run of the same name refuses, naming the
     holder); every rank learns the outcome, so none waits for a rank that gave up."""
+    from cramlm.train.distributed import broadcast_object
+
     lock, error = None, None
     if dist.main:
         try:
@@ -185,6 +216,8 @@ def unlock_run_dir(lock: FolderLock | None, created: bool) -> None:
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
+    from cramlm.train.distributed import init_distributed, shutdown
+
     check_extras(cfg)  # the CLI checked already (resolve_or_exit); a config built in code is checked here
     setup_start = time.perf_counter()
     dist = init_distributed(cfg.impl)
@@ -205,6 +238,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 def clear_checkpoints(root: Path) -> list[Path]:
     """Remove the checkpoints an earlier run of this name left: only cramlm's own ``step-<n>``
     folders, never the folder itself or anything else in it."""
+    from cramlm.train.checkpoint import checkpoint_dirs
+
     found = checkpoint_dirs(root)
     for folder in found:
         shutil.rmtree(folder)
@@ -224,6 +259,8 @@ def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> None:
     """Refuse, before any work, a checkpoint this run cannot continue from: unreadable files, or
     weights of another shape (a different vocabulary or arch), saying which file and what differs."""
+    from cramlm.train.checkpoint import tied_aliases
+
     shapes = _safetensors_shapes(folder / "model.safetensors")
     aliases = tied_aliases(model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
@@ -268,6 +305,16 @@ def resume_trainer(trainer: Trainer, folder: Path) -> None:
 
 
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
+    import torch
+
+    from cramlm.data.dataset import BlockDataset
+    from cramlm.eval.lm import block_start
+    from cramlm.train.budget import Budget, Meter, measure_costs
+    from cramlm.train.checkpoint import atomic_path, remove_partial_checkpoints, write_json, write_text
+    from cramlm.train.distributed import barrier, broadcast_object
+    from cramlm.train.parallelize import parallelize
+    from cramlm.train.trainer import StepData, Trainer
+
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)
     say = print if dist.main else (lambda *a, **k: None)
@@ -276,11 +323,12 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress and dist.main)
     if dist.main:
         barrier(dist)
-    check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
+    if cfg.arch.objective == "mlm":  # causal LMs take any tokenizer, e.g. GPT-2's own (data.tokenizer.path)
+        check_special_ids(data.tokenizer, f"{data.folder}/tokenizer.json (masked-LM batches need cramlm's special ids)")
     vocab_size = data.tokenizer.get_vocab_size()
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    dataset = BlockDataset(data.train, cfg.data.seq_length, CLS_ID)
+    dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed)
 
     run_dir = cfg.run_dir
@@ -296,11 +344,12 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         write_text(run_dir / "config.yaml", to_yaml(cfg))
         shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
     barrier(dist)
+    train_cfg, budget_hours = dryrun_plan(cfg, dist.world) if cfg.dryrun else (cfg.train, cfg.budget)
     val_batches = validation_batches(cfg, data, vocab_size)
     costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device)
-    meter = Meter(Budget(cfg.train.budget, cfg.budget, costs.flops_per_token), costs, dist.world,
+    meter = Meter(Budget(train_cfg.budget, budget_hours, costs.flops_per_token), costs, dist.world,
                   max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None)
-    trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, cfg.train, cfg.impl, meter, run_dir,
+    trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, train_cfg, cfg.impl, meter, run_dir,
                       val_batches=val_batches, config=cfg.model_dump(mode="json"))
     if resume_from is not None:
         resume_trainer(trainer, resume_from)
@@ -322,8 +371,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
         tmp.replace(run_dir / "model.safetensors")
         write_json(run_dir / "summary.json", summary)
-        say(json.dumps(summary))
-        say(f"steps {summary['steps']}, val loss {summary['val_loss']}; checkpoint in {run_dir}")
+        say(console_summary(summary, run_dir))
     barrier(dist)
     return summary
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors import safe_open
 
 from cramlm.cli import main
 from cramlm.pretrain import load_run
@@ -34,3 +38,78 @@ def test_export_hf_of_a_run_loads_in_transformers(in_tmp):
 def test_export_hf_of_a_missing_run_fails_cleanly(in_tmp):
     result = CliRunner().invoke(main, ["export", "hf", "nope", "out"])
     assert result.exit_code == 1 and "no such run" in result.output
+
+
+GPT_RUN = ["arch=gpt2-tiny", "name=gpt", *TINY_PRETRAIN, "budget=null", "train.budget.steps=40", "train.optim.lr=3e-3",
+           "train.batch_ramp=0", "data.tokenizer.vocab_size=400"]
+
+
+def test_a_gpt_run_exports_a_model_that_generates_clean_text(in_tmp):
+    """Causal LMs train on a byte-level BPE with <|endoftext|> between documents (not the masked LMs'
+    lowercasing WordPiece and [CLS] template), and the export generates text and stops at eos."""
+    runner = CliRunner()
+    result = runner.invoke(main, ["pretrain", *GPT_RUN])
+    assert result.exit_code == 0, result.output
+    _, tok, cfg = load_run(in_tmp / "outputs" / "gpt")
+    assert (cfg.data.tokenizer.kind, cfg.data.tokenizer.template, cfg.data.tokenizer.lowercase) == ("byte-bpe", "none", False)
+    result = runner.invoke(main, ["export", "hf", "gpt", "hf-gpt"])
+    assert result.exit_code == 0, result.output
+    assert "GPT2LMHeadModel" in result.output and "text-generation" in result.output
+
+    folder = in_tmp / "hf-gpt"
+    auto_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    eot = auto_tok.convert_tokens_to_ids("<|endoftext|>")
+    assert eot == tok.token_to_id("<|endoftext|>") == 5  # after [PAD] [UNK] [CLS] [SEP] [MASK]
+    assert auto_tok.eos_token_id == auto_tok.bos_token_id == auto_tok.pad_token_id == eot
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == generation["pad_token_id"] == eot
+    assert model.generation_config.eos_token_id == eot
+
+    text = "Call me Ishmael.  Some years ago--never mind how long precisely"
+    ids = auto_tok(text)["input_ids"]
+    assert auto_tok.decode(ids) == text  # capitals and spacing survive; no [CLS]/[SEP] added
+    assert tok.token_to_id("[CLS]") not in ids and tok.token_to_id("[SEP]") not in ids
+
+    prompt = auto_tok("Call me Ishmael.", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**prompt, max_new_tokens=20, do_sample=False)
+    decoded = auto_tok.decode(out[0])
+    assert decoded.startswith("Call me Ishmael.") and len(out[0]) > prompt["input_ids"].shape[1]
+    assert not any(junk in decoded for junk in ("[CLS]", "[SEP]", "[PAD]", "##"))
+    # it stops at eos: forcing eos as the next token ends the generation there
+    with torch.no_grad():
+        stopped = model.generate(**prompt, max_new_tokens=20, do_sample=False, sequence_bias={(eot,): 100.0})
+    assert stopped[0].tolist() == [*prompt["input_ids"][0].tolist(), eot]
+
+    generator = transformers.pipeline("text-generation", model=model, tokenizer=auto_tok)
+    piece = generator("The whale", max_new_tokens=12, do_sample=False)[0]["generated_text"]
+    assert piece.startswith("The whale") and not any(junk in piece for junk in ("[CLS]", "[SEP]", "##"))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_export_is_readable_like_any_file_and_stores_the_tied_embedding_once(in_tmp):
+    runner = CliRunner()
+    result = runner.invoke(main, ["pretrain", "name=tiny", "dryrun=true", *TINY_PRETRAIN])  # crammed-bert: remote code
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
+    assert result.exit_code == 0, result.output
+    assert "trust_remote_code=True" in result.output
+    run, out = in_tmp / "outputs" / "tiny", in_tmp / "hf-out"
+    expected = 0o666 & ~_umask()
+    files = [*out.iterdir(), *run.glob("checkpoints/*/*.safetensors"), run / "model.safetensors"]
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {f.name: oct(expected) for f in files}  # not 0600
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert "trunk.tokens.weight" in f.keys() and "head.decoder.weight" not in f.keys()
+    assert (out / "model.safetensors").stat().st_size <= (run / "model.safetensors").stat().st_size + 4096
+    ours, _, _ = load_run(run)
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True).eval()
+    assert hf.head.decoder.weight is hf.trunk.tokens.weight  # tied again on loading
+    ids = torch.randint(5, 500, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, ours.eval()(ids)["logits"], rtol=1e-5, atol=1e-5)

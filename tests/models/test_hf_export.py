@@ -8,10 +8,11 @@ from importlib.resources import files
 
 import pytest
 import torch
+from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
-from cramlm.models.hf import export_hf, import_hf_bert, stock_architecture
+from cramlm.models.hf import TIED_OUTPUT, export_hf, import_hf_bert, stock_architecture
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -43,6 +44,8 @@ STOCK = [
 def test_stock_export_gives_the_same_logits(name, cls, tokenizer, tmp_path):
     model = tiny_model(name)
     assert export_hf(model, tokenizer, tmp_path) == cls
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:  # a tied output embedding is stored once
+        assert (TIED_OUTPUT[stock_architecture(model.cfg)] in f.keys()) == (not model.cfg.tie_embeddings)
     hf = getattr(transformers, cls).from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert type(hf).__name__ == cls
     ids = random_ids(B=2, T=24)

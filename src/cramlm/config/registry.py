@@ -30,18 +30,20 @@ from cramlm.config.base import ComponentConfig
 @dataclass(frozen=True)
 class Entry:
     config: type[ComponentConfig]
-    builder: Callable[..., Any]
+    builder: Callable[..., Any] | None  # None: declared, builder not imported yet
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {}
-# Modules that register cramlm's own components; imported lazily so that `import cramlm` and
-# `cramlm --help` stay fast.
+# Modules that register (or declare) cramlm's own components; imported lazily so that `import cramlm`
+# and `cramlm --help` stay fast. None of them imports torch: validating a config never does.
 _BUILTIN_MODULES = (
-    "cramlm.models",
-    "cramlm.train.optim",
+    "cramlm.models.transformer",
+    "cramlm.train.config",
     "cramlm.train.schedules",
     "cramlm.data.sources",
 )
+# where the builders of declared components live (these import torch); imported on the first build
+_BUILDER_MODULES = {"model": ("cramlm.models.crammed_bert", "cramlm.models.gpt"), "optimizer": ("cramlm.train.optim",)}
 _loaded_builtins = False
 # Kinds whose built-in components all live in one light module: resolving one of those needs no
 # other import (so `cramlm data ...` never imports torch: ~180 MB and ~2 s less)
@@ -57,12 +59,23 @@ def register(kind: str, name: str, config: type[ComponentConfig]):
 
     def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
         section = _REGISTRY.setdefault(kind, {})
-        if name in section and section[name].builder is not builder:
+        declared = name in section and section[name].builder is None and section[name].config is config
+        if name in section and section[name].builder is not builder and not declared:
             raise RegistryError(f"{kind} '{name}' is already registered by {section[name].builder!r}")
         section[name] = Entry(config, builder)
         return builder
 
     return wrap
+
+
+def declare(kind: str, name: str, config: type[ComponentConfig]) -> None:
+    """Register ``config`` under ``(kind, name)`` before its builder (which ``register`` adds later,
+    from a module in ``_BUILDER_MODULES``), so that configs validate without importing torch."""
+    section = _REGISTRY.setdefault(kind, {})
+    if name not in section:
+        section[name] = Entry(config, None)
+    elif section[name].config is not config:
+        raise RegistryError(f"{kind} '{name}' is already registered with {section[name].config.__name__}")
 
 
 def load_builtins() -> None:
@@ -109,4 +122,11 @@ def config_class(kind: str, name: str | None) -> type[ComponentConfig]:
 
 def build(kind: str, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> Any:
     """Build the component described by ``cfg`` (its ``type`` selects the builder)."""
-    return entry(kind, cfg.type).builder(cfg, *args, **kwargs)
+    found = entry(kind, cfg.type)
+    if found.builder is None:  # declared only: its builder module registers it on import
+        for module in _BUILDER_MODULES.get(kind, ()):
+            importlib.import_module(module)
+        found = entry(kind, cfg.type)
+        if found.builder is None:
+            raise RegistryError(f"{kind} '{cfg.type}' is declared but no builder was registered for it")
+    return found.builder(cfg, *args, **kwargs)

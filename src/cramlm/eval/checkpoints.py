@@ -107,6 +107,8 @@ class LMData:
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
+    config: Any = None  # the run's PretrainConfig (the held-out set follows its settings, eval/lm.py)
+    vocab_size: int = 0
 
 
 @dataclass
@@ -133,7 +135,9 @@ def resolve_path(spec: str, base_dir: Path) -> Path | str:
     if spec.startswith("hf://"):
         return spec
     if spec == "latest":
-        return latest_run(base_dir)
+        run = latest_run(base_dir)
+        print(f"cramlm: checkpoint=latest is {run} (the newest finished run under {base_dir}/)")
+        return run
     for candidate in (Path(spec).expanduser(), base_dir / spec):
         if candidate.is_dir():
             return candidate
@@ -175,7 +179,8 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         model = build_model(cfg.arch, tok.get_vocab_size())
     else:
         model, tok, cfg = load_run(run_dir)
-    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability)
+    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
+                cfg, tok.get_vocab_size())
     return Checkpoint(
         label=run_dir.name + (UNTRAINED if untrained else ""),
         encoder=model,
@@ -199,7 +204,9 @@ def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
         data = json.loads(summary.read_text()).get("data")
         if data:
             candidates.append(Path(data))
-    candidates.append(Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}")
+    from cramlm.data.prepare import output_folder
+
+    candidates.append(output_folder(cfg.data, cfg.impl.data_cache))
     for folder in candidates:
         if (folder / "val.cramtok").is_file():
             return folder / "val.cramtok"

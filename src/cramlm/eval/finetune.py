@@ -14,39 +14,20 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Literal
 
 import numpy as np
 import torch
 
-from cramlm.config.base import Config
+# the configs live torch-free in eval/config.py (validating a config imports no torch)
+from cramlm.eval.config import EvalConfig, Hparams, HparamsOverride  # noqa: F401
 from cramlm.eval.metrics import score_all
-from cramlm.eval.tasks import Task, TaskSpec
+from cramlm.eval.tasks import Task
 from cramlm.models.heads import SequenceClassifier
 from cramlm.progress import progress_bar
 from cramlm.train.optim import AdamWConfig, build_optimizer
 from cramlm.train.runtime import ImplConfig, autocast, autocast_dtype
 from cramlm.train.schedules import ConstantConfig, CosineConfig, PolynomialConfig, Schedule, build_schedule
 from cramlm.train.step import OptimizerStep
-
-
-class Hparams(Config):
-    """Fine-tuning hyperparameters; every one can be set per task via ``eval.overrides.<task>``."""
-
-    lr: float = 4e-5
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    weight_decay: float = 0.0  # never applied to biases and norms (as cramming)
-    batch_size: int = 16
-    epochs: int = 5
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup: float = 0.1  # linear warm-up: a fraction of all steps (< 1) or a number of steps (>= 1)
-    max_seq_length: int = 128  # capped at the positions the encoder has
-    dropout: float = 0.1  # classifier dropout
-    grad_clip: float | None = None
-    max_train_examples: int | None = None  # random subset of the training split (None: all)
-    max_dev_examples: int | None = None  # first N of each dev split (None: all)
-    eval_batch_size: int = 128
 
 
 def schedule_for(hp: Hparams, total: int) -> Schedule:
@@ -153,34 +134,3 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
         "seconds": round(time.perf_counter() - start, 2),
         "loss_scale": update.scaler.get_scale() if update.scaler.is_enabled() else None,  # fp16 only
     }
-
-
-def _partial(cls: type[Config]) -> type[Config]:
-    """The same fields, all optional (None = not overridden): the type of one per-task override."""
-    from pydantic import create_model
-
-    fields = {name: (f.annotation | None, None) for name, f in cls.model_fields.items()}
-    return create_model(f"{cls.__name__}Override", __base__=Config, **fields)
-
-
-HparamsOverride = _partial(Hparams)
-
-
-class EvalConfig(Hparams):
-    """The ``eval`` group: tasks, the protocol (hyperparameters), seeds, per-task overrides."""
-
-    protocol: str = "custom"  # a name for the tables
-    tasks: list[str | TaskSpec] = ["pkg://tasks/rotten_tomatoes_small"]  # see eval/tasks.py, eval/glue.py
-    glue_dir: str | None = None  # folder in the GLUE layout for glue:<task> tasks; "hf" = datasets
-    seeds: int = 1  # fine-tune each task with seeds seed, seed+1, ...; the median is reported
-    seed: int = 0
-    overrides: dict[str, HparamsOverride] = {}  # task name -> hyperparameters, e.g. {rte: {lr: 2e-5}}
-    lm_eval: bool = True  # held-out MLM loss / CLM perplexity on the run's packed validation set
-    lm_max_sequences: int = 512
-    lm_data: str | None = None  # a .cramtok file instead of the run's own val.cramtok
-
-    def for_task(self, name: str) -> Hparams:
-        """This task's hyperparameters: the protocol's, with ``overrides.<name>`` on top."""
-        base = {k: getattr(self, k) for k in Hparams.model_fields}
-        override = self.overrides.get(name)
-        return Hparams(**{**base, **(override.model_dump(exclude_none=True) if override else {})})

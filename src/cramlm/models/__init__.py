@@ -1,6 +1,8 @@
-"""Models: plain nn.Modules built from registered configs (crammed-bert, gpt2, llama)."""
+"""Models: plain nn.Modules built from registered configs (crammed-bert, gpt2, llama).
 
-from cramlm.models import crammed_bert, gpt  # noqa: F401  (register the model types)
+Importing this package does not import torch: the configs are declared in transformer.py and the
+model modules (crammed_bert.py, gpt.py) are imported by the registry on the first build."""
+
 from cramlm.models.base import ModelConfig, build_model
 
 __all__ = ["ModelConfig", "build_model"]

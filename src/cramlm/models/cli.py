@@ -32,15 +32,21 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     from cramlm.pretrain import load_run
     from cramlm.train.checkpoint import load_weights
 
+    from cramlm.data.tokenizer import separator_id
+
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
-    model, tok, _ = load_run(run_dir)
+    model, tok, cfg = load_run(run_dir)
     if weights != run_dir / "model.safetensors":
         load_weights(model, weights)
-    cls = export_hf(model.eval(), tok, out_dir)
+    # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
+    eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if model.cfg.objective == "clm" else None
+    cls = export_hf(model.eval(), tok, out_dir, eos=eos)
     remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
     click.echo(f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
                f".from_pretrained('{out_dir}'{remote})")
+    if eos is not None:
+        click.echo(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
     return cls
 
 

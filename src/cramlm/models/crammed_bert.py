@@ -5,31 +5,15 @@ ModernBERT-like encoder (``arch=crammed-bert-modern``) are presets of this same 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramlm.config.base import PositiveInt
 from cramlm.config.registry import register
 from cramlm.models.layers import IGNORE_INDEX, MLMHead, Trunk, init_weights
-from cramlm.models.transformer import TransformerConfig, trunk_flops_per_token
+from cramlm.models.transformer import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
 
 __all__ = ["CrammedBert", "CrammedBertConfig", "IGNORE_INDEX"]
-
-
-class CrammedBertConfig(TransformerConfig):
-    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml)."""
-
-    type: Literal["crammed-bert"] = "crammed-bert"
-    num_layers: PositiveInt = 16
-    ffn: Literal["glu", "plain"] = "glu"
-    norm_scheme: Literal["pre", "post"] = "pre"
-    embedding_norm: bool = True
-    bias: bool = False
-    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
-    sparse_prediction: bool = True  # run the MLM head only where labels != -100
 
 
 class CrammedBert(nn.Module):

@@ -4,43 +4,13 @@ same class; the registered types only change the defaults."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramlm.config.base import PositiveFloat, PositiveInt
 from cramlm.config.registry import register
 from cramlm.models.layers import IGNORE_INDEX, Trunk, init_weights
-from cramlm.models.transformer import TransformerConfig, trunk_flops_per_token
-
-
-class GPT2Config(TransformerConfig):
-    """GPT-2 (Radford et al. 2019); defaults are the 124M model (recipes/arch/gpt2.yaml)."""
-
-    type: Literal["gpt2"] = "gpt2"
-    objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: PositiveInt = 1024
-    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu-tanh"
-    norm_eps: PositiveFloat = 1e-5
-    init: Literal["normal", "scaled-residual"] = "scaled-residual"
-
-
-class LlamaConfig(TransformerConfig):
-    """A llama-like decoder (Touvron et al. 2023); defaults are a small model (recipes/arch/llama-*.yaml)."""
-
-    type: Literal["llama"] = "llama"
-    objective: ClassVar[Literal["mlm", "clm"]] = "clm"
-    max_seq_length: PositiveInt = 2048
-    intermediate_size: PositiveInt = 4096  # gate + up halves, 2 x 2048
-    ffn: Literal["glu", "plain"] = "glu"
-    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
-    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
-    norm_eps: PositiveFloat = 1e-5
-    bias: bool = False
-    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "rope"
-    tie_embeddings: bool = False
+from cramlm.models.transformer import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
 
 
 class CausalLM(nn.Module):

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from cramlm.data.tokenizer import EOT
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
 from cramlm.models.transformer import TransformerConfig
+from cramlm.train.checkpoint import save_safetensors
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 STOCK_CLASSES = {
@@ -147,10 +149,19 @@ def names(cfg: TransformerConfig, arch: str) -> Iterator[tuple[str, str, object]
         raise ValueError(f"unknown architecture '{arch}'")
 
 
+# the output embedding each stock class ties to its input embedding when tie_word_embeddings is set
+TIED_OUTPUT = {"bert": "cls.predictions.decoder.weight", "modernbert": "decoder.weight", "gpt2": "lm_head.weight",
+               "llama": "lm_head.weight"}
+
+
 def to_hf_state_dict(model: torch.nn.Module, arch: str) -> dict[str, torch.Tensor]:
+    """The weights under transformers' names; a tied output embedding is left out (the class ties
+    it to the input embedding on loading, so it is stored once, as in the run)."""
     ours = model.state_dict()
     out = {}
     for theirs, name, how in names(model.cfg, arch):
+        if model.cfg.tie_embeddings and theirs == TIED_OUTPUT[arch]:
+            continue
         t = ours[name]
         if how == "T":
             t = t.t()
@@ -243,14 +254,23 @@ def special_tokens(tok: Tokenizer) -> dict[str, str]:
     return roles
 
 
-def write_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int) -> dict[str, int]:
+def default_eos(tok: Tokenizer) -> str | None:
+    """The end-of-document token of a causal LM's tokenizer (cramlm's causal tokenizers: <|endoftext|>)."""
+    return next((t for t in (EOT, "</s>", "<eos>", "<|end_of_text|>", "[SEP]") if tok.token_to_id(t) is not None), None)
+
+
+def write_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int, eos: str | None = None) -> dict[str, int]:
     """tokenizer.json + tokenizer_config.json + special_tokens_map.json; AutoTokenizer then gives
-    our ids (including the [CLS] ... [SEP] template). Returns role -> id."""
+    our ids (including the [CLS] ... [SEP] template of a masked LM's tokenizer). ``eos``: a causal
+    LM's end-of-document token, which is then its bos, eos and pad (GPT-2's convention) and the only
+    special roles besides unk. Returns role -> id."""
     tok = Tokenizer.from_str(tok.to_str())
     tok.no_padding()
     tok.no_truncation()
     tok.save(str(out_dir / "tokenizer.json"))
     roles = special_tokens(tok)
+    if eos is not None:
+        roles = {"bos": eos, "eos": eos, "pad": eos, **({"unk": roles["unk"]} if "unk" in roles else {})}
     tokens_map = {f"{role}_token": token for role, token in roles.items()}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
               "clean_up_tokenization_spaces": False, **tokens_map}
@@ -262,18 +282,29 @@ def write_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int) -> dict[str,
 # ---- export / import --------------------------------------------------------------------------
 
 
-def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path) -> str:
-    """Write ``model`` and ``tok`` as an HF folder; returns the class that loads it."""
+def write_generation_config(out_dir: Path, special: dict[str, int]) -> None:
+    """generation_config.json: generate() and pipeline('text-generation') stop at eos and pad with it."""
+    config = {key: special[role] for key, role in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "pad"))
+              if role in special}
+    (out_dir / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: str | None = None) -> str:
+    """Write ``model`` and ``tok`` as an HF folder; returns the class that loads it. ``eos``: a
+    causal LM's end-of-document token (default: <|endoftext|>, </s>, ... whichever the tokenizer has)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    special = write_tokenizer(tok, out_dir, cfg.max_seq_length)
+    causal = cfg.objective == "clm"
+    special = write_tokenizer(tok, out_dir, cfg.max_seq_length, (eos or default_eos(tok)) if causal else None)
+    if causal:
+        write_generation_config(out_dir, special)
     arch = stock_architecture(cfg)
     if arch is None:
         from cramlm.models.hf_remote import export_remote
 
         return export_remote(model, out_dir, special)
-    save_file(to_hf_state_dict(model, arch), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(to_hf_state_dict(model, arch), out_dir / "model.safetensors", metadata={"format": "pt"})
     config = hf_config(cfg, arch, model.vocab_size, special)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return STOCK_CLASSES[arch]

@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from cramlm.models import layers
+from cramlm.train.checkpoint import save_safetensors, tied_aliases
 
 CONFIGURATION = '''"""cramlm model config for transformers (written by `cramlm export hf`)."""
 
@@ -28,7 +28,7 @@ class CramlmConfig(PretrainedConfig):
         self.cramlm = dict(cramlm or {})
         self.objective = objective
         self.vocab_size = vocab_size
-        kwargs.setdefault("tie_word_embeddings", False)  # the model ties its decoder itself
+        kwargs.setdefault("tie_word_embeddings", False)  # config.json says whether the decoder is tied
         super().__init__(**kwargs)
 '''
 
@@ -65,6 +65,9 @@ class CramlmPreTrainedModel(PreTrainedModel):
 
 
 class CramlmForMaskedLM(CramlmPreTrainedModel):
+    # a tied decoder is stored once, as the token embedding (with config.tie_word_embeddings)
+    _tied_weights_keys = {"head.decoder.weight": "trunk.tokens.weight"}
+
     def __init__(self, config):
         super().__init__(config)
         self._build(config, causal=False)
@@ -72,6 +75,9 @@ class CramlmForMaskedLM(CramlmPreTrainedModel):
         if self.arch.tie_embeddings:
             self.head.decoder.weight = self.trunk.tokens.weight
         self.post_init()
+
+    def get_output_embeddings(self):
+        return self.head.decoder
 
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
                 token_type_ids=None, **kwargs):
@@ -84,6 +90,8 @@ class CramlmForMaskedLM(CramlmPreTrainedModel):
 
 
 class CramlmForCausalLM(CramlmPreTrainedModel):
+    _tied_weights_keys = {"lm_head.weight": "trunk.tokens.weight"}
+
     def __init__(self, config):
         super().__init__(config)
         self._build(config, causal=True)
@@ -91,6 +99,9 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
         if self.arch.tie_embeddings:
             self.lm_head.weight = self.trunk.tokens.weight
         self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head
 
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None, **kwargs):
         logits = self.lm_head(self.trunk(input_ids, attention_mask, position_ids, document_ids))
@@ -117,10 +128,14 @@ def export_remote(model: torch.nn.Module, out_dir: Path, special: dict[str, int]
         "objective": cfg.objective,
         "vocab_size": model.vocab_size,
         "pad_token_id": special.get("pad"),
+        "bos_token_id": special.get("bos"),
+        "eos_token_id": special.get("eos"),
+        "tie_word_embeddings": cfg.tie_embeddings,
         "cramlm": cfg.model_dump(),
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    # every name stored with its own copy (tied decoder included): transformers loads by name
-    weights = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}
-    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    # a tied decoder once, as in the run (the wrapper ties it again on loading); own storage each
+    aliases = tied_aliases(model)
+    weights = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items() if name not in aliases}
+    save_safetensors(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
     return cls

@@ -1,16 +1,19 @@
-"""The config every transformer in cramlm shares, and its exact FLOP count.
+"""The configs of cramlm's transformers, and their exact FLOP count.
 
 Each architectural choice is one field, so crammed-bert, the original BERT, a ModernBERT-like
 encoder, GPT-2 and a llama-like decoder are presets of the same few classes (recipes/arch/).
+The configs live here, without torch, so that validating a config imports no torch; the models
+(crammed_bert.py, gpt.py) register their builders for the types declared here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from cramlm.config.base import NonNegativeInt, PositiveFloat, PositiveInt
+from cramlm.config.registry import declare
 from cramlm.models.base import ModelConfig
 
 Dropout = Annotated[float, Field(ge=0, lt=1)]
@@ -53,6 +56,51 @@ class TransformerConfig(ModelConfig):
         if self.ffn == "glu" and self.intermediate_size % 2:
             raise ValueError("ffn=glu needs an even intermediate_size")
         return self
+
+
+class CrammedBertConfig(TransformerConfig):
+    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml)."""
+
+    type: Literal["crammed-bert"] = "crammed-bert"
+    num_layers: PositiveInt = 16
+    ffn: Literal["glu", "plain"] = "glu"
+    norm_scheme: Literal["pre", "post"] = "pre"
+    embedding_norm: bool = True
+    bias: bool = False
+    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
+    sparse_prediction: bool = True  # run the MLM head only where labels != -100
+
+
+class GPT2Config(TransformerConfig):
+    """GPT-2 (Radford et al. 2019); defaults are the 124M model (recipes/arch/gpt2.yaml)."""
+
+    type: Literal["gpt2"] = "gpt2"
+    objective: ClassVar[Literal["mlm", "clm"]] = "clm"
+    max_seq_length: PositiveInt = 1024
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu-tanh"
+    norm_eps: PositiveFloat = 1e-5
+    init: Literal["normal", "scaled-residual"] = "scaled-residual"
+
+
+class LlamaConfig(TransformerConfig):
+    """A llama-like decoder (Touvron et al. 2023); defaults are a small model (recipes/arch/llama-*.yaml)."""
+
+    type: Literal["llama"] = "llama"
+    objective: ClassVar[Literal["mlm", "clm"]] = "clm"
+    max_seq_length: PositiveInt = 2048
+    intermediate_size: PositiveInt = 4096  # gate + up halves, 2 x 2048
+    ffn: Literal["glu", "plain"] = "glu"
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
+    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
+    norm_eps: PositiveFloat = 1e-5
+    bias: bool = False
+    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "rope"
+    tie_embeddings: bool = False
+
+
+declare("model", "crammed-bert", CrammedBertConfig)
+declare("model", "gpt2", GPT2Config)
+declare("model", "llama", LlamaConfig)
 
 
 def trunk_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:

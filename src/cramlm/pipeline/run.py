@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
-from cramlm.eval.finetune import EvalConfig
+from cramlm.data.prepare import cache_dir, output_folder
+from cramlm.eval.config import EvalConfig
 from cramlm.pretrain import PretrainConfig
-from cramlm.train.checkpoint import write_json
 
 STAGES = ("data", "pretrain", "eval", "report")
 Stage = Literal["data", "pretrain", "eval", "report"]
@@ -93,7 +93,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     pre["impl"].pop("progress", None)
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
-    keys = {"data": cfg.data.cache_key() + ":" + cfg.impl.data_cache, "pretrain": _hash(pre)}
+    keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
     keys["report"] = _hash([keys["pretrain"], keys["eval"]])
     return keys
@@ -102,7 +102,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
 def stage_outputs(cfg: PipelineConfig, stage: str) -> list[Path]:
     run = cfg.run_dir
     if stage == "data":
-        return [Path(cfg.impl.data_cache) / f"{cfg.data.name}-{cfg.data.cache_key()}" / "manifest.json"]
+        return [output_folder(cfg.data, cfg.impl.data_cache) / "manifest.json"]
     return {
         "pretrain": [run / "model.safetensors", run / "config.yaml", run / "summary.json", run / "metrics.jsonl"],
         "eval": [run / "eval.json"],
@@ -174,6 +174,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     and the others join the pretrain stage (whose processes the training engine coordinates).
     """
     from cramlm.config.extras import check_extras
+    from cramlm.train.checkpoint import write_json  # imports torch: not at the top (fast config errors)
 
     check_extras(cfg)  # a missing optional dependency fails now, before any stage runs
     if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training

@@ -40,6 +40,25 @@ def atomic_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
+    """``safetensors.save_file`` with the permissions of any new file (it creates 0600 files;
+    run folders and exports are meant to be shared like the rest: 0666 less the umask)."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    try:  # Linux: read it, rather than set and restore it (which races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -92,7 +111,7 @@ def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
 def save_state_dict(state: dict[str, torch.Tensor], path: Path, aliases: dict[str, str]) -> None:
     """A full state dict to safetensors with each tied tensor once (loads with ``load_weights``)."""
     tensors = {k: v.contiguous() for k, v in state.items() if k not in aliases}
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    save_safetensors(tensors, path, metadata={"format": "pt"})
 
 
 def load_state_dict(path: Path, aliases: dict[str, str]) -> dict[str, torch.Tensor]:

@@ -5,24 +5,12 @@ registered builder that takes the parameter groups."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
-
 import torch
-from pydantic import Field
 from torch import nn
 
-from cramlm.config.base import ComponentConfig, NonNegativeFloat, PositiveFloat
 from cramlm.config.registry import register
-
-
-Beta = Annotated[float, Field(ge=0, lt=1)]  # a moving-average coefficient
-
-
-class OptimizerConfig(ComponentConfig):
-    kind: ClassVar[str] = "optimizer"
-    lr: PositiveFloat = 1e-3
-    weight_decay: NonNegativeFloat = 0.01
-    decay_embeddings: bool = True  # apply weight decay to embedding matrices too
+# the configs live torch-free in train/config.py (validating a config imports no torch)
+from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, OptimizerConfig, SGDConfig  # noqa: F401
 
 
 def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
@@ -48,13 +36,6 @@ def _fused_supported(groups: list[dict]) -> bool:
     return all(p.device.type in ("cpu", "cuda") and p.is_floating_point() and not isinstance(p, DTensor) for p in params)
 
 
-class AdamWConfig(OptimizerConfig):
-    type: Literal["adamw"] = "adamw"
-    betas: tuple[Beta, Beta] = (0.9, 0.98)
-    eps: PositiveFloat = 1e-12
-    fused: bool | None = None  # None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)
-
-
 @register("optimizer", "adamw", AdamWConfig)
 def build_adamw(cfg: AdamWConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return _adam(torch.optim.AdamW, cfg, groups)
@@ -65,37 +46,14 @@ def _adam(cls, cfg, groups: list[dict]) -> torch.optim.Optimizer:
     return cls(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, fused=fused or None)
 
 
-class AdamConfig(OptimizerConfig):
-    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
-
-    type: Literal["adam"] = "adam"
-    betas: tuple[Beta, Beta] = (0.9, 0.999)
-    eps: PositiveFloat = 1e-6
-    fused: bool | None = None
-
-
 @register("optimizer", "adam", AdamConfig)
 def build_adam(cfg: AdamConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return _adam(torch.optim.Adam, cfg, groups)
 
 
-class SGDConfig(OptimizerConfig):
-    type: Literal["sgd"] = "sgd"
-    momentum: Beta = 0.9
-    nesterov: bool = False
-
-
 @register("optimizer", "sgd", SGDConfig)
 def build_sgd(cfg: SGDConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-
-
-class AdafactorConfig(OptimizerConfig):
-    """torch.optim.Adafactor (factored second moments: memory O(rows + cols) per matrix)."""
-
-    type: Literal["adafactor"] = "adafactor"
-    beta2_decay: Annotated[float, Field(le=0)] = -0.8  # torch requires <= 0
-    eps: tuple[NonNegativeFloat | None, NonNegativeFloat] = (None, 1e-3)
 
 
 @register("optimizer", "adafactor", AdafactorConfig)
@@ -128,13 +86,6 @@ class Lion(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"])
                 m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
         return loss
-
-
-class LionConfig(OptimizerConfig):
-    type: Literal["lion"] = "lion"
-    lr: PositiveFloat = 1e-4
-    betas: tuple[Beta, Beta] = (0.9, 0.99)
-    weight_decay: NonNegativeFloat = 0.1
 
 
 @register("optimizer", "lion", LionConfig)

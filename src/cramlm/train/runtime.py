@@ -6,14 +6,15 @@ config trains the same model on a laptop CPU or on many GPUs."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator
 
 from cramlm.config.base import Config, PositiveFloat, PositiveInt
 from cramlm.config.loader import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ImplConfig(Config):
@@ -22,7 +23,7 @@ class ImplConfig(Config):
     microbatch_size: PositiveInt = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
     threads: PositiveInt | None = None  # torch CPU threads (None: torch's default)
     tf32: bool = True  # TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)
-    data_cache: str = "outputs/data"  # where prepared data is cached, keyed by the data config
+    data_cache: str | None = None  # where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)
     progress: bool = True  # progress bars
     dryrun_steps: PositiveInt = 4  # optimizer steps taken when dryrun=true
     # --- speed
@@ -43,6 +44,8 @@ class ImplConfig(Config):
     @classmethod
     def _device(cls, value: str) -> str:
         if value != "auto":
+            import torch  # only for a named device: ImplConfig validates without torch
+
             try:
                 torch.device(value)
             except (RuntimeError, ValueError):
@@ -51,6 +54,8 @@ class ImplConfig(Config):
 
 
 def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.device:
+    import torch  # here, not at the top: ImplConfig validates without torch
+
     if impl.threads:
         torch.set_num_threads(impl.threads)
     name = impl.device
@@ -69,6 +74,8 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
 
 def check_available(device: torch.device, key: str) -> None:
     """A clear error, before any work, for a device this machine does not have."""
+    import torch
+
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"impl.device={key}: this machine has no CUDA device (torch.cuda.is_available() is false); "
@@ -79,25 +86,38 @@ def check_available(device: torch.device, key: str) -> None:
         raise ConfigError(f"impl.device={key}: MPS (Apple GPU) is not available here; use impl.device=auto or impl.device=cpu")
 
 
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
+def __getattr__(name: str) -> Any:
+    # PRECISION_DTYPES holds torch dtypes: built on first use, so that importing ImplConfig needs no torch
+    if name == "PRECISION_DTYPES":
+        return _precision_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _precision_dtypes() -> dict[str, torch.dtype | None]:
+    import torch
+
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
 
 
 def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:
     precision = impl.precision
     if precision == "auto":
         precision = "bf16" if device.type == "cuda" else "fp32"
-    return PRECISION_DTYPES[precision]
+    return _precision_dtypes()[precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()
+    import torch
+
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def apply_activation_checkpointing(model: torch.nn.Module) -> int:
     """Wrap every child of every nn.ModuleList (the transformer blocks, whatever the model) so its
     activations are recomputed in backward. Applied from outside: the model code stays plain."""
+    import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
 
     blocks = {id(b) for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m}
@@ -106,6 +126,8 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
 
 
 def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
+    import torch
+
     if impl.inductor:
         import torch._inductor.config as inductor_config
 

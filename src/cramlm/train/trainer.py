@@ -33,7 +33,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -45,39 +44,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveInt, Probability, UnitFloat, component
 from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
-from cramlm.train.budget import BatchPlan, BudgetConfig, Meter  # noqa: F401  (BatchPlan: moved to budget.py)
+from cramlm.train.budget import BatchPlan, Meter  # noqa: F401  (BatchPlan: moved to budget.py)
+from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
 from cramlm.train.monitor import MetricsLog
-from cramlm.train.optim import AdamWConfig, OptimizerConfig, build_optimizer
+from cramlm.train.optim import build_optimizer
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.runtime import ImplConfig, autocast_dtype
-from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig, build_schedule
+from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
-
-
-class TrainConfig(Config):
-    optim: component(OptimizerConfig) = AdamWConfig()
-    schedule: component(ScheduleConfig) = BudgetTriangleConfig()
-    budget: BudgetConfig = BudgetConfig()  # tokens / FLOPs / steps (hours: the root key `budget`)
-    batch_size: PositiveInt | Literal["auto"] = 8192  # sequences per optimizer step, all processes together
-    max_batch_size: PositiveInt = 8192  # what batch_size=auto aims for (then capped by min_updates)
-    batch_ramp: UnitFloat = 0.6  # grow the batch from one microbatch to batch_size over this fraction of t (0: off)
-    min_updates: NonNegativeInt = 100  # cap the batch so the budget allows at least this many optimizer steps (0: off)
-    grad_clip: PositiveFloat | None = 0.5  # max gradient norm (null: no clipping)
-    mlm_probability: Probability = 0.25
-    log_every: PositiveInt = 10  # optimizer steps between metric lines
-    validate_every: UnitFloat = 0.25  # held-out loss every this fraction of t, and at the end (0: only at the end)
-    validate_batches: NonNegativeInt = 8  # microbatches of the validation set scored each time
-    checkpoint_every: NonNegativeInt = 0  # optimizer steps between checkpoints (0: by time only)
-    checkpoint_minutes: PositiveFloat | None = 30.0  # wall-clock minutes between checkpoints (null: by steps only)
-    keep_checkpoints: NonNegativeInt = 2  # newest checkpoints kept; the final one is always written
-    on_nonfinite: Literal["skip", "rollback", "raise"] = "skip"  # NaN/inf loss: drop the step, reload the last checkpoint, or stop
-    max_nonfinite: NonNegativeInt = 20  # consecutive non-finite steps before the run gives up
 
 
 class StepData:

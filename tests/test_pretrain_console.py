@@ -1,0 +1,63 @@
+"""What `cramlm pretrain` tells a person: a short summary (no JSON dump), one held-out loss that
+`cramlm eval` reproduces, help examples kept as lines, `config show` budgets in their units, and
+a dry run that does not size its steps by the clock (issue 16.2, 16.8)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.config.loader import resolve
+from cramlm.pretrain import DEFAULTS, PretrainConfig
+from tests.conftest import TINY_PRETRAIN
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_console_summary_is_short_and_eval_reports_the_same_held_out_loss(in_tmp):
+    run = _cli("pretrain", "name=tiny", "dryrun=true", *TINY_PRETRAIN)
+    assert run.exit_code == 0, run.output
+    tail = run.output[run.output.index("cramlm pretrain: done"):].splitlines()
+    assert len(tail) <= 4 and all(len(line) < 160 for line in tail), tail
+    assert not any(line.lstrip().startswith("{") for line in run.output.splitlines())  # the JSON is in summary.json
+    summary = json.loads((in_tmp / "outputs" / "tiny" / "summary.json").read_text())
+    assert f"{summary['steps']:,} steps" in tail[0] and "tokens/s" in tail[0] and "MFU" in tail[0]
+    assert f"held-out {summary['val_loss']:.3f}" in tail[1]
+    assert "outputs/tiny" in tail[2]
+
+    result = _cli("eval", "checkpoint=latest", "eval.tasks=[]", "impl.progress=false")
+    assert result.exit_code == 0, result.output
+    assert "checkpoint=latest is outputs/tiny" in result.output  # it says which run it took
+    lm = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["lm"]
+    # one definition: the run's validation sequences with the run's masks (was 8.006 vs 7.907)
+    assert lm["loss"] == pytest.approx(summary["val_loss"], abs=1e-5)
+    assert "as pretraining's val_loss" in result.output
+
+
+def test_dryrun_takes_single_microbatch_steps_whatever_the_budget(in_tmp):
+    # a 24 h clock and a 64-sequence batch without ramp: the dry run still takes 3 steps of one microbatch
+    run = _cli("pretrain", "name=dry", "dryrun=true", "impl.dryrun_steps=3", "budget=24", *TINY_PRETRAIN,
+               "train.batch_size=64", "train.batch_ramp=0", "train.min_updates=0")
+    assert run.exit_code == 0, run.output
+    summary = json.loads((in_tmp / "outputs" / "dry" / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["tokens"] == 3 * 8 * 32  # microbatch 8, sequences of 32
+    assert summary["budget"] == "3 steps"  # no clock: the dry run never waits on the budget
+
+
+def test_pretrain_help_keeps_examples_on_their_own_lines():
+    out = _cli("pretrain", "--help").output
+    assert "\n    cramlm pretrain arch=crammed-bert train=bert-o4 budget=24 name=bert24\n" in out
+    assert "\n    cramlm pretrain dryrun=true\n" in out
+
+
+@pytest.mark.parametrize("budget,shown", [("1m", "1m"), ("90s", "1.5m"), ("24", "24h"), ("1.5h", "1.5h"), ("7s", "7s")])
+def test_config_show_prints_budgets_in_their_units_and_they_parse_back(budget, shown):
+    out = _cli("config", "show", "pretrain", f"budget={budget}").output
+    assert f"\nbudget: {shown}\n" in out
+    again = resolve(PretrainConfig, DEFAULTS, [f"budget={shown}"])
+    assert again.budget == pytest.approx(resolve(PretrainConfig, DEFAULTS, [f"budget={budget}"]).budget)
