@@ -170,12 +170,14 @@ def _from_folder(folder: Path) -> Tokenizer:
 def load_tokenizer(path: str | Path, strict: bool = True) -> Tokenizer:
     """Load a tokenizer.json or an HF tokenizer folder; ``strict`` requires cramlm's special ids."""
     path = Path(path)
-    if path.is_dir():
-        tok = _from_folder(path)
-    elif path.is_file():
-        tok = Tokenizer.from_file(str(path))
-    else:
+    if not path.exists():
         raise FileNotFoundError(f"no tokenizer at {path}")
+    try:
+        tok = _from_folder(path) if path.is_dir() else Tokenizer.from_file(str(path))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # `tokenizers` raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{path}: not a readable tokenizer ({type(e).__name__}: {e})") from None
     if strict:
         check_special_ids(tok, str(path))
     return tok

@@ -38,6 +38,8 @@ def inspect_packed(path: str, tokenizer: str | None = None, samples: int = 2, ch
 
     p = Path(path)
     folder = p if p.is_dir() else None
+    if folder and not (folder / "train.cramtok").is_file():
+        raise FileNotFoundError(f"{folder}: not a prepared data folder (no train.cramtok in it)")
     packed = read_packed(p / "train.cramtok" if folder else p)  # verifies the checksum
     tok_path = tokenizer or (folder / "tokenizer.json" if folder else None)
     lengths = packed.lengths()
