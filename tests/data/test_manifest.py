@@ -61,6 +61,16 @@ def test_bad_record_stops_the_run_unless_skip_is_chosen(tmp_path, monkeypatch):
     assert result.exit_code == 1 and f"{path}:5: invalid JSON" in result.output
 
 
+def test_lone_surrogate_is_invalid_text_not_a_tokenizer_crash(tmp_path):
+    """JSON can spell a lone surrogate ("\\ud800"); tokenizers raised a TypeError on it."""
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(6)],
+                       {2: b'{"text": "bad \\ud800 here"}', 3: b'{"text": "a pair \\ud83d\\ude00 is fine"}'})
+    with pytest.raises(DataError, match=f"{path}:3: lone surrogate"):
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path)}]), tmp_path / "cache", progress=False)
+    m = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False).manifest
+    assert m["skipped"] == {"invalid_utf8": 1} and m["documents"]["packed"] == 5
+
+
 def test_cap_on_raw_entries_counts_only_what_was_read(corpus, tmp_path):
     m = prepare_data(tiny_data([{"type": "jsonl", "path": str(corpus)}], max_entries_in_raw_dataset=30),
                      tmp_path / "cache", progress=False).manifest

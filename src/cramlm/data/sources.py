@@ -16,6 +16,7 @@ import glob
 import gzip
 import io
 import json
+import re
 from collections import Counter
 from contextlib import contextmanager
 from importlib import resources
@@ -127,6 +128,9 @@ def fail_or_skip(cfg: SourceConfig, report: SkipReport, reason: str, where: str,
     report.skip(reason, where)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def checked_text(cfg: SourceConfig, report: SkipReport, obj, key: str, where: str) -> str | None:
     """The document text of a record, or None after counting why there is none."""
     text = field(obj, key)
@@ -135,6 +139,10 @@ def checked_text(cfg: SourceConfig, report: SkipReport, obj, key: str, where: st
         return None
     if not text.strip():
         report.skip("empty", where)
+        return None
+    if not text.isascii() and (bad := _SURROGATE.search(text)):  # JSON "\ud800": no UTF-8 for it, tokenizers refuse it
+        fail_or_skip(cfg, report, "invalid_utf8", where, f"lone surrogate {bad.group()!r} at character {bad.start()} "
+                     "(not valid Unicode text)")
         return None
     return text
 
