@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from pathlib import Path
@@ -34,7 +35,8 @@ def run_or_exit(fn, *args):
         return _run_or_exit(fn, *args)
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        raise click.ClickException(f"{where}{e.strerror or e}") from None
+        full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
+        raise click.ClickException(f"{where}{full}{e.strerror or e}") from None
 
 
 def _writable(out: str) -> str:
