@@ -97,3 +97,11 @@ def test_the_data_stage_does_not_import_torch(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_damaged_cached_manifest_names_the_file(tmp_path):
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(5)]))}])
+    folder = prepare_data(cfg, tmp_path / "cache", progress=False).folder
+    (folder / "manifest.json").write_text('{"documents": ')
+    with pytest.raises(ValueError, match=f"{folder / 'manifest.json'}: unreadable"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)
