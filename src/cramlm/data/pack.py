@@ -6,9 +6,10 @@ document: global record number, source index, text hash; see :data:`DOC_RECORD`)
 ``*.minhash.bin`` signatures, and ``shard.json`` (counts, written last: it marks the shard done).
 
 Memory stays flat: a reader thread parses and cleans batches of about ``batch_chars`` characters
-while the main thread tokenizes the previous batch (a document longer than 256k characters in
-pieces that tokenize the same, see :func:`cramlm.data.tokenizer.split_text`) (``encode_batch`` releases the GIL and runs on
+while the main thread tokenizes the previous batch (``encode_batch`` releases the GIL and runs on
 all cores in Rust) and writes it with numpy. An error in the reader stops the run with its message.
+A document longer than 256k characters is tokenized in pieces that give the same ids
+(:func:`cramlm.data.tokenizer.split_text`), so memory does not grow with one document's length.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Document sources: each yields text documents and counts what it skips, and why.
 
 Types: ``jsonl`` (.jsonl, .jsonl.gz, .jsonl.zst), ``text`` (one document per file or per blank-line
-block), ``parquet``, ``auto`` (each file by its name: :func:`infer_format`), ``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets``
-extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
+block), ``parquet``, ``auto`` (each file read by the format its name says: :func:`infer_format`),
+``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets`` extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
 corpora shipped in ``cramlm/resources/``. The text is chosen by a dotted key path (``meta.body``).
 
 Every raw record goes through :meth:`SkipReport.claim`, which numbers it (the global record index

@@ -78,7 +78,7 @@ def split_text(text: str, max_chars: int = PIECE_CHARS) -> list[str]:
 
     Whitespace, BERT, byte-level (GPT-2) and Metaspace pre-tokenizers all end a pre-token there
     and start the next one with that space, so the ids are the same for every tokenizer cramlm
-    trains (tests/data/test_clean_tokenizers.py checks all four kinds). Without such a space in the
+    trains (tests/data/test_long_documents.py checks all four kinds). Without such a space in the
     last half of a piece the cut falls before another whitespace character (Metaspace tokenizers
     may then differ by a token at the cut), and in text without any whitespace at the character
     limit (a word may be split in two there). A tokenizer whose normalizer prepends a marker to
