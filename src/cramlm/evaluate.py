@@ -38,11 +38,11 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     from cramlm.eval.checkpoints import load_checkpoint
     from cramlm.eval.finetune import finetune
     from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
-    from cramlm.eval.tasks import load_task
+    from cramlm.eval.tasks import load_tasks
     from cramlm.train.checkpoint import write_json, write_text
 
     ev = cfg.eval
-    tasks = [load_task(spec, ev.glue_dir) for spec in ev.tasks]  # fail on a bad task before any training
+    tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task
     device = setup_device(cfg.impl)
     ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir

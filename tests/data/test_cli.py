@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from click.testing import CliRunner
 
 from cramlm.cli import main
@@ -50,3 +52,48 @@ def test_data_commands(in_tmp):
 
     bad = CliRunner().invoke(main, ["data", "inspect", "m.pbin"])
     assert bad.exit_code == 1 and "not a cramlm packed-token file" in bad.output
+
+
+def _huge_int_pbin(path):
+    """A .pbin whose index holds a 5000-digit integer (Python refuses to print it)."""
+    import pickle
+
+    write_pbin(path, [[1, 2, 3], [4, 5]])
+    data = path.read_bytes()
+    path.write_bytes(data[: 12 + 10] + pickle.dumps([(0, 10**5000), (6, 4)]))
+
+
+BAD_INPUTS = {  # arguments -> what the one Error: line must name
+    "missing tokenizer": (["convert-modalities", "m.pbin", "o.cramtok", "--tokenizer", "/missing.json"], "/missing.json"),
+    "binary tokenizer": (["convert-modalities", "m.pbin", "o.cramtok", "--tokenizer", "junk.bin"], "junk.bin"),
+    "huge int in .pbin index": (["convert-modalities", "huge.pbin", "o.cramtok"], "huge.pbin"),
+    "vocab size 0": (["convert-modalities", "m.pbin", "o.cramtok", "--vocab-size", "0"], "--vocab-size"),
+    "out in a missing folder": (["convert-modalities", "m.pbin", "nowhere/o.cramtok"], "nowhere"),
+    "pack, binary tokenizer": (["pack", "c.jsonl", "--tokenizer", "junk.bin", "--out", "x.cramtok"], "junk.bin"),
+    "pack, out in a missing folder": (["pack", "c.jsonl", "--tokenizer", "tok.json", "--out", "nowhere/x.cramtok"], "nowhere"),
+    "tokenizer, out in a missing folder": (["tokenizer", "--out", "nowhere/tok.json", "data.max_entries_in_raw_dataset=3"], "nowhere"),
+    "index, out in a missing folder": (["index", "c.jsonl", "--out", "nowhere/i.npy"], "nowhere"),
+    "dedup, out in a missing folder": (["dedup", "--out", "nowhere/d.jsonl", "data.max_entries_in_raw_dataset=3"], "nowhere"),
+    "inspect, not a prepared folder": (["inspect", "."], "not a prepared data folder"),
+    "prepare, 0 shards": (["prepare", "--num-shards", "0"], "--num-shards"),
+    "prepare, binary tokenizer": (["prepare", "data.tokenizer.path=junk.bin", "cache=cache"], "junk.bin"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_inputs_give_one_error_line(in_tmp, case):
+    """Issue 12.10 (data): a missing or corrupt input is one `Error:` line naming it, never a
+    traceback (CliRunner keeps an uncaught exception in result.exception)."""
+    args, named = BAD_INPUTS[case]
+    write_jsonl(in_tmp / "c.jsonl", [{"text": document(i)} for i in range(5)])
+    write_pbin(in_tmp / "m.pbin", [[1, 2, 3], [4, 5]])
+    _huge_int_pbin(in_tmp / "huge.pbin")
+    (in_tmp / "junk.bin").write_bytes(bytes(range(256)) * 4)
+    from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+    train_tokenizer(TokenizerConfig(vocab_size=100, min_frequency=1), [document(i) for i in range(5)]).save("tok.json")
+    result = CliRunner().invoke(main, ["data", *args])
+    assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and named in errors[0], result.output
+    assert not (in_tmp / "o.cramtok").exists()

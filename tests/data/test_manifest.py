@@ -61,6 +61,16 @@ def test_bad_record_stops_the_run_unless_skip_is_chosen(tmp_path, monkeypatch):
     assert result.exit_code == 1 and f"{path}:5: invalid JSON" in result.output
 
 
+def test_lone_surrogate_is_invalid_text_not_a_tokenizer_crash(tmp_path):
+    """JSON can spell a lone surrogate ("\\ud800"); tokenizers raised a TypeError on it."""
+    path = write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(6)],
+                       {2: b'{"text": "bad \\ud800 here"}', 3: b'{"text": "a pair \\ud83d\\ude00 is fine"}'})
+    with pytest.raises(DataError, match=f"{path}:3: lone surrogate"):
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path)}]), tmp_path / "cache", progress=False)
+    m = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False).manifest
+    assert m["skipped"] == {"invalid_utf8": 1} and m["documents"]["packed"] == 5
+
+
 def test_cap_on_raw_entries_counts_only_what_was_read(corpus, tmp_path):
     m = prepare_data(tiny_data([{"type": "jsonl", "path": str(corpus)}], max_entries_in_raw_dataset=30),
                      tmp_path / "cache", progress=False).manifest
@@ -87,3 +97,11 @@ def test_the_data_stage_does_not_import_torch(tmp_path):
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_damaged_cached_manifest_names_the_file(tmp_path):
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(5)]))}])
+    folder = prepare_data(cfg, tmp_path / "cache", progress=False).folder
+    (folder / "manifest.json").write_text('{"documents": ')
+    with pytest.raises(ValueError, match=f"{folder / 'manifest.json'}: unreadable"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)

@@ -95,3 +95,46 @@ def test_mixture_weights_cap_and_curriculum(tmp_path):
     mc = capped.manifest
     assert mc["skipped"]["capped"] == 40 - mc["train"]["documents"]
     assert mc["documents"]["read"] == mc["documents"]["packed"] + mc["documents"]["skipped"]
+
+
+def _mixed_folder(folder):
+    """Two .jsonl files (one gzipped), a .txt file and a hidden file, in nested folders."""
+    (folder / "sub").mkdir(parents=True)
+    write_jsonl(folder / "a.jsonl", [{"text": t} for t in TEXTS[:4]])
+    (folder / "sub" / "b.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[4:7]).encode()))
+    (folder / "sub" / "c.txt").write_text(TEXTS[7])
+    (folder / ".hidden.jsonl").write_text("not read\n")
+    return folder
+
+
+def test_auto_source_reads_each_file_by_its_name(tmp_path):
+    from cramlm.data.sources import infer_format
+
+    assert [infer_format(n) for n in ("x.jsonl", "x.JSONL.gz", "x.json", "x.ndjson.zst", "x.parquet", "x.txt", "x.md.gz", "x")] == [
+        "jsonl", "jsonl", "jsonl", "jsonl", "parquet", "text", "text", "text"]
+    folder = _mixed_folder(tmp_path / "mixed")
+    docs, report = _read({"type": "auto", "path": str(folder)})
+    assert docs == TEXTS[:8] and report.read == 8
+    docs, _ = _read({"type": "jsonl", "path": str(folder / "sub" / "*.jsonl*")})  # typed sources are unchanged
+    assert docs == TEXTS[4:7]
+
+
+def test_pack_reads_a_folder_as_prepare_does(tmp_path):
+    """`cramlm data pack <folder>` reads the .jsonl files in it as JSONL (it used to pack each file
+    as one raw-text document), the same documents as `prepare` with an auto source."""
+    from cramlm.data.tools import pack_files
+    from cramlm.data.packed import read_packed
+    from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+    folder = _mixed_folder(tmp_path / "mixed")
+    tok = train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1), TEXTS)
+    tok.save(str(tmp_path / "tok.json"))
+    out = str(tmp_path / "c.cramtok")
+    info = pack_files([str(folder)], str(tmp_path / "tok.json"), out)
+    assert info["read"] == info["packed"] == 8
+    packed = read_packed(out)
+    decoded = [tok.decode(packed.document(i).tolist()) for i in range(packed.num_documents)]
+    assert not any('"text"' in d for d in decoded) and decoded[0].startswith("doc0")
+    prepared = prepare_data(tiny_data([{"type": "auto", "path": str(folder)}], tokenizer={"path": str(tmp_path / "tok.json")}),
+                            tmp_path / "cache", progress=False)
+    assert np.array_equal(prepared.train.tokens, packed.tokens)

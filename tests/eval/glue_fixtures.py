@@ -76,9 +76,24 @@ LAYOUTS: dict[str, dict[str, str]] = {
 }
 
 
-def write_glue(root: Path) -> Path:
+def without_header(text: str) -> str:
+    """A file as copies in public repositories often have it: the same rows in the official
+    column order, without the header row (and its BOM)."""
+    return text.split("\n", 1)[1]
+
+
+# MRPC and STS-B as found without header rows (issue 16.5)
+HEADERLESS: dict[str, dict[str, str]] = {
+    folder: {name: without_header(text) for name, text in LAYOUTS[folder].items()} for folder in ("MRPC", "STS-B")
+}
+
+
+def write_glue(root: Path, headerless: tuple[str, ...] = ()) -> Path:
+    """The GLUE folders; the ones named in ``headerless`` without their header rows."""
     for folder, files in LAYOUTS.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
+            if folder in headerless:
+                text = HEADERLESS[folder][name] if folder in HEADERLESS else without_header(text)
             (root / folder / name).write_text(text, encoding="utf-8")
     return root

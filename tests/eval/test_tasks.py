@@ -156,3 +156,92 @@ def test_errors_name_file_and_line(tmp_path):
     empty = _write(tmp_path / "empty", {**good, "dev.tsv": "sentence\tlabel\n"})
     with pytest.raises(TaskError, match=r"empty/dev.tsv: no examples"):
         load_task(str(empty))
+
+
+def test_headerless_mrpc_and_stsb_load_in_the_official_order(tmp_path, capsys):
+    """Issue 16.5: MRPC and STS-B copies without a header row stopped the evaluation with
+    "columns.sentence1 '#1 String' is not in the header"; they read as the official layout."""
+    glue = write_glue(tmp_path / "glue", headerless=("MRPC", "STS-B"))
+    assert not (glue / "MRPC" / "train.tsv").read_text().startswith(("\ufeffQuality", "Quality"))
+    for name in ("mrpc", "stsb"):
+        task = load_task(f"glue:{name}", str(glue))
+        n_train, dev_sizes, labels, (a, b, label) = EXPECTED[name]
+        assert len(task.train) == n_train and {s: len(e) for s, e in task.dev.items()} == dev_sizes
+        assert task.labels == labels and (task.train[0].text_a, task.train[0].text_b, task.train[0].label) == (a, b, label)
+        assert len(task.notes) == 2 and all("no header row" in n for n in task.notes)
+    assert "no header row" in capsys.readouterr().err  # the log says which layout was assumed
+    assert load_task("glue:rte", str(glue)).notes == []  # files with a header: nothing guessed
+
+
+@pytest.mark.parametrize("name", sorted(set(GLUE) - {"cola"}))
+def test_every_glue_layout_also_reads_without_its_header(tmp_path, name):
+    with_header = load_task(f"glue:{name}", str(write_glue(tmp_path / "a")))
+    folder = GLUE[name].folder
+    without = load_task(f"glue:{name}", str(write_glue(tmp_path / "b", headerless=(folder,))))
+    assert without.train == with_header.train and without.dev == with_header.dev and without.labels == with_header.labels
+
+
+def test_a_first_row_that_is_neither_header_nor_data_is_a_clear_error(tmp_path):
+    glue = write_glue(tmp_path / "glue", headerless=("MRPC",))
+    (glue / "MRPC" / "dev.tsv").write_text("1\tonly three\tfields\n")  # wrong field count
+    with pytest.raises(TaskError, match=r"MRPC/dev.tsv:1: the first row is neither a header .* \(5 fields.* it has 3 fields"):
+        load_task("glue:mrpc", str(glue))
+    (glue / "MRPC" / "dev.tsv").write_text("yes\t1\t2\ta\tb\n")  # right count, not a label
+    with pytest.raises(TaskError, match=r"MRPC/dev.tsv:1: "):
+        load_task("glue:mrpc", str(glue))
+
+
+def test_all_bad_tasks_are_named_in_one_error(tmp_path):
+    from cramlm.eval.tasks import load_tasks
+
+    glue = write_glue(tmp_path / "glue")
+    (glue / "MRPC" / "dev.tsv").write_text("junk\n")
+    (glue / "RTE" / "train.tsv").unlink()
+    with pytest.raises(TaskError) as err:
+        load_tasks(["glue:sst2", "glue:mrpc", "glue:rte"], str(glue))
+    message = str(err.value)
+    assert message.startswith("2 of 3 tasks cannot be loaded")
+    assert "glue:mrpc: " in message and "MRPC/dev.tsv:1" in message and "glue:rte: " in message and "RTE" in message
+    assert [t.name for t in load_tasks(["glue:sst2", "glue:cola"], str(glue))] == ["sst2", "cola"]
+
+
+GOOD = {"train.tsv": "sentence\tlabel\nx\t0\ny\t1\n", "dev.tsv": "sentence\tlabel\nz\t0\n"}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("train", "../../x.tsv"), ("train", "/etc/passwd"), ("train", "../../../../etc/passwd"),
+    ("train", "sub/../../outside/train.tsv"), ("dev", "../dev.tsv"), ("dev.m", "../../../../etc/passwd"),
+])
+def test_task_json_paths_stay_inside_the_task_folder(tmp_path, key, value):
+    """Issue 12.5: task.json could name any file (`../../../../etc/passwd` was read and printed)."""
+    outside = _write(tmp_path / "outside", GOOD)  # readable files one level up: refused all the same
+    (outside / "x.tsv").write_text(GOOD["train.tsv"])
+    meta = {"labels": ["0", "1"], **({"dev": {"m": value}} if key == "dev.m" else {key: value})}
+    folder = _write(tmp_path / "a" / "b" / "task", GOOD, meta)
+    with pytest.raises(TaskError) as err:
+        load_task(str(folder))
+    message = str(err.value)
+    assert message.startswith(str(folder / "task.json")) and f"{key} '" in message and "outside the task folder" in message
+    assert "root:" not in message
+
+
+def test_task_files_in_subfolders_are_fine(tmp_path):
+    folder = _write(tmp_path / "task", {}, {"train": "data/../data/train.tsv", "dev": {"dev": "./data/dev.tsv"}})
+    _write(folder / "data", GOOD)
+    task = load_task(str(folder))
+    assert len(task.train) == 2 and len(task.dev["dev"]) == 1
+
+
+def test_errors_show_only_a_few_values_of_a_file(tmp_path):
+    many = "".join(f"row {i}\tlabel-{i}\n" for i in range(50))
+    folder = _write(tmp_path / "t", {"train.tsv": many, "dev.tsv": "z\tunknown\n"},
+                    {"header": False, "columns": {"sentence1": 0, "label": 1}})
+    with pytest.raises(TaskError) as err:
+        load_task(str(folder))
+    message = str(err.value)
+    assert "label 'unknown' is not one of" in message and "... (45 more)" in message and "label-30" not in message
+    long_label = _write(tmp_path / "u", {"train.tsv": GOOD["train.tsv"], "dev.tsv": "sentence\tlabel\nz\t" + "x" * 5000 + "\n"},
+                        {"labels": ["0", "1"]})
+    with pytest.raises(TaskError, match=r"\(5000 characters\)") as err:
+        load_task(str(long_label))
+    assert len(str(err.value)) < 400

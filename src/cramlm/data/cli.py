@@ -13,17 +13,38 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from pathlib import Path
 
 import click
 
-from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
+from cramlm.cli_utils import OVERRIDES, resolve_or_exit
+from cramlm.cli_utils import run_or_exit as _run_or_exit
 
 
 def _echo(obj: dict) -> None:
     click.echo(json.dumps(obj))
+
+
+def run_or_exit(fn, *args):
+    """:func:`cramlm.cli_utils.run_or_exit`, and a file the system refuses (missing folder, no
+    permission, disk full, a folder where a file should be) is one clear line too."""
+    try:
+        return _run_or_exit(fn, *args)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
+        raise click.ClickException(f"{where}{full}{e.strerror or e}") from None
+
+
+def _writable(out: str) -> str:
+    """``out``, after checking that its folder exists (before any work is done)."""
+    folder = Path(out).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise click.ClickException(f"{out}: cannot write there, folder {folder} does not exist")
+    return out
 
 
 @click.group()
@@ -32,8 +53,8 @@ def data() -> None:
 
 
 @data.command("prepare", context_settings=OVERRIDES)
-@click.option("--num-shards", type=int, default=1, help="Split the records into N shards (N machines).")
-@click.option("--shard-index", type=int, default=None, help="Prepare only this shard (then run `merge`).")
+@click.option("--num-shards", type=click.IntRange(min=1), default=1, help="Split the records into N shards (N machines).")
+@click.option("--shard-index", type=click.IntRange(min=0), default=None, help="Prepare only this shard (then run `merge`).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def prepare(num_shards: int, shard_index: int | None, quiet: bool, overrides: tuple[str, ...]) -> None:
@@ -64,7 +85,7 @@ def _summary(prepared) -> None:
 
 
 @data.command("merge", context_settings=OVERRIDES)
-@click.option("--num-shards", type=int, required=True)
+@click.option("--num-shards", type=click.IntRange(min=1), required=True)
 @click.option("--keep-shards", is_flag=True, help="Keep the shard folders after merging.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def merge(num_shards: int, keep_shards: bool, overrides: tuple[str, ...]) -> None:
@@ -83,9 +104,10 @@ def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
     from cramlm.data.prepare import make_tokenizer
 
     cfg = resolve_or_exit("data", overrides)
+    _writable(out)
     start = time.perf_counter()
     tok = run_or_exit(make_tokenizer, cfg.data)
-    tok.save(out)
+    run_or_exit(tok.save, out)
     _echo({"tokenizer": out, "kind": cfg.data.tokenizer.kind, "vocab_size": tok.get_vocab_size(),
            "seconds": round(time.perf_counter() - start, 2)})
 
@@ -98,7 +120,7 @@ def index(jsonl: str, out: str | None) -> None:
     from cramlm.data.index import build_index, load_index
 
     start = time.perf_counter()
-    path = run_or_exit(build_index, jsonl, out)
+    path = run_or_exit(build_index, jsonl, out and _writable(out))
     seconds = time.perf_counter() - start
     size = Path(jsonl).stat().st_size
     _echo({"index": str(path), "lines": len(load_index(path)), "mb": round(size / 1e6, 2),
@@ -116,7 +138,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
     from cramlm.data.tools import dedup_sources
 
     cfg = resolve_or_exit("data", overrides)
-    _echo(run_or_exit(dedup_sources, cfg.data, out))
+    _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out)))
 
 
 @data.command("pack")
@@ -129,14 +151,14 @@ def pack(inputs: tuple[str, ...], tokenizer_path: str, out: str, text_key: str, 
     """Pack JSONL(.gz/.zst) / text / parquet files into one .cramtok (+ <out>.manifest.json)."""
     from cramlm.data.tools import pack_files
 
-    _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, out, text_key, on_error))
+    _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, _writable(out), text_key, on_error))
 
 
 @data.command("inspect")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--tokenizer", "tokenizer_path", default=None, help="To decode samples (default: the folder's).")
-@click.option("--samples", type=int, default=2)
-@click.option("--chars", type=int, default=300, help="Characters shown per decoded sample.")
+@click.option("--samples", type=click.IntRange(min=0), default=2)
+@click.option("--chars", type=click.IntRange(min=0), default=300, help="Characters shown per decoded sample.")
 def inspect(path: str, tokenizer_path: str | None, samples: int, chars: int) -> None:
     """Stats (documents, tokens, lengths, checksum) and decoded samples of a .cramtok or prepared folder."""
     from cramlm.data.tools import inspect_packed
@@ -147,18 +169,19 @@ def inspect(path: str, tokenizer_path: str | None, samples: int, chars: int) -> 
 @data.command("convert-modalities")
 @click.argument("pbin", type=click.Path(exists=True, dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--vocab-size", type=int, default=None, help="Default: the tokenizer's, else largest id + 1.")
+@click.option("--vocab-size", type=click.IntRange(min=1), default=None, help="Default: the tokenizer's, else largest id + 1.")
 @click.option("--tokenizer", "tokenizer_path", default=None, help="Records its fingerprint and vocab size.")
 def convert_modalities(pbin: str, out: str, vocab_size: int | None, tokenizer_path: str | None) -> None:
     """Convert a Modalities .pbin to .cramtok (its pickled index is read without executing code)."""
     from cramlm.data.modalities import convert_pbin
     from cramlm.data.packed import read_packed
 
+    _writable(out)
     fp = b"\0" * 16
     if tokenizer_path:
         from cramlm.data.tokenizer import fingerprint, load_tokenizer
 
-        tok = load_tokenizer(tokenizer_path, strict=False)
+        tok = run_or_exit(load_tokenizer, tokenizer_path, False)
         fp, vocab_size = fingerprint(tok), vocab_size or tok.get_vocab_size()
-    packed = read_packed(run_or_exit(convert_pbin, pbin, out, vocab_size, fp))
+    packed = run_or_exit(read_packed, run_or_exit(convert_pbin, pbin, out, vocab_size, fp))
     _echo({"out": out, "documents": packed.num_documents, "tokens": packed.num_tokens, "vocab_size": packed.vocab_size})

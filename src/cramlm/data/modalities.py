@@ -56,9 +56,9 @@ def safe_load_index(data: bytes, where: str) -> list[tuple[int, int]]:
     except Exception as e:  # truncated or malformed pickle
         raise PackedFormatError(f"{where}: unreadable index pickle ({e})") from None
     if not isinstance(value, list) or not all(
-        isinstance(p, tuple) and len(p) == 2 and all(type(x) is int and x >= 0 for x in p) for p in value
-    ):
-        raise UnsafePickleError(f"{where}: index must be a list of (offset, length) int pairs")
+        isinstance(p, tuple) and len(p) == 2 and all(type(x) is int and 0 <= x < 1 << 63 for x in p) for p in value
+    ):  # (the bound also keeps later messages printable: Python refuses to print ints of > 4300 digits)
+        raise UnsafePickleError(f"{where}: index must be a list of (offset, length) int pairs in [0, 2^63)")
     return value
 
 
@@ -93,6 +93,8 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 def convert_pbin(src: str | Path, dst: str | Path, vocab_size: int | None = None, fingerprint: bytes = b"\0" * 16) -> Path:
     """Convert a ``.pbin`` to a ``.cramtok`` (vocab size: given, or largest id + 1)."""
+    if vocab_size is not None and vocab_size < 1:
+        raise ValueError(f"vocab size {vocab_size}: must be at least 1")
     tokens, offsets = read_pbin(src)
     top = int(tokens.max()) + 1 if len(tokens) else 1
     vocab_size = vocab_size or top

@@ -8,6 +8,8 @@ document: global record number, source index, text hash; see :data:`DOC_RECORD`)
 Memory stays flat: a reader thread parses and cleans batches of about ``batch_chars`` characters
 while the main thread tokenizes the previous batch (``encode_batch`` releases the GIL and runs on
 all cores in Rust) and writes it with numpy. An error in the reader stops the run with its message.
+A document longer than 256k characters is tokenized in pieces that give the same ids
+(:func:`cramlm.data.tokenizer.split_text`), so memory does not grow with one document's length.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from cramlm.config.registry import build
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.packed import PackedWriter
 from cramlm.data.sources import SkipReport
+from cramlm.data.tokenizer import PIECE_CHARS, split_text
 from cramlm.progress import progress_bar
 
 DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2")])
@@ -106,11 +109,36 @@ def prefetch(items: Iterator, depth: int = 2) -> Iterator:
         thread.join()
 
 
-def encode(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, batched in Rust (no special tokens, no offsets needed)."""
+def encode(tok: Tokenizer, texts: list[str], call_chars: int = 2_000_000, piece_chars: int = PIECE_CHARS) -> list:
+    """Token ids of each text (a list, or a uint32 array for a text tokenized in pieces), batched
+    in Rust (no special tokens, no offsets needed).
+
+    Memory stays bounded whatever the document size: texts longer than ``piece_chars`` are cut
+    into pieces that tokenize the same (:func:`split_text`), and one tokenizer call gets at most
+    ``call_chars`` characters (or one piece)."""
     fast = getattr(tok, "encode_batch_fast", None)  # tokenizers >= 0.20 skips offset tracking
-    encodings = fast(texts, add_special_tokens=False) if fast else tok.encode_batch(texts, add_special_tokens=False)
-    return [e.ids for e in encodings]
+    run = fast or tok.encode_batch
+    if all(len(t) <= piece_chars for t in texts) and sum(map(len, texts)) <= call_chars:
+        return [e.ids for e in run(texts, add_special_tokens=False)]  # the usual case: one call
+    parts: list[list] = [[] for _ in texts]
+    group: list[tuple[int, str]] = []
+    size = 0
+
+    def flush() -> None:
+        long_doc = [len(texts[i]) > piece_chars for i, _ in group]
+        for (i, _), is_long, e in zip(group, long_doc, run([p for _, p in group], add_special_tokens=False)):
+            parts[i].append(np.array(e.ids, np.uint32) if is_long else e.ids)  # arrays: 4 bytes a token
+
+    for i, text in enumerate(texts):
+        for piece in split_text(text, piece_chars):
+            if group and size + len(piece) > call_chars:
+                flush()
+                group, size = [], 0
+            group.append((i, piece))
+            size += len(piece)
+    if group:
+        flush()
+    return [p[0] if len(p) == 1 else np.concatenate(p) for p in parts]
 
 
 class ShardWriter:
@@ -166,7 +194,7 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
     total_tokens = 0
     try:
         for batch in prefetch(read_batches(cfg, report, cleaner, batch_chars)):
-            ids = encode(tok, batch.texts)
+            ids = encode(tok, batch.texts, batch_chars)
             lengths = np.fromiter(map(len, ids), np.int64, len(ids))
             chars = np.fromiter(map(len, batch.texts), np.int64, len(ids))
             keep = lengths > 0
@@ -186,7 +214,11 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
                 if len(docs) == 0:
                     continue
                 n = lengths[docs]
-                flat = np.fromiter(chain.from_iterable(ids[i] for i in docs), dtype, int(n.sum()))
+                pieces = [ids[i] for i in docs]
+                if any(isinstance(p, np.ndarray) for p in pieces):  # long documents: already arrays
+                    flat = np.concatenate([np.asarray(p, dtype) for p in pieces])
+                else:
+                    flat = np.fromiter(chain.from_iterable(pieces), dtype, int(n.sum()))
                 # append the separator after each document: scatter tokens around separator slots
                 out = np.full(int(n.sum()) + len(docs), separator, dtype)
                 ends = np.cumsum(n + 1) - 1

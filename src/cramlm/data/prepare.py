@@ -148,7 +148,10 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
-    manifest = json.loads((folder / "manifest.json").read_text())
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except ValueError as e:  # damaged cache: name the file, not only the JSON position
+        raise ValueError(f"{folder / 'manifest.json'}: unreadable ({e}); remove {folder} to prepare again") from None
     tok = load_tokenizer(folder / "tokenizer.json", strict=False)
     fp = fingerprint(tok)
     val = folder / "val.cramtok"

@@ -1,8 +1,8 @@
 """Document sources: each yields text documents and counts what it skips, and why.
 
 Types: ``jsonl`` (.jsonl, .jsonl.gz, .jsonl.zst), ``text`` (one document per file or per blank-line
-block), ``parquet``, ``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets``
-extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
+block), ``parquet``, ``auto`` (each file read by the format its name says: :func:`infer_format`),
+``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets`` extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
 corpora shipped in ``cramlm/resources/``. The text is chosen by a dotted key path (``meta.body``).
 
 Every raw record goes through :meth:`SkipReport.claim`, which numbers it (the global record index
@@ -16,6 +16,7 @@ import glob
 import gzip
 import io
 import json
+import re
 from collections import Counter
 from contextlib import contextmanager
 from importlib import resources
@@ -127,6 +128,9 @@ def fail_or_skip(cfg: SourceConfig, report: SkipReport, reason: str, where: str,
     report.skip(reason, where)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def checked_text(cfg: SourceConfig, report: SkipReport, obj, key: str, where: str) -> str | None:
     """The document text of a record, or None after counting why there is none."""
     text = field(obj, key)
@@ -136,12 +140,26 @@ def checked_text(cfg: SourceConfig, report: SkipReport, obj, key: str, where: st
     if not text.strip():
         report.skip("empty", where)
         return None
+    if not text.isascii() and (bad := _SURROGATE.search(text)):  # JSON "\ud800": no UTF-8 for it, tokenizers refuse it
+        fail_or_skip(cfg, report, "invalid_utf8", where, f"lone surrogate {bad.group()!r} at character {bad.start()} "
+                     "(not valid Unicode text)")
+        return None
     return text
 
 
-class JsonlSourceConfig(SourceConfig):
-    type: Literal["jsonl"] = "jsonl"
-    text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
+COMPRESSED = (".gz", ".zst")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def infer_format(path: str | Path) -> Literal["jsonl", "parquet", "text"]:
+    """The reader of one file, from its name (a .gz/.zst suffix is looked through): ``.jsonl``,
+    ``.json``, ``.ndjson`` -> jsonl; ``.parquet`` -> parquet; anything else -> text. Source type
+    ``auto`` and ``cramlm data pack`` use this for every file, also inside directories and globs."""
+    name = Path(path).name.lower()
+    for suffix in COMPRESSED:
+        name = name.removesuffix(suffix)
+    ext = Path(name).suffix
+    return "jsonl" if ext in JSONL_SUFFIXES else "parquet" if ext == ".parquet" else "text"
 
 
 @contextmanager
@@ -152,77 +170,71 @@ def read_errors(path: Path):
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
     except Exception as e:
-        if type(e).__name__ != "ZstdError":
+        if type(e).__name__ not in ("ZstdError", "ArrowInvalid", "ArrowException"):
             raise
-        raise DataError(f"{path}: cannot read (ZstdError: {e})") from e
+        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
 
 
-def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]:
-    for path in expand_paths(cfg.path):
-        with read_errors(path), open_binary(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                if report.done:
-                    return
-                if not raw.strip() or not report.claim():
-                    continue  # blank lines between records are not documents
-                where = f"{path}:{lineno}"
-                try:
-                    obj = json.loads(raw)
-                except UnicodeDecodeError as e:
-                    fail_or_skip(cfg, report, "invalid_utf8", where, f"invalid UTF-8: {e}")
-                    continue
-                except json.JSONDecodeError as e:
-                    fail_or_skip(cfg, report, "invalid_json", where, f"invalid JSON: {e}")
-                    continue
-                text = checked_text(cfg, report, obj, cfg.text_key, where)
-                if text is not None:
-                    yield text
-
-
-class TextSourceConfig(SourceConfig):
-    type: Literal["text"] = "text"
-    split: Literal["file", "blank-line"] = "file"  # one document per file, or per blank-line block
-
-
-def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
-    for path in expand_paths(cfg.path):
-        with read_errors(path), open_binary(path) as f:
-            raw = f.read()
-        try:
-            content = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if report.claim():
-                fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
-            continue
-        blocks = [content] if cfg.split == "file" else [b for b in content.split("\n\n") if b.strip()] or [""]
-        for i, block in enumerate(blocks):  # a file without any block is one empty record: it is seen
+def jsonl_file(cfg, path: Path, report: SkipReport) -> Iterator[str]:
+    """Documents of one JSONL file (``cfg.text_key``); blank lines are not records."""
+    with read_errors(path), open_binary(path) as f:
+        for lineno, raw in enumerate(f, 1):
             if report.done:
                 return
-            if not report.claim():
+            if not raw.strip() or not report.claim():
+                continue  # blank lines between records are not documents
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(raw)
+            except UnicodeDecodeError as e:
+                fail_or_skip(cfg, report, "invalid_utf8", where, f"invalid UTF-8: {e}")
                 continue
-            if block.strip():
-                yield block.strip("\n")
-            else:
-                report.skip("empty", f"{path}#{i}")
+            except json.JSONDecodeError as e:
+                fail_or_skip(cfg, report, "invalid_json", where, f"invalid JSON: {e}")
+                continue
+            text = checked_text(cfg, report, obj, cfg.text_key, where)
+            if text is not None:
+                yield text
 
 
-class ParquetSourceConfig(SourceConfig):
-    type: Literal["parquet"] = "parquet"
-    text_key: str = "text"  # column, or dotted path into a struct column
+def text_file(cfg, path: Path, report: SkipReport) -> Iterator[str]:
+    """One document per file, or per blank-line block (``cfg.split``)."""
+    with read_errors(path), open_binary(path) as f:
+        raw = f.read()
+    try:
+        content = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if report.claim():
+            fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
+        return
+    del raw
+    blocks = [content] if cfg.split == "file" else [b for b in content.split("\n\n") if b.strip()] or [""]
+    for i, block in enumerate(blocks):  # a file without any block is one empty record: it is seen
+        if report.done:
+            return
+        if not report.claim():
+            continue
+        if block.strip():
+            yield block.strip("\n")
+        else:
+            report.skip("empty", f"{path}#{i}")
 
 
-def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[str]:
+def parquet_file(cfg, path: Path, report: SkipReport) -> Iterator[str]:
+    """Rows of one parquet file: column ``cfg.text_key`` (or a dotted path into a struct column)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError("parquet sources need pyarrow (pip install 'cramlm[parquet]')") from None
     column, _, rest = cfg.text_key.partition(".")
-    for path in expand_paths(cfg.path):
+    with read_errors(path):
         parquet = pq.ParquetFile(path)
-        if column not in parquet.schema_arrow.names:
-            raise DataError(f"{path}: no column '{column}' (columns: {', '.join(parquet.schema_arrow.names)})")
-        row = 0
-        for batch in parquet.iter_batches(batch_size=1024, columns=[column]):
+    if column not in parquet.schema_arrow.names:
+        raise DataError(f"{path}: no column '{column}' (columns: {', '.join(parquet.schema_arrow.names)})")
+    row = 0
+    with read_errors(path):
+        batches = iter(parquet.iter_batches(batch_size=1024, columns=[column]))
+        while (batch := next(batches, None)) is not None:
             for value in batch.column(0).to_pylist():
                 row += 1
                 if report.done:
@@ -232,6 +244,56 @@ def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[
                 text = checked_text(cfg, report, {column: value}, cfg.text_key if rest else column, f"{path}#row{row}")
                 if text is not None:
                     yield text
+
+
+FILE_READERS = {"jsonl": jsonl_file, "text": text_file, "parquet": parquet_file}
+
+
+def file_documents(cfg: SourceConfig, report: SkipReport, fmt: str | None = None) -> Iterator[str]:
+    """Documents of every file of ``cfg.path``, each read as ``fmt`` (None: :func:`infer_format`)."""
+    for path in expand_paths(cfg.path):
+        if report.done:
+            return
+        yield from FILE_READERS[fmt or infer_format(path)](cfg, path, report)
+
+
+class JsonlSourceConfig(SourceConfig):
+    type: Literal["jsonl"] = "jsonl"
+    text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
+
+
+def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]:
+    return file_documents(cfg, report, "jsonl")
+
+
+class TextSourceConfig(SourceConfig):
+    type: Literal["text"] = "text"
+    split: Literal["file", "blank-line"] = "file"  # one document per file, or per blank-line block
+
+
+def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
+    return file_documents(cfg, report, "text")
+
+
+class ParquetSourceConfig(SourceConfig):
+    type: Literal["parquet"] = "parquet"
+    text_key: str = "text"  # column, or dotted path into a struct column
+
+
+def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[str]:
+    return file_documents(cfg, report, "parquet")
+
+
+class AutoSourceConfig(SourceConfig):
+    """Each file read by the format its name says (:func:`infer_format`): a folder of mixed files."""
+
+    type: Literal["auto"] = "auto"
+    text_key: str = "text"  # jsonl and parquet files
+    split: Literal["file", "blank-line"] = "file"  # text files
+
+
+def auto_documents(cfg: AutoSourceConfig, report: SkipReport) -> Iterator[str]:
+    return file_documents(cfg, report)
 
 
 class HFSourceConfig(SourceConfig):
@@ -268,3 +330,4 @@ register("source", "jsonl", JsonlSourceConfig)(jsonl_documents)
 register("source", "text", TextSourceConfig)(text_documents)
 register("source", "parquet", ParquetSourceConfig)(parquet_documents)
 register("source", "hf", HFSourceConfig)(hf_documents)
+register("source", "auto", AutoSourceConfig)(auto_documents)

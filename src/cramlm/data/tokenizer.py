@@ -29,6 +29,9 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 EOT = "<|endoftext|>"  # causal LMs: after each document; the export's eos (and bos, pad)
 SEPARATOR_CANDIDATES = ("[SEP]", "</s>", EOT, "<eos>", "<|end_of_text|>", "<sep>")
+# Longer texts are tokenized in pieces of at most this many characters (see split_text): a
+# tokenizer call holds ~100 bytes per character, so one 30 MB document took 3 GB in one piece.
+PIECE_CHARS = 1 << 18
 
 
 class TokenizerConfig(Config):
@@ -101,10 +104,48 @@ def _untrained(cfg: TokenizerConfig):
     return tok, trainer
 
 
+def split_text(text: str, max_chars: int = PIECE_CHARS) -> list[str]:
+    """``text`` cut into pieces of at most ``max_chars`` characters that tokenize, concatenated,
+    like the whole text: each cut is just before a space that follows a non-space character.
+
+    Whitespace, BERT, byte-level (GPT-2) and Metaspace pre-tokenizers all end a pre-token there
+    and start the next one with that space, so the ids are the same for every tokenizer cramlm
+    trains (tests/data/test_long_documents.py checks all four kinds). Without such a space in the
+    last half of a piece the cut falls before another whitespace character (Metaspace tokenizers
+    may then differ by a token at the cut), and in text without any whitespace at the character
+    limit (a word may be split in two there). A tokenizer whose normalizer prepends a marker to
+    every input (Llama's ``Prepend("▁")``) adds one such marker per cut."""
+    if len(text) <= max_chars:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        lo, end = start + max_chars // 2, start + max_chars
+        cut = _cut_before(text, " ", lo, end)
+        if cut is None:
+            cut = next((c for ws in "\n\t\r\f\v" if (c := _cut_before(text, ws, lo, end)) is not None), end)
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
+
+def _cut_before(text: str, char: str, lo: int, hi: int, tries: int = 64) -> int | None:
+    """The last index in (lo, hi] where ``char`` follows a non-whitespace character, if any."""
+    i = hi + 1
+    for _ in range(tries):
+        i = text.rfind(char, lo + 1, i)
+        if i < 0:
+            return None
+        if not text[i - 1].isspace():
+            return i
+    return None
+
+
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
     cfg = cfg.for_objective("mlm")  # a no-op on a resolved config; `auto` outside a pretraining config
     tok, trainer = _untrained(cfg)
-    tok.train_from_iterator(texts, trainer=trainer)
+    # long documents in pieces (same pre-tokens, bounded memory; see split_text)
+    tok.train_from_iterator((piece for text in texts for piece in split_text(text)), trainer=trainer)
     if cfg.kind == "wordpiece":  # the other models' ids are tied to their merges / scores
         vocab = canonical_vocab(tok.get_vocab(), cfg.special_tokens)
         tok.model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
@@ -179,12 +220,14 @@ def resolve_path(path: str | Path) -> Path:
 def load_tokenizer(path: str | Path, strict: bool = True) -> Tokenizer:
     """Load a tokenizer.json or an HF tokenizer folder; ``strict`` requires cramlm's special ids."""
     path = resolve_path(path)
-    if path.is_dir():
-        tok = _from_folder(path)
-    elif path.is_file():
-        tok = Tokenizer.from_file(str(path))
-    else:
+    if not path.exists():
         raise FileNotFoundError(f"no tokenizer at {path}")
+    try:
+        tok = _from_folder(path) if path.is_dir() else Tokenizer.from_file(str(path))
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # `tokenizers` raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{path}: not a readable tokenizer ({type(e).__name__}: {e})") from None
     if strict:
         check_special_ids(tok, str(path))
     return tok

@@ -14,20 +14,15 @@ from cramlm.data.packed import read_packed
 from cramlm.data.sources import SkipReport
 
 
-def _source_for(path: str, text_key: str, on_error: str) -> dict:
-    name = Path(path).name
-    if ".jsonl" in name or name.endswith(".json"):
-        return {"type": "jsonl", "path": path, "text_key": text_key, "on_error": on_error}
-    if name.endswith(".parquet"):
-        return {"type": "parquet", "path": path, "text_key": text_key, "on_error": on_error}
-    return {"type": "text", "path": path, "on_error": on_error}
-
-
 def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "text", on_error: str = "raise") -> dict:
-    """Pack files with a given tokenizer into one ``.cramtok`` (every document, no held-out split)."""
+    """Pack files with a given tokenizer into one ``.cramtok`` (every document, no held-out split).
+
+    ``inputs`` are files, folders or globs; every file is read by the format its name says
+    (source type ``auto``, the same rule as ``prepare``), so a folder of .jsonl files is JSONL."""
     from cramlm.data.prepare import DataConfig, prepare_data
 
-    cfg = DataConfig(name="pack", sources=[_source_for(p, text_key, on_error) for p in inputs],
+    sources = [{"type": "auto", "path": p, "text_key": text_key, "on_error": on_error} for p in inputs]
+    cfg = DataConfig(name="pack", sources=sources,
                      tokenizer={"path": tokenizer}, validation_fraction=0.0)
     with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
         prepared = prepare_data(cfg, tmp, progress=True)
@@ -43,6 +38,8 @@ def inspect_packed(path: str, tokenizer: str | None = None, samples: int = 2, ch
 
     p = Path(path)
     folder = p if p.is_dir() else None
+    if folder and not (folder / "train.cramtok").is_file():
+        raise FileNotFoundError(f"{folder}: not a prepared data folder (no train.cramtok in it)")
     packed = read_packed(p / "train.cramtok" if folder else p)  # verifies the checksum
     tok_path = tokenizer or (folder / "tokenizer.json" if folder else None)
     lengths = packed.lengths()

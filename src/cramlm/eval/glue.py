@@ -15,6 +15,10 @@ each task's own columns::
     RTE    index, sentence1, sentence2, label
     WNLI   index, sentence1, sentence2, label
 
+Copies found in public repositories often lack the header row (MRPC, STS-B, ...): a first row that
+is not a header but has the official field count and a valid label is read as headerless in the
+official column order (:data:`LAYOUTS`), and a note says so.
+
 Metrics as cramming reports them: CoLA Matthews, MRPC and QQP F1 (and accuracy beside it), STS-B
 Pearson (and Spearman), the others accuracy; MNLI is scored on matched and mismatched dev sets.
 ``glue_dir=hf`` loads the same tasks with ``datasets.load_dataset("glue", name)`` (online).
@@ -35,6 +39,11 @@ class GlueTask:
     hf_columns: tuple[str, str | None]  # text columns in HF datasets' "glue" config
     hf_dev: dict[str, str]  # split name here -> HF split
 
+    @property
+    def layouts(self) -> list[list[str]]:
+        """The official column names of its files, for files without the header row."""
+        return [list(names) for names in LAYOUTS.get(self.folder, ())]
+
 
 def _spec(name: str, s1, s2, label, labels, metric, **kw) -> TaskSpec:
     return TaskSpec(
@@ -46,6 +55,20 @@ def _spec(name: str, s1, s2, label, labels, metric, **kw) -> TaskSpec:
         **kw,
     )
 
+
+MNLI_TRAIN = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label")
+# folder -> the official columns of its files (one tuple per distinct layout), as in the docstring
+LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "SST-2": (("sentence", "label"),),
+    "MRPC": (("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),),
+    "QQP": (("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),),
+    "STS-B": (("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2", "score"),),
+    "MNLI": (MNLI_TRAIN, MNLI_TRAIN[:-1] + ("label2", "label3", "label4", "label5", "gold_label")),
+    "QNLI": (("index", "question", "sentence", "label"),),
+    "RTE": (("index", "sentence1", "sentence2", "label"),),
+    "WNLI": (("index", "sentence1", "sentence2", "label"),),
+}
 
 BINARY = ["0", "1"]
 NLI2 = ["entailment", "not_entailment"]
@@ -103,7 +126,7 @@ def load_glue(name: str, glue_dir: str | None) -> Task:
     folder = Path(glue_dir).expanduser() / task.folder
     if not folder.is_dir():
         raise TaskError(f"glue:{name}: no folder {folder} (expected the GLUE layout <glue_dir>/{task.folder}/train.tsv)")
-    return build_task(task.spec, folder, f"glue:{key}")
+    return build_task(task.spec, folder, f"glue:{key}", task.layouts)
 
 
 def load_glue_hf(key: str, task: GlueTask) -> Task:

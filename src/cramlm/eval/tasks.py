@@ -9,7 +9,13 @@ or the same keys given inline in the config (``eval.tasks=[{path: my/task, metri
 Columns are header names, or 0-based indices for files without a header (``"header": false``).
 Without ``labels`` the sorted distinct training labels are used; a regression metric (pearson,
 spearman) makes the task a regression. ``metric`` may be a list: the first is the headline metric,
-the others are reported beside it (MRPC: [f1, accuracy]). Every error names the file and line.
+the others are reported beside it (MRPC: [f1, accuracy]). Every error names the file and line, and
+shows at most a few values of a file (:func:`few`).
+
+File names in ``task.json`` (``train``, ``dev``) are relative to the task folder and must stay
+inside it: an absolute path or one that climbs out with ``..`` is refused, so a task folder from
+elsewhere cannot make cramlm read (and print) other files. To use a file from elsewhere, copy or
+symlink it into the folder.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import csv
 import difflib
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -50,6 +58,7 @@ class Task:
     train: list[Example]
     dev: dict[str, list[Example]]  # split name -> examples (MNLI: matched and mismatched)
     skipped: dict[str, int] = field(default_factory=dict)  # file -> malformed rows skipped
+    notes: list[str] = field(default_factory=list)  # how files were read, when it was guessed (also printed)
 
     @property
     def metric(self) -> str:
@@ -98,6 +107,18 @@ def task_path(spec: str) -> Path:
     if spec.startswith("pkg://"):
         return Path(str(resources.files("cramlm") / "resources" / spec[len("pkg://") :]))
     return Path(spec).expanduser()
+
+
+def clip(value: Any, width: int = 60) -> str:
+    """A value from a file, shortened for an error message."""
+    text = str(value)
+    return text if len(text) <= width else text[:width] + f"... ({len(text)} characters)"
+
+
+def few(values: list, n: int = 5) -> str:
+    """At most ``n`` values of a file for an error message, then how many more there are."""
+    shown = "[" + ", ".join(repr(clip(v)) for v in values[:n]) + "]"
+    return shown + (f" ... ({len(values) - n} more)" if len(values) > n else "")
 
 
 # ---------------------------------------------------------------- reading rows
@@ -156,8 +177,42 @@ def _index(header: list[str] | None, column: str | int | None, path: Path, key: 
     if column not in header:
         close = difflib.get_close_matches(column, header, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {header}.{hint}")
+        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {few(header, 12)}.{hint}")
     return header.index(column)
+
+
+def _label_ok(value: str, labels: list[str] | None) -> bool:
+    if labels:
+        return value in labels
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return False
+
+
+def _table(path: Path, spec: TaskSpec, fmt: str, layouts: list[list[str]] | None, notes: list[str] | None = None):
+    """``_rows`` of a file; with ``layouts`` (the known column names of a format, e.g. GLUE's) a
+    first row that is not a header is recognised from its field count and its label, and the
+    file is read as headerless in that layout (noted in ``notes`` and printed)."""
+    header, rows = _rows(path, fmt, spec.header)
+    if not layouts or header is None:
+        return header, rows
+    named = [c for c in (spec.columns.sentence1, spec.columns.sentence2, spec.columns.label) if isinstance(c, str)]
+    if all(c in header for c in named):
+        return header, rows
+    for names in layouts:
+        if len(names) == len(header) and spec.columns.label in names and all(c in names for c in named):
+            if _label_ok(header[names.index(spec.columns.label)].strip(), spec.labels):
+                note = f"{path}: no header row; read as headerless with the official columns {names}"
+                if notes is not None and note not in notes:
+                    notes.append(note)
+                    print(f"cramlm: {note}", file=sys.stderr)
+                first = (1, header)
+                return names, iter([first, *rows])
+    expected = " or ".join(str(len(names)) for names in layouts)
+    raise TaskError(f"{path}:1: the first row is neither a header with the columns {few(named)} nor a data row of "
+                    f"the official layout ({expected} fields, a valid label); it has {len(header)} fields {few(header)}")
 
 
 def _field(row: Any, column: str | int, path: Path, lineno: int, key: str) -> str:
@@ -170,8 +225,9 @@ def _field(row: Any, column: str | int, path: Path, lineno: int, key: str) -> st
     return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
-def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipped: dict[str, int]) -> list[Example]:
-    header, rows = _rows(path, fmt, spec.header)
+def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipped: dict[str, int],
+                  layouts: list[list[str]] | None = None, notes: list[str] | None = None) -> list[Example]:
+    header, rows = _table(path, spec, fmt, layouts, notes)
     cols = spec.columns
     ia = _index(header, cols.sentence1, path, "sentence1")
     ib = _index(header, cols.sentence2, path, "sentence2")
@@ -188,13 +244,13 @@ def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipp
         raw = _field(row, il, path, lineno, "label")
         if labels:
             if raw not in index:
-                raise TaskError(f"{path}:{lineno}: label '{raw}' is not one of {labels}")
+                raise TaskError(f"{path}:{lineno}: label '{clip(raw)}' is not one of {few(labels)}")
             label: int | float = index[raw]
         else:
             try:
                 label = float(raw)
             except ValueError:
-                raise TaskError(f"{path}:{lineno}: regression label '{raw}' is not a number") from None
+                raise TaskError(f"{path}:{lineno}: regression label '{clip(raw)}' is not a number") from None
         text_b = _field(row, ib, path, lineno, "sentence2") if ib is not None else None
         out.append(Example(_field(row, ia, path, lineno, "sentence1"), text_b, label))
     if not out:
@@ -202,8 +258,8 @@ def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipp
     return out
 
 
-def _distinct_labels(path: Path, spec: TaskSpec, fmt: str) -> list[str]:
-    header, rows = _rows(path, fmt, spec.header)
+def _distinct_labels(path: Path, spec: TaskSpec, fmt: str, layouts: list[list[str]] | None = None) -> list[str]:
+    header, rows = _table(path, spec, fmt, layouts)
     il = _index(header, spec.columns.label, path, "label")
     return sorted({_field(row, il, path, lineno, "label") for lineno, row in rows})
 
@@ -211,9 +267,18 @@ def _distinct_labels(path: Path, spec: TaskSpec, fmt: str) -> list[str]:
 # ---------------------------------------------------------------- specs -> tasks
 
 
-def _find_file(folder: Path, given: str | None, stem: str, fmt: str | None) -> Path:
+def _inside(folder: Path, name: str, where: str, key: str) -> Path:
+    """``folder / name``, refusing a name that leaves the folder (absolute, or climbing with ``..``)."""
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep):
+        raise TaskError(f"{where}: {key} '{clip(name)}' is outside the task folder {folder}; task files must be "
+                        "inside it (copy or symlink the file into the folder)")
+    return folder / norm
+
+
+def _find_file(folder: Path, given: str | None, stem: str, fmt: str | None, where: str = "", key: str = "") -> Path:
     if given:
-        return folder / given
+        return _inside(folder, given, where or str(folder), key or stem)
     for ext in [fmt] if fmt else FORMATS:
         if (folder / f"{stem}.{ext}").is_file():
             return folder / f"{stem}.{ext}"
@@ -230,31 +295,36 @@ def _format_of(path: Path, fmt: str | None) -> str:
     return ext
 
 
-def build_task(spec: TaskSpec, folder: Path, where: str) -> Task:
-    """Read the files ``spec`` describes (relative to ``folder``); ``where`` names the spec in errors."""
+def build_task(spec: TaskSpec, folder: Path, where: str, layouts: list[list[str]] | None = None) -> Task:
+    """Read the files ``spec`` describes (inside ``folder``); ``where`` names the spec in errors.
+    ``layouts``: column names of headerless variants of the files (see :func:`_table`)."""
     metrics = spec.metrics
     for m in metrics:
         if m not in METRICS:
             raise TaskError(f"{where}: unknown metric '{m}'; known: {', '.join(METRICS)}")
     regression = metrics[0] in REGRESSION_METRICS
-    train_path = _find_file(folder, spec.train, "train", spec.format)
+    train_path = _find_file(folder, spec.train, "train", spec.format, where, "train")
     fmt = _format_of(train_path, spec.format)
     dev_files = spec.dev if isinstance(spec.dev, dict) else {"dev": spec.dev}
-    dev_paths = {split: _find_file(folder, f, "dev", fmt) for split, f in dev_files.items()}
+    dev_paths = {split: _find_file(folder, f, "dev", fmt, where, "dev" if split == "dev" and not isinstance(spec.dev, dict)
+                                   else f"dev.{split}") for split, f in dev_files.items()}
     if regression:
         labels: list[str] = []
     else:
-        labels = spec.labels if spec.labels is not None else _distinct_labels(train_path, spec, fmt)
+        labels = spec.labels if spec.labels is not None else _distinct_labels(train_path, spec, fmt, layouts)
         if len(labels) < 2:
-            raise TaskError(f"{where}: a classification task needs at least two labels, got {labels}")
+            raise TaskError(f"{where}: a classification task needs at least two labels, got {few(labels)}")
     skipped: dict[str, int] = {}
+    notes: list[str] = []
     return Task(
         name=spec.name or folder.name,
         labels=labels,
         metrics=metrics,
-        train=read_examples(train_path, spec, fmt, labels, skipped),
-        dev={split: read_examples(p, spec, _format_of(p, spec.format), labels, skipped) for split, p in dev_paths.items()},
+        train=read_examples(train_path, spec, fmt, labels, skipped, layouts, notes),
+        dev={split: read_examples(p, spec, _format_of(p, spec.format), labels, skipped, layouts, notes)
+             for split, p in dev_paths.items()},
         skipped=skipped,
+        notes=notes,
     )
 
 
@@ -282,6 +352,24 @@ def read_task_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise TaskError(f"{path}: expected a JSON object")
     return data
+
+
+def load_tasks(specs: list, glue_dir: str | None = None) -> list[Task]:
+    """Every task of ``specs``; if some cannot be loaded, one error naming each of them (so one bad
+    folder is found together with the others, before any training)."""
+    tasks, problems = [], []
+    for spec in specs:
+        try:
+            tasks.append(load_task(spec, glue_dir))
+        except TaskError as e:
+            label = spec if isinstance(spec, str) else f"task {spec.get('path') if isinstance(spec, dict) else spec.path}"
+            message = str(e)
+            problems.append(message if message.startswith(label) else f"{label}: {message}")
+    if len(problems) == 1:
+        raise TaskError(problems[0])
+    if problems:
+        raise TaskError(f"{len(problems)} of {len(specs)} tasks cannot be loaded:\n  " + "\n  ".join(problems))
+    return tasks
 
 
 def load_task(spec: str | TaskSpec | dict, glue_dir: str | None = None) -> Task:

@@ -1,0 +1,765 @@
+"""Adversarial replay: classes of bad input against the real ``cramlm`` CLI (issue 12).
+
+    python benchmarks/adversarial.py                    # every class, full sample (~20 min on 2 cores)
+    python benchmarks/adversarial.py --quick            # a smaller sample (a few minutes on 2 cores)
+    python benchmarks/adversarial.py --only corpus,corrupt --seed 3 --keep /tmp/adv
+
+Every case runs ``python -m cramlm ...`` in a subprocess inside a temporary folder (nothing
+outside it is touched; ``--keep`` keeps it) and is classified as
+
+- ``ok``: it worked as it should (a signal ended the run with a checkpoint and a distinct exit
+  code, a killed run resumed to the uninterrupted model, a corrupted byte was padding, ...);
+- ``clear``: exit != 0 with an ``Error:`` line on stderr (naming what the case requires) and no
+  traceback;
+- ``traceback``: a Python traceback on stderr;
+- ``silent``: exit 0 where it had to fail, or data lost / a wrong result (a sentinel file outside
+  the run deleted, both concurrent runs "succeeded", no checkpoint after SIGTERM, a corrupted file
+  read as valid, a resumed model that differs from the uninterrupted one);
+- ``unclear``: exit != 0 without an ``Error:`` line (killed by a signal, click's bare "Aborted!"),
+  or an Error line that lacks what it must name, or a hang.
+
+The expectations are issue 12's requirements, not what the current code does: bad overrides
+(items 1, 3, 10, 11, 13) must fail with a clear error; SIGINT / SIGTERM / SIGUSR1 during pretrain
+must leave a checkpoint and exit with a distinct code (not 0, not 1); a second ``pretrain name=x``
+while one runs must refuse clearly; a full disk must say so (stderr names space or disk) and leave
+no partial checkpoint; ``--resume auto`` after SIGKILL, or with a truncated newest checkpoint, must
+finish with the same model as an uninterrupted run. A ``.pbin`` has no checksum over its tokens,
+so its bit flips go to the header and the index only. The disk-full class needs root (a small
+tmpfs); it is skipped, and says so, otherwise.
+
+Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
+line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
+any case is a traceback, silent or unclear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
+if str(SRC) not in sys.path:  # the cramlm of this checkout, also for the in-process setup
+    sys.path.insert(0, str(SRC))
+
+OUTCOMES = ("ok", "clear", "traceback", "silent", "unclear")
+CLASSES = ("corpus", "data-cli", "corrupt", "overrides", "kill", "concurrent", "disk-full", "signals")
+TRACEBACK = "Traceback (most recent call last)"
+
+# a tiny pretraining run (a few seconds of steps on one thread); budgets in steps, so deterministic
+TINY = [
+    "arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
+    "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
+    "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8",
+    "impl.progress=false", "impl.threads=1", "train.log_every=1", "budget=null",
+]
+DATA_KEYS = [a for a in TINY if a.startswith("data.")]
+REF_STEPS = 40  # the reference run: 40 steps, a checkpoint every 10
+
+
+# ---------------------------------------------------------------- running the CLI
+
+
+@dataclass
+class Result:
+    rc: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    peak_mb: float
+    timed_out: bool = False
+
+
+class Proc:
+    """``python -m cramlm <args>`` in ``cwd``; its own peak RSS comes from wait4."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict | None = None):
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.popen = subprocess.Popen([sys.executable, "-m", "cramlm", *args], cwd=cwd, stdout=self.out,
+                                      stderr=self.err, env={**ENV, **(env or {})}, start_new_session=True)
+        self.pid = self.popen.pid
+        self.start = time.monotonic()
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> Result:
+        deadline, timed_out = self.start + timeout, False
+        while True:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline and not timed_out:
+                timed_out = True
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+        rc = os.waitstatus_to_exitcode(status)
+        self.popen.returncode = rc  # reaped here; Popen must not wait for it again
+        text = []
+        for f in (self.out, self.err):
+            f.seek(0)
+            text.append(f.read().decode("utf-8", "replace"))
+            f.close()
+        return Result(rc, text[0], text[1], round(time.monotonic() - self.start, 1), round(usage.ru_maxrss / 1024, 1), timed_out)
+
+
+def cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None) -> Result:
+    return Proc(args, cwd, env).wait(timeout)
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def classify(res: Result, expect: str, must: tuple[str, ...] = (), check: Callable[[Result], str | None] | None = None) -> tuple[str, str]:
+    """(outcome, the line that decided it) for one CLI result. ``expect``: "ok", "error" or
+    "either"; ``must``: words one of which the Error line must contain; ``check``: on exit 0, a
+    description of what is wrong with the result (data lost, wrong output), or None."""
+    if res.timed_out:
+        return "unclear", f"no exit within the time limit ({res.seconds}s)"
+    if TRACEBACK in res.stderr:
+        return "traceback", last_line(res.stderr)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    if res.rc == 0:
+        if expect == "error":
+            return "silent", "exit 0 where it had to fail: " + last_line(res.stdout or res.stderr)
+        problem = check(res) if check else None
+        return ("silent", problem) if problem else ("ok", last_line(res.stdout))
+    if not errors:
+        return "unclear", f"exit {res.rc} without an Error: line: {last_line(res.stderr)}"
+    if must and not any(m.lower() in errors[0].lower() for m in must):
+        return "unclear", f"the Error line names none of {list(must)}: {errors[0][:300]}"
+    return "clear", errors[0][:300]
+
+
+@dataclass
+class Case:
+    cls: str
+    name: str
+    expect: str  # ok | error | either
+    outcome: str = ""
+    detail: str = ""
+    rc: int | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def expected(self) -> bool:
+        wanted = {"ok": ("ok",), "error": ("clear",), "either": ("ok", "clear")}[self.expect]
+        return self.outcome in wanted
+
+
+class Replay:
+    def __init__(self, work: Path, quick: bool, seed: int, verbose: bool = True):
+        self.work, self.quick, self.rng, self.verbose = work, quick, random.Random(seed), verbose
+        self.cases: list[Case] = []
+        self.runs = work / "runs"  # the pretraining cases share this folder and its data cache
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self._tok: Path | None = None
+        self._ref: tuple[Path, float] | None = None
+
+    def record(self, cls: str, name: str, expect: str, res: Result, must: tuple[str, ...] = (),
+               check: Callable[[Result], str | None] | None = None, outcome: tuple[str, str] | None = None) -> Case:
+        outcome, detail = outcome or classify(res, expect, must, check)
+        case = Case(cls, name, expect, outcome, detail, res.rc, res.seconds)
+        if res.peak_mb:
+            case.extra["peak_mb"] = res.peak_mb
+        self.cases.append(case)
+        if self.verbose:
+            print(f"[{cls}] {name}: {outcome} ({res.seconds}s) {detail[:160]}", file=sys.stderr, flush=True)
+        return case
+
+    def folder(self, name: str) -> Path:
+        path = self.work / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # ------------------------------------------------------------ shared inputs
+
+    def tokenizer(self) -> Path:
+        """A small WordPiece tokenizer (trained in-process once)."""
+        if self._tok is None:
+            from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+            self._tok = self.work / "tok.json"
+            train_tokenizer(TokenizerConfig(vocab_size=300, min_frequency=1), [text(i) for i in range(200)]).save(str(self._tok))
+        return self._tok
+
+    def pretrain_args(self, name: str, steps: int, *extra: str) -> list[str]:
+        return ["pretrain", f"name={name}", *TINY, f"impl.data_cache={self.work / 'data-cache'}",
+                f"train.budget.steps={steps}", *extra]
+
+    def reference(self) -> tuple[Path, float]:
+        """The uninterrupted reference run (checkpoints every 10 steps) and its wall time."""
+        if self._ref is None:
+            res = cli(self.pretrain_args("ref", REF_STEPS, "train.checkpoint_every=10"), self.runs, 900)
+            if res.rc != 0:
+                raise RuntimeError(f"the reference pretraining run failed (exit {res.rc}):\n{res.stderr[-3000:]}")
+            self._ref = (self.runs / "outputs" / "ref", res.seconds)
+        return self._ref
+
+    def copy_run(self, name: str) -> Path:
+        ref, _ = self.reference()
+        dst = self.runs / "outputs" / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(ref, dst)
+        return dst
+
+    # ------------------------------------------------------------ corpora
+
+    def corpus(self) -> None:
+        d = self.folder("corpus")
+        tok = str(self.tokenizer())
+        good = [json.dumps({"text": text(i)}) for i in range(20)]
+
+        def pack(name: str, inputs: list[str], expect: str, *extra: str, must=(), docs: int | None = None,
+                 skipped: dict | None = None, max_mb: float | None = None) -> None:
+            out = d / f"{name}.cramtok"
+
+            def check(res: Result) -> str | None:
+                manifest = json.loads(Path(str(out) + ".manifest.json").read_text())
+                got = manifest["documents"]
+                if got["read"] != got["packed"] + got["skipped"]:
+                    return f"records lost: {got}"
+                if docs is not None and got["packed"] != docs:
+                    return f"packed {got['packed']} documents, expected {docs}"
+                if skipped is not None and manifest["skipped"] != skipped:
+                    return f"skipped {manifest['skipped']}, expected {skipped}"
+                if max_mb and res.peak_mb > base_mb[0] + max_mb:
+                    return f"peak RSS {res.peak_mb} MB, more than {max_mb} MB above a small pack's {base_mb[0]} MB"
+                return None
+
+            res = cli(["data", "pack", *inputs, "--tokenizer", tok, "--out", str(out), *extra], d)
+            self.record("corpus", name, expect, res, must, check)
+            if res.rc == 0 and not max_mb:
+                base_mb[0] = min(base_mb[0], res.peak_mb)
+
+        base_mb = [float("inf")]  # peak RSS of the smallest successful pack: the baseline for memory
+
+        (d / "binary.bin").write_bytes(bytes(self.rng.randrange(256) for _ in range(5000)))
+        pack("binary file", ["binary.bin"], "error", must=("binary.bin",))
+        if not self.quick:
+            pack("binary file, skip", ["binary.bin"], "either", "--on-error", "skip", docs=0, skipped={"invalid_utf8": 1})
+        (d / "empty.jsonl").write_text("")
+        bad = list(good)
+        for k in (3, 7, 11):
+            bad[k] = bad[k][:-5]  # cut inside the record
+        (d / "invalid.jsonl").write_text("\n".join(bad) + "\n")
+        pack("invalid JSON lines", ["invalid.jsonl"], "error", must=("invalid.jsonl:4",))
+        pack("invalid JSON lines, skip", ["invalid.jsonl"], "ok", "--on-error", "skip", docs=17, skipped={"invalid_json": 3})
+        mb = 2 if self.quick else 30
+        big = " ".join(text(i) for i in range(40)) + " "
+        (d / "huge.jsonl").write_text(json.dumps({"text": big * (mb * 1_000_000 // len(big))}) + "\n" + good[0] + "\n")
+        pack(f"one {mb} MB line", ["huge.jsonl"], "ok", docs=2, max_mb=150 + 10 * mb)  # 3.2 GB for 30 MB before 12.12
+        (d / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e, na\xefve fa\xe7ade\n".encode("latin-1") * 20)
+        pack("latin-1 text", ["latin1.txt"], "error", must=("latin1.txt",))
+        if not self.quick:
+            (d / "utf16.jsonl").write_bytes("\n".join(good).encode("utf-16"))
+            pack("UTF-16 JSONL", ["utf16.jsonl"], "error", must=("utf16.jsonl",))
+            pack("empty file", ["empty.jsonl"], "either", must=("empty.jsonl", "no document"), docs=0)
+        (d / "surrogate.jsonl").write_text(good[0] + '\n{"text": "lone \\ud800 surrogate"}\n')
+        pack("lone surrogate in JSON", ["surrogate.jsonl"], "error", must=("surrogate.jsonl:2",))
+        mixed = d / "mixed"
+        (mixed / "sub").mkdir(parents=True, exist_ok=True)
+        (mixed / "a.jsonl").write_text("\n".join(good[:5]) + "\n")
+        (mixed / "sub" / "b.jsonl.gz").write_bytes(gzip.compress(("\n".join(good[5:8]) + "\n").encode()))
+        (mixed / "sub" / "c.txt").write_text(text(99))
+        (mixed / ".hidden.jsonl").write_text("not a record\n")
+        pack("folder of mixed files", ["mixed"], "ok", docs=9)
+        if not self.quick:
+            (d / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(good[:4]).encode() + b"\r\n")
+            pack("BOM and CRLF", ["bom.jsonl"], "ok", docs=4)
+            shutil.copytree(mixed, d / "mixed-bin", dirs_exist_ok=True)
+            (d / "mixed-bin" / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8)
+            pack("folder with a binary file", ["mixed-bin"], "error", must=("image.png",))
+            raw = gzip.compress(("\n".join(good * 50) + "\n").encode())
+            (d / "truncated.jsonl.gz").write_bytes(raw[: len(raw) // 2])
+            pack("truncated .gz", ["truncated.jsonl.gz"], "error", must=("truncated.jsonl.gz",))
+            (d / "nokey.jsonl").write_text("\n".join([*good[:3], json.dumps({"body": "x"})]) + "\n")
+            pack("record without the text key", ["nokey.jsonl"], "error", must=("nokey.jsonl:4",))
+            pack("missing input", ["nothere.jsonl"], "error", must=("nothere.jsonl",))
+            res = cli(["data", "prepare", "data.sources=[{type: text, path: binary.bin}]", "data.tokenizer.vocab_size=100",
+                       "cache=cache"], d)
+            self.record("corpus", "prepare a binary file", "error", res, ("binary.bin",))
+
+    # ------------------------------------------------------------ the other `cramlm data` commands
+
+    def data_cli(self) -> None:
+        from cramlm.data.modalities import write_pbin
+
+        d = self.folder("data-cli")
+        tok = str(self.tokenizer())
+        (d / "c.jsonl").write_text("".join(json.dumps({"text": text(i)}) + "\n" for i in range(10)))
+        (d / "junk.bin").write_bytes(bytes(range(256)) * 4)
+        write_pbin(d / "m.pbin", [[1, 2, 3], [4, 5]])
+        from cramlm.data.packed import PackedWriter
+
+        with PackedWriter(d / "ok.cramtok", 300) as w:
+            w.add([5, 6, 7])
+        cases = [
+            ("convert-modalities, missing tokenizer", ["convert-modalities", "m.pbin", "o.cramtok", "--tokenizer", "/missing.json"], "/missing.json"),
+            ("convert-modalities, binary tokenizer", ["convert-modalities", "m.pbin", "o.cramtok", "--tokenizer", "junk.bin"], "junk.bin"),
+            ("pack, missing tokenizer", ["pack", "c.jsonl", "--tokenizer", "/missing.json", "--out", "x.cramtok"], "/missing.json"),
+            ("pack, output folder missing", ["pack", "c.jsonl", "--tokenizer", tok, "--out", "nowhere/x.cramtok"], "nowhere"),
+            ("tokenizer, output folder missing", ["tokenizer", "--out", "nowhere/t.json", "data.max_entries_in_raw_dataset=3"], "nowhere"),
+            ("inspect, not a packed file", ["inspect", "junk.bin"], "junk.bin"),
+            ("inspect, binary tokenizer", ["inspect", "ok.cramtok", "--tokenizer", "junk.bin"], "junk.bin"),
+            ("prepare, binary tokenizer", ["prepare", "data.tokenizer.path=junk.bin", "cache=cache"], "junk.bin"),
+            ("prepare, shard index out of range", ["prepare", "--num-shards", "2", "--shard-index", "5", "cache=cache"], "shard"),
+            ("prepare, 0 shards", ["prepare", "--num-shards", "0", "cache=cache"], "num-shards"),
+            ("merge, shards missing", ["merge", "--num-shards", "3", "data.name=nothing", "cache=cache"], "shard"),
+            ("index, output folder missing", ["index", "c.jsonl", "--out", "nowhere/i.npy"], "nowhere"),
+            ("dedup, output folder missing", ["dedup", "--out", "nowhere/d.jsonl", "data.max_entries_in_raw_dataset=3"], "nowhere"),
+            ("convert-modalities, vocab size 0", ["convert-modalities", "m.pbin", "o.cramtok", "--vocab-size", "0"], "vocab-size"),
+        ]
+        if self.quick:
+            cases = cases[:4]
+        for name, args, must in cases:
+            self.record("data-cli", name, "error", cli(["data", *args], d), (must,))
+
+    # ------------------------------------------------------------ corrupted files
+
+    def corrupt(self) -> None:
+        import numpy as np
+
+        from cramlm.data.modalities import write_pbin
+        from cramlm.data.packed import PackedWriter, read_packed
+
+        d = self.folder("corrupt")
+        rng = np.random.default_rng(self.rng.randrange(1 << 30))
+        good = d / "good.cramtok"
+        with PackedWriter(good, 512) as w:
+            for _ in range(40):
+                w.add(rng.integers(0, 512, rng.integers(1, 60)))
+        original = read_packed(good)
+        ref_tokens, ref_offsets = np.array(original.tokens), np.array(original.offsets)
+        data = good.read_bytes()
+        n = 2 if self.quick else 25
+
+        def same_cramtok(path: Path) -> Callable[[Result], str | None]:
+            def check(_: Result) -> str | None:  # exit 0: only fine if the content is unchanged (padding hit)
+                try:
+                    p = read_packed(path, verify=False)
+                    if np.array_equal(p.tokens, ref_tokens) and np.array_equal(p.offsets, ref_offsets):
+                        return None
+                except Exception:
+                    pass
+                return "a corrupted file was read as valid"
+            return check
+
+        for i in range(n):
+            cut = self.rng.randrange(len(data))
+            path = d / f"trunc-{i}.cramtok"
+            path.write_bytes(data[:cut])
+            self.record("corrupt", f".cramtok truncated to {cut} bytes", "error", cli(["data", "inspect", str(path)], d),
+                        (path.name,), same_cramtok(path))
+        for i in range(n):
+            pos, bit = self.rng.randrange(len(data)), self.rng.randrange(8)
+            flipped = bytearray(data)
+            flipped[pos] ^= 1 << bit
+            path = d / f"flip-{i}.cramtok"
+            path.write_bytes(bytes(flipped))
+            self.record("corrupt", f".cramtok bit {bit} of byte {pos} flipped", "either", cli(["data", "inspect", str(path)], d),
+                        (path.name,), same_cramtok(path))
+
+        docs = [rng.integers(0, 300, rng.integers(1, 30)).tolist() for _ in range(30)]
+        pbin = write_pbin(d / "good.pbin", docs)
+        raw = pbin.read_bytes()
+        data_end = 12 + int.from_bytes(raw[:8], "little")
+
+        def same_pbin(out: Path) -> Callable[[Result], str | None]:
+            def check(_: Result) -> str | None:
+                p = read_packed(out, verify=False)
+                got = [p.document(i).tolist() for i in range(p.num_documents)]
+                return None if got == docs else "a corrupted .pbin converted to different documents"
+            return check
+
+        m = 1 if self.quick else 15
+        for i in range(m):
+            cut = self.rng.choice([self.rng.randrange(12), self.rng.randrange(12, data_end), self.rng.randrange(data_end, len(raw))])
+            path, out = d / f"trunc-{i}.pbin", d / f"trunc-{i}.pbin.cramtok"
+            path.write_bytes(raw[:cut])
+            self.record("corrupt", f".pbin truncated to {cut} bytes", "error",
+                        cli(["data", "convert-modalities", path.name, out.name], d), (path.name,), same_pbin(out))
+        for i in range(m):  # header and index only: a .pbin has no checksum over its tokens
+            pos = self.rng.choice([self.rng.randrange(12), self.rng.randrange(data_end, len(raw))])
+            flipped = bytearray(raw)
+            flipped[pos] ^= 1 << self.rng.randrange(8)
+            path, out = d / f"flip-{i}.pbin", d / f"flip-{i}.pbin.cramtok"
+            path.write_bytes(bytes(flipped))
+            self.record("corrupt", f".pbin byte {pos} flipped", "either",
+                        cli(["data", "convert-modalities", path.name, out.name], d), (path.name,), same_pbin(out))
+        huge = d / "huge-int.pbin"
+        huge.write_bytes(raw[:data_end] + pickle.dumps([(0, 10**5000)]))
+        self.record("corrupt", ".pbin index with a 5000-digit integer", "error",
+                    cli(["data", "convert-modalities", huge.name, "h.cramtok"], d), (huge.name,))
+        marker = d / "PAYLOAD-RAN-pbin"
+        evil = d / "evil.pbin"
+        evil.write_bytes(raw[:data_end] + pickle.dumps(Payload(f"touch {marker}")))
+        self.record("corrupt", ".pbin index pickle that runs a command", "error",
+                    cli(["data", "convert-modalities", evil.name, "e.cramtok"], d), (evil.name,),
+                    outcome=("silent", "the pickle payload ran") if marker.exists() else None)
+
+        # checkpoints and prepared data, on the training path
+        ref, _ = self.reference()
+        run = self.copy_run("ck-trunc")
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        weights = newest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        res = cli(self.pretrain_args("ck-trunc", REF_STEPS, "train.checkpoint_every=10", "--resume", "auto"), self.runs)
+        self.record("corrupt", "truncated model.safetensors in the newest checkpoint, --resume auto", "ok", res,
+                    check=lambda _: same_model(run, ref))
+        marker = d / "PAYLOAD-RAN-training.pt"
+        run = self.copy_run("ck-evil")
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        (newest / "training.pt").write_bytes(pickle.dumps(Payload(f"touch {marker}")))
+        res = cli(self.pretrain_args("ck-evil", REF_STEPS, "train.checkpoint_every=10", "--resume", "auto"), self.runs)
+        self.record("corrupt", "training.pt pickle that runs a command, --resume auto", "either", res,
+                    check=lambda _: same_model(run, ref),
+                    outcome=("silent", "the pickle payload ran") if marker.exists() else None)
+        if not self.quick:
+            run = self.copy_run("eval-trunc")
+            (run / "model.safetensors").write_bytes((ref / "model.safetensors").read_bytes()[:1000])
+            res = cli(["eval", f"checkpoint={run}", "eval.seeds=1", "impl.progress=false"], self.runs)
+            self.record("corrupt", "eval of a run with a truncated model.safetensors", "error", res, ("model.safetensors",))
+            marker = d / "PAYLOAD-RAN-pytorch_model.bin"
+            hf = self.folder("corrupt/hf-evil")
+            (hf / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 100,
+                                                        "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                        "intermediate_size": 32}))
+            (hf / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(f"touch {marker}")))
+            shutil.copy(self.tokenizer(), hf / "tokenizer.json")
+            res = cli(["eval", f"checkpoint={hf}", "eval.seeds=1", "impl.progress=false"], self.runs)
+            self.record("corrupt", "eval of an HF folder whose pytorch_model.bin runs a command", "error", res,
+                        ("pytorch_model.bin",), outcome=("silent", "the pickle payload ran") if marker.exists() else None)
+            cache = self.work / "cache-corrupt"
+            prep = cli(["data", "prepare", *DATA_KEYS, f"cache={cache}", "--quiet"], self.runs)
+            if prep.rc == 0:
+                train = Path(json.loads(last_line(prep.stdout))["folder"]) / "train.cramtok"
+                train.write_bytes(train.read_bytes()[:-100])
+                res = cli(["pretrain", "name=bad-data", *TINY, f"impl.data_cache={cache}", "train.budget.steps=3"], self.runs)
+                self.record("corrupt", "truncated train.cramtok in the data cache, pretrain", "error", res, ("train.cramtok",))
+
+    # ------------------------------------------------------------ bad overrides (issue 12 items 1, 3, 10, 11, 13)
+
+    def overrides(self) -> None:
+        import importlib.util
+
+        self.reference()  # the data cache, and a run to resume with another vocabulary
+        sentinels = [self.runs / "checkpoints" / "sentinel.txt", self.runs / "outputs" / "checkpoints" / "sentinel.txt"]
+        for s in sentinels:
+            s.parent.mkdir(parents=True, exist_ok=True)
+            s.write_text("not cramlm's: must survive\n")
+
+        def sentinels_lost() -> str | None:
+            gone = [str(s.relative_to(self.runs)) for s in sentinels if not s.exists()]
+            for s in sentinels:  # put them back for the next case
+                s.parent.mkdir(parents=True, exist_ok=True)
+                s.write_text("not cramlm's: must survive\n")
+            return f"deleted files outside the run: {gone}" if gone else None
+
+        cases: list[tuple[str, list[str], tuple[str, ...]]] = [
+            ("train.grad_clip=-1", ["train.grad_clip=-1"], ("grad_clip",)),
+            ("train.optim.lr=.inf", ["train.optim.lr=.inf"], ("lr",)),
+            ("impl.microbatch_size=0", ["impl.microbatch_size=0"], ("microbatch_size",)),
+            ("train.batch_size=0", ["train.batch_size=0"], ("batch_size",)),
+            ("data.sources.0.txt_key=text", ["data.sources.0.txt_key=text"], ("text_key",)),
+            ("name=..", ["name=.."], ("name",)),
+        ]
+        if not self.quick:
+            cases += [
+                ("data.name=[1,", ["data.name=[1,"], ("data.name",)),
+                ("impl.microbatch_size=-8", ["impl.microbatch_size=-8"], ("microbatch_size",)),
+                ("data.seq_length=0", ["data.seq_length=0"], ("seq_length",)),
+                ("arch.hidden_size=0", ["arch.hidden_size=0"], ("hidden_size",)),
+                ("data.validation_fraction=1.5", ["data.validation_fraction=1.5"], ("validation_fraction",)),
+                ("train.optim.lr=nan", ["train.optim.lr=nan"], ("lr",)),
+                ("name= (empty)", ["name="], ("name",)),
+                ("name=../escape", ["name=../escape"], ("name",)),
+                ("name=a/b", ["name=a/b"], ("name",)),
+            ]
+            if not cuda_available():
+                cases.append(("impl.device=cuda without CUDA", ["impl.device=cuda"], ("cuda",)))
+            if importlib.util.find_spec("tensorboard") is None:
+                cases.append(("impl.tensorboard=true without tensorboard", ["impl.tensorboard=true"], ("tensorboard",)))
+        for i, (label, extra, must) in enumerate(cases):
+            name_given = any(a.startswith("name=") for a in extra)
+            args = self.pretrain_args(f"ov-{i}", 3, *extra)
+            if name_given:
+                args.remove(f"name=ov-{i}")
+            res = cli(args, self.runs, 600)
+            lost = sentinels_lost()
+            self.record("overrides", label, "error", res, must, outcome=("silent", lost) if lost else None)
+        # resuming with another vocabulary size (the state_dict does not fit)
+        self.copy_run("vocab")
+        res = cli(self.pretrain_args("vocab", REF_STEPS + 5, "data.tokenizer.vocab_size=600", "--resume", "auto"), self.runs)
+        self.record("overrides", "--resume auto with another vocab size", "error", res, ("vocab",))
+
+    # ------------------------------------------------------------ kills
+
+    def kill(self) -> None:
+        ref, ref_seconds = self.reference()
+        for i in range(1 if self.quick else 5):
+            name = f"kill-{i}"
+            delay = self.rng.uniform(3.0, max(4.0, 0.9 * ref_seconds))
+            args = self.pretrain_args(name, REF_STEPS, "train.checkpoint_every=10")
+            proc = Proc(args, self.runs)
+            time.sleep(delay)
+            proc.signal(signal.SIGKILL)
+            killed = proc.wait(120)
+            res = cli([*args, "--resume", "auto"], self.runs)
+            case = self.record("kill", f"SIGKILL after {delay:.1f}s, then --resume auto", "ok", res,
+                               check=lambda _: same_model(self.runs / "outputs" / name, ref))
+            case.extra["killed_rc"] = killed.rc
+
+    # ------------------------------------------------------------ concurrent runs
+
+    def concurrent(self) -> None:
+        self.reference()  # data prepared once, so both runs start training at about the same time
+        for i in range(1 if self.quick else 2):
+            name = f"twice-{i}"
+            args = self.pretrain_args(name, 30, "train.checkpoint_every=5")
+            a = Proc(args, self.runs)
+            if i:  # the second round: B starts while A is training
+                wait_for_training(self.runs / "outputs" / name, a, 120)
+            b = Proc(args, self.runs)
+            ra, rb = a.wait(600), b.wait(600)
+            run = self.runs / "outputs" / name
+            label = "two `pretrain name=x` at once" if i == 0 else "a second `pretrain name=x` while one trains"
+            if ra.rc == 0 and rb.rc == 0:
+                problems = run_damage(run)
+                self.record("concurrent", label, "error", rb,
+                            outcome=("silent", "both runs exit 0" + (f"; {problems}" if problems else "")))
+                continue
+            winner, loser = (ra, rb) if ra.rc == 0 else (rb, ra)
+            case = self.record("concurrent", label, "error", loser, ("lock", "running", "pid"))
+            if winner.rc == 0 and (problems := run_damage(run)):
+                case.outcome, case.detail = "silent", problems
+            elif winner.rc != 0:
+                case.detail += f"; the other run failed too (exit {winner.rc}: {last_line(winner.stderr)})"
+
+    # ------------------------------------------------------------ disk full
+
+    def disk_full(self) -> None:
+        if os.geteuid() != 0:
+            self.skipped["disk-full"] = "needs root (mount -t tmpfs)"
+            return
+        self.reference()
+        full = self.work / "full"
+        full.mkdir(exist_ok=True)
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(full)], capture_output=True, text=True)
+        if mount.returncode != 0:
+            self.skipped["disk-full"] = f"mount failed: {mount.stderr.strip()[:200]}"
+            return
+        try:
+            res = cli(self.pretrain_args("full", 12, "train.checkpoint_every=4", f"base_dir={full}"), self.runs)
+
+            def partial_left(_: Result | None = None) -> str | None:
+                left = [str(p.relative_to(full)) for p in full.rglob("*.tmp*")]
+                return f"partial files left: {left[:5]}" if left else None
+
+            case = self.record("disk-full", "pretrain checkpoint on a full disk", "error", res, ("space", "disk"))
+            if case.outcome == "clear" and (problem := partial_left()):
+                case.outcome, case.detail = "unclear", problem
+            shutil.rmtree(full / "full", ignore_errors=True)
+            d = self.folder("disk-corpus")
+            (d / "c.jsonl").write_text("".join(json.dumps({"text": text(i) * 20}) + "\n" for i in range(1000)))
+            res = cli(["data", "pack", "c.jsonl", "--tokenizer", str(self.tokenizer()), "--out", str(full / "c.cramtok")], d)
+            case = self.record("disk-full", "data pack onto a full disk", "error", res, ("space", "disk"))
+            if case.outcome == "clear" and any(full.iterdir()):
+                case.outcome, case.detail = "unclear", f"left on the full disk: {[p.name for p in full.iterdir()][:5]}"
+        finally:
+            subprocess.run(["umount", str(full)], capture_output=True)
+
+    # ------------------------------------------------------------ signals
+
+    def signals(self) -> None:
+        self.reference()
+        sigs = [signal.SIGTERM, signal.SIGINT] + ([] if self.quick else [signal.SIGUSR1])
+        for sig in sigs:
+            name = f"sig-{sig.name.lower()}"
+            args = self.pretrain_args(name, 100_000, "train.checkpoint_every=0", "train.checkpoint_minutes=null")
+            proc = Proc(args, self.runs)
+            run = self.runs / "outputs" / name
+            started = wait_for_training(run, proc, 300)
+            proc.signal(sig)
+            res = proc.wait(180)
+            checkpoints = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+            label = f"{sig.name} during pretrain"
+            if not started:
+                outcome = ("unclear", "training never started: " + last_line(res.stderr))
+            elif res.timed_out:
+                outcome = ("unclear", f"still running {res.seconds}s after {sig.name}")
+            elif TRACEBACK in res.stderr:
+                outcome = ("traceback", last_line(res.stderr))
+            elif res.rc == 0:
+                outcome = ("silent", f"exit 0 after {sig.name}")
+            elif not checkpoints:
+                outcome = ("silent", f"exit {res.rc}, no checkpoint written: the work is lost")
+            elif res.rc == 1:
+                outcome = ("unclear", f"checkpoint {checkpoints[-1].name}, but exit 1 (the generic error code)")
+            else:
+                outcome = ("ok", f"exit {res.rc}, checkpoint {checkpoints[-1].name}")
+            self.record("signals", label, "ok", res, outcome=outcome)
+
+    # ------------------------------------------------------------ all
+
+    def run(self, classes: list[str]) -> dict:
+        self.skipped: dict[str, str] = {}
+        methods = {"corpus": self.corpus, "data-cli": self.data_cli, "corrupt": self.corrupt, "overrides": self.overrides,
+                   "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals}
+        start = time.monotonic()
+        for cls in classes:
+            methods[cls]()
+        counts = {cls: {o: sum(c.cls == cls and c.outcome == o for c in self.cases) for o in OUTCOMES} for cls in classes}
+        total = {o: sum(c[o] for c in counts.values()) for o in OUTCOMES}
+        return {"quick": self.quick, "seconds": round(time.monotonic() - start, 1), "counts": counts, "total": total,
+                "unexpected": sum(not c.expected for c in self.cases), "skipped_classes": self.skipped,
+                "cases": [{**asdict(c), "expected": c.expected} for c in self.cases]}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class Payload:
+    """Unpickling this runs a shell command (the marker file shows whether it ran)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def text(i: int) -> str:
+    words = ("whale ship sea captain harpoon boat crew ocean storm wind sail deck mast rope island coffin chapter "
+             "white sperm oil voyage night day sun moon star wave deep call me ishmael").split()
+    return f"doc{i} " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(12 + i % 9)) + "."
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def same_model(run: Path, ref: Path) -> str | None:
+    """None if ``run``'s final model equals the reference's tensor for tensor, bit for bit."""
+    from safetensors.numpy import load_file
+
+    path = run / "model.safetensors"
+    if not path.is_file():
+        return f"{path.name} missing after a successful exit"
+    got, want = load_file(str(path)), load_file(str(ref / "model.safetensors"))
+    if got.keys() != want.keys():
+        return "the final model has other tensors than the uninterrupted run's"
+    differ = [k for k in want if got[k].shape != want[k].shape or (got[k] != want[k]).any()]
+    return f"the final model differs from the uninterrupted run in {len(differ)} tensors" if differ else None
+
+
+def run_damage(run: Path) -> str | None:
+    """What two writers left broken in a run folder (invalid metrics lines, a missing final checkpoint)."""
+    problems = []
+    metrics = run / "metrics.jsonl"
+    if metrics.is_file():
+        bad = 0
+        for line in metrics.read_text(errors="replace").splitlines():
+            try:
+                json.loads(line)
+            except ValueError:
+                bad += 1
+        if bad:
+            problems.append(f"{bad} invalid lines in metrics.jsonl")
+    summary = run / "summary.json"
+    if summary.is_file():
+        final = json.loads(summary.read_text()).get("final_checkpoint")
+        if final and not (run.parents[1] / final).is_dir() and not Path(final).is_dir():
+            problems.append(f"the reported final checkpoint {final} is gone")
+    return "; ".join(problems) or None
+
+
+def wait_for_training(run: Path, proc: Proc, timeout: float) -> bool:
+    """Wait until ``run``'s metrics.jsonl has a training line (or the process ends)."""
+    deadline = time.monotonic() + timeout
+    metrics = run / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            return False
+        if metrics.is_file() and '"kind": "train"' in metrics.read_text(errors="replace"):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
+       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def table(report: dict) -> str:
+    rows = [("class", "cases", *OUTCOMES, "unexpected")]
+    for cls, counts in report["counts"].items():
+        cases = [c for c in report["cases"] if c["cls"] == cls]
+        rows.append((cls, str(len(cases)), *(str(counts[o]) for o in OUTCOMES), str(sum(not c["expected"] for c in cases))))
+    rows.append(("total", str(len(report["cases"])), *(str(report["total"][o]) for o in OUTCOMES), str(report["unexpected"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
+    for cls, why in report["skipped_classes"].items():
+        lines.append(f"{cls}: skipped ({why})")
+    bad = [c for c in report["cases"] if c["outcome"] in ("traceback", "silent", "unclear") or not c["expected"]]
+    if bad:
+        lines.append("")
+        lines.append("not as required:")
+        lines += [f"  [{c['cls']}] {c['name']}: {c['outcome']} (expected {c['expect']}): {c['detail'][:200]}" for c in bad]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller sample (a few minutes on 2 cores)")
+    parser.add_argument("--only", default=",".join(CLASSES), help=f"comma-separated classes of {', '.join(CLASSES)}")
+    parser.add_argument("--seed", type=int, default=0, help="corruption positions and kill times")
+    parser.add_argument("--keep", default=None, help="work in this folder and keep it (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    classes = [c.strip() for c in args.only.split(",") if c.strip()]
+    unknown = sorted(set(classes) - set(CLASSES))
+    if unknown:
+        parser.error(f"unknown classes {unknown}; choose from {', '.join(CLASSES)}")
+    if args.keep:
+        work = Path(args.keep).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        report = Replay(work, args.quick, args.seed).run(classes)
+    else:
+        with tempfile.TemporaryDirectory(prefix="cramlm-adversarial-") as tmp:
+            report = Replay(Path(tmp), args.quick, args.seed).run(classes)
+    print(json.dumps(report, indent=1))
+    print(table(report))
+    return 1 if any(report["total"][o] for o in ("traceback", "silent", "unclear")) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
