@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, here (with network), the wheels that benchmarks/gpu_check.sh installs on the GPU machine,
-# which has no network and lacks these packages: Python 3.12, manylinux x86-64, into .whl/ (ignored
-# by git; the device tool carries it: carry [".whl"]).
+# which has no network and lacks these packages: Python 3.12, manylinux x86-64, into .whl/ (in
+# .gitignore; the device tool takes it along when asked: carry [".whl"]).
 #
 #   bash benchmarks/gpu_wheels.sh            # then check: ls .whl
 #
@@ -22,7 +22,6 @@ WHEELS=(
   filelock==4.3.1
 )
 rm -rf .whl && mkdir -p .whl
-grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || { [ -d .git ] && echo '/.whl/' >> .git/info/exclude || true; }
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${WHEELS[@]}"

@@ -1,6 +1,6 @@
 """Packed documents without a dense mask: the FlexAttention block mask (the CUDA default, see
 layers.DOCUMENT_ATTENTION) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
-only (FlexAttention has no CPU backward); tests/cuda/test_attention.py checks forward, backward
+only (FlexAttention has no CPU backward); tests/gpu/test_attention.py checks forward, backward
 and the kernels on a GPU."""
 
 from __future__ import annotations

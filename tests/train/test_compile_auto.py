@@ -1,5 +1,5 @@
-"""``impl.compile=auto`` (the default) compiles on one CUDA GPU only (tests/cuda/test_compile.py
-checks that side, and tests/cuda/nccl_driver.py that a DDP-wrapped model is left alone): never a
+"""``impl.compile=auto`` (the default) compiles on one CUDA GPU only (tests/gpu/test_compile.py
+checks that side, and tests/gpu/nccl_driver.py that a DDP-wrapped model is left alone): never a
 CPU model."""
 
 import torch

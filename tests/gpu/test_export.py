@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.pretrain import load_run
-from tests.cuda.helpers import run_overrides
+from tests.gpu.helpers import run_overrides
 from tests.train.helpers import overrides
 
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,7 @@ import torch
 
 from cramlm.train.optim import AdamWConfig, build_optimizer
 from cramlm.train.runtime import autocast
-from tests.cuda.helpers import WIDE, run_overrides
+from tests.gpu.helpers import WIDE, run_overrides
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 from tests.train.helpers import losses, run_inprocess
 

@@ -1,6 +1,9 @@
 """The CUDA tests (``pytest -m cuda``; benchmarks/gpu_check.sh runs them first). They skip without
 a GPU; ``CRAMLM_TEST_DEVICE=cpu`` runs the ones whose logic also holds on a CPU there (a smoke
-test of the test code itself; the rest still skip)."""
+test of the test code itself; the rest still skip).
+
+The folder is tests/gpu, not tests/cuda: pytest imports test folders under their own name, and
+`cuda` is the top-level package of NVIDIA's cuda-python (present on GPU machines)."""
 
 from __future__ import annotations
 

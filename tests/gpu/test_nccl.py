@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda.helpers import run_overrides
+from tests.gpu.helpers import run_overrides
 from tests.train.helpers import REPO, env, free_port, losses, run_inprocess
 
 pytestmark = pytest.mark.cuda

@@ -1,8 +1,8 @@
-"""Run by tests/cuda/test_checkpoint.py in a fresh process (cuBLAS reads CUBLAS_WORKSPACE_CONFIG
+"""Run by tests/gpu/test_checkpoint.py in a fresh process (cuBLAS reads CUBLAS_WORKSPACE_CONFIG
 when it starts): under torch.use_deterministic_algorithms(warn_only=True), an 8-step run with a
 checkpoint after every step, then a second run resumed from its step-4 checkpoint. Prints the
 warnings of operations that have no deterministic implementation (as JSON, last line).
-Usage: python tests/cuda/resume_driver.py <tmp dir> <device> <override>..."""
+Usage: python tests/gpu/resume_driver.py <tmp dir> <override>..."""
 
 import json
 import shutil

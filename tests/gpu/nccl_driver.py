@@ -1,8 +1,8 @@
-"""Run by tests/cuda/test_nccl.py as a one-process job (RANK=0, WORLD_SIZE=1 in the env): cramlm's
+"""Run by tests/gpu/test_nccl.py as a one-process job (RANK=0, WORLD_SIZE=1 in the env): cramlm's
 own init_distributed on a GPU must give an NCCL group bound to the device; a collective and a
 barrier run through it; compile=auto leaves a DDP-wrapped model alone; then a DDP `cramlm
 pretrain` reuses the group. Prints what it saw as JSON (last line).
-Usage: python tests/cuda/nccl_driver.py <tmp dir> <override>..."""
+Usage: python tests/gpu/nccl_driver.py <tmp dir> <override>..."""
 
 import json
 import sys

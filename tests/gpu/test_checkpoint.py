@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.cuda.helpers import run_overrides
+from tests.gpu.helpers import run_overrides
 from tests.train.helpers import REPO, env, losses, records
 
 pytestmark = pytest.mark.cuda

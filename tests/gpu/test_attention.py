@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cramlm.models import layers
 from cramlm.train.runtime import autocast
-from tests.cuda.helpers import WIDE
+from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
 
 pytestmark = pytest.mark.cuda

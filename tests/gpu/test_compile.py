@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cramlm.train.runtime import ImplConfig, compile_model
-from tests.cuda.helpers import WIDE
+from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
 
 pytestmark = pytest.mark.cuda
