@@ -159,7 +159,7 @@ def table(res: Path) -> int:
             text += "".join(f"; FAILED {b['test']}" for b in r["not_passed"][:4])
         elif name == "peak" and r:
             text = ", ".join(f"{k} GEMM {v / 1e12:.3g} TFLOP/s" for k, v in r["gemm_flops"].items())
-        elif name == "model_step" and r:
+        elif name.startswith("model_step") and r:
             text = "; ".join(f"{x['size']}: {x['speedup']:.2f}x HF (median {x['speedup_median']:.2f}x), MFU {_pct(x['mfu'].get('crammed-bert'))}"
                              + (f", docs flex/dense {x['flex_vs_dense']:.2f}x" if "flex_vs_dense" in x else "") for x in r)
         elif name.startswith("train_step") and r:
@@ -169,7 +169,8 @@ def table(res: Path) -> int:
             d = r["derived"]
             text = (f"{d['tokens_per_second'] or 0:,.0f} tok/s end to end (MFU {_pct(d.get('mfu_vs_measured_peak'))} of measured, "
                     f"{_pct(d.get('mfu_vs_table_peak'))} of table peak), steady {d['steady_tokens_per_second'] or 0:,.0f} tok/s "
-                    f"(MFU {_pct(d.get('steady_mfu_vs_measured_peak'))}); val loss {r['summary'].get('val_loss')}")
+                    f"(MFU {_pct(d.get('steady_mfu_vs_measured_peak'))}); {r['summary'].get('steps')} steps, loss "
+                    f"{r['summary'].get('first_loss')} -> {r['summary'].get('last_loss')}")
         elif name == "eval" and r:
             text = ", ".join(f"{x['task']} {100 * x['score']:.1f}" for x in r.get("results", []))
             if r.get("lm"):

@@ -133,6 +133,11 @@ class SelfAttention(nn.Module):
             y = _flex(q.device)(q, k.to(q.dtype), v.to(q.dtype), block_mask=attn_mask, **extra)
         else:
             # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
+            if extra and attn_mask is not None and q.is_cuda:
+                # SDPA's grouped-query mode runs only in the flash and math kernels on CUDA (its docs), and
+                # flash takes no mask: repeating the key/value heads keeps a masked batch on the
+                # memory-efficient kernel instead of the math one (the same function: SDPA's reference)
+                k, v, extra = k.repeat_interleave(N // K, dim=1), v.repeat_interleave(N // K, dim=1), {}
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
             )
