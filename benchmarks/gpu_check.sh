@@ -126,12 +126,13 @@ if [ $DRY = 1 ]; then
   PRETRAIN_TIMEOUT=120
 else
   left=$((LIMIT - ($(date +%s) - START)))
-  SECONDS_BUDGET=$(( left - 110 < 120 ? left - 110 : 120 ))  # leave time for setup, the last checkpoint and eval
+  # leave time for setup, the final validation (an eval-mode compile), the last checkpoint and eval
+  SECONDS_BUDGET=$(( left - 130 < 120 ? left - 130 : 120 ))
   [ $SECONDS_BUDGET -lt 20 ] && SECONDS_BUDGET=20
   PRETRAIN=(arch=crammed-bert train=bert-o4 data.tokenizer.vocab_size=32768 "budget=${SECONDS_BUDGET}s"
             impl.microbatch_size=128 train.batch_size=8192 train.batch_ramp=0 train.min_updates=0 train.log_every=1
-            train.validate_batches=0 train.checkpoint_minutes=null)  # no validation: eval mode would recompile
-  PRETRAIN_TIMEOUT=$((SECONDS_BUDGET + 80))
+            train.validate_every=0 train.checkpoint_minutes=null)  # validation (and its eval-mode compile) only after the budget
+  PRETRAIN_TIMEOUT=$((SECONDS_BUDGET + 100))
 fi
 if want pretrain && run pretrain "$PRETRAIN_TIMEOUT" "" "$PY" -m cramlm pretrain "${COMMON[@]}" "${PRETRAIN[@]}"; then
   cp "$RUN/metrics.jsonl" "$RES/pretrain_metrics.jsonl"

@@ -37,3 +37,21 @@ def test_mlm_batches_of_packed_documents(tmp_path):
     loss = model(**batch)["loss"]
     loss.backward()
     assert torch.isfinite(loss) and model.trunk.tokens.weight.grad.abs().sum() > 0
+
+
+def test_cut_documents_keep_positions_inside_the_block(tmp_path):
+    """A document longer than a block is cut; its later pieces must not carry positions past the
+    block length, or a model with an absolute position table of that length cannot take them."""
+    from cramlm.data.dataset import BlockDataset
+
+    with PackedWriter(tmp_path / "p.cramtok", 300) as w:
+        w.add(np.arange(5, 75))  # 70 tokens: several blocks of 16
+        w.add(np.arange(5, 12))
+    packed = read_packed(w.path)
+    model = tiny_model("bert-original-tiny", max_seq_length=16)  # learned positions, 16 of them
+    for batch in (DocumentPackedDataset(packed, 16, pad_id=0).batch(np.arange(5)),
+                  BlockDataset(packed, 16, cls_id=2).batch_with_boundaries(np.arange(4))):
+        assert batch["position_ids"].max() < 16
+        with torch.no_grad():
+            model.encode(batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                         position_ids=batch["position_ids"], document_ids=batch["document_ids"])

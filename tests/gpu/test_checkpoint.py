@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.gpu.helpers import run_overrides
-from tests.train.helpers import REPO, env, losses, records
+from tests.gpu.helpers import run_overrides, subprocess_env
+from tests.train.helpers import REPO, losses, records
 
 pytestmark = pytest.mark.cuda
 
@@ -26,7 +26,7 @@ DRIVER = Path(__file__).with_name("resume_driver.py")
 def test_resume_on_the_device_continues_the_same_run(device, tmp_path):
     extra = run_overrides(device, "budget=null", "train.budget.steps=8", "train.checkpoint_every=1",
                           "train.keep_checkpoints=10", "arch.dropout=0.1", "train.optim.lr=3e-3")
-    e = dict(env(), CUBLAS_WORKSPACE_CONFIG=":4096:8")  # cuBLAS's deterministic workspace (CUDA docs)
+    e = subprocess_env(CUBLAS_WORKSPACE_CONFIG=":4096:8")  # cuBLAS's deterministic workspace (CUDA docs)
     proc = subprocess.run([sys.executable, str(DRIVER), str(tmp_path), *extra], env=e, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]

@@ -26,7 +26,6 @@ def test_export_of_a_gpu_run_loads_in_transformers_on_the_gpu(arch, cls, device,
     result = runner.invoke(main, ["export", "hf", str(tmp_path / "gpu"), str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
     assert cls in result.output
-    torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 for the comparison (the run turned it on)
     ours, tok, _ = load_run(tmp_path / "gpu", device=device)
     ours.eval()
     hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", trust_remote_code=cls.startswith("Cramlm"))

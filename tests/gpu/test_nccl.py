@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.helpers import run_overrides
-from tests.train.helpers import REPO, env, free_port, losses, run_inprocess
+from tests.gpu.helpers import run_overrides, subprocess_env
+from tests.train.helpers import REPO, free_port, losses, run_inprocess
 
 pytestmark = pytest.mark.cuda
 
@@ -21,7 +21,7 @@ DRIVER = Path(__file__).with_name("nccl_driver.py")
 def test_one_process_nccl_group_and_ddp(cuda, tmp_path):
     extra = run_overrides(cuda, "budget=null", "train.budget.steps=4", "train.optim.lr=3e-3")
     single = run_inprocess(tmp_path, "single", *extra)
-    e = dict(env(), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    e = subprocess_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     proc = subprocess.run([sys.executable, str(DRIVER), str(tmp_path), *extra], env=e, cwd=REPO,
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-5000:]
