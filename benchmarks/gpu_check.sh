@@ -3,7 +3,7 @@
 # at most 8 minutes on one GPU (an H200 with no network: carried wheels, no downloads).
 #
 #   bash benchmarks/gpu_check.sh          # on a GPU machine (after `bash benchmarks/gpu_wheels.sh` here)
-#   bash benchmarks/gpu_check.sh --dry    # the same steps on a CPU with tiny sizes, in seconds (CI runs it)
+#   bash benchmarks/gpu_check.sh --dry    # the same steps on a CPU, tiny sizes (CI runs it; ~3 min on 2 busy cores)
 #
 # Steps, in order, each under its own timeout (the whole stays under GPU_CHECK_SECONDS, default 470):
 #   env        device, versions (installs the carried .whl/ wheels first when pydantic etc. are missing)
