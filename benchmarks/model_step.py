@@ -3,10 +3,14 @@ width, depth, heads, FFN width and vocabulary, on the same MLM batch, in the sam
 
     python benchmarks/model_step.py                       # tiny and base, JSON + table
     python benchmarks/model_step.py --sizes base --steps 5 --batch 8 --profile
-    python benchmarks/model_step.py --device cuda --precision bf16 --batch 64   # on a GPU
+    python benchmarks/model_step.py --device cuda --precision bf16 --batch 128   # on a GPU
+    python benchmarks/model_step.py --precision bf16 --batch 128 --documents 4    # + packed documents
 
 The device defaults to CUDA when there is one (timed with synchronisation); `--precision bf16|fp16`
-runs both under the same autocast (cramming trains in fp16 autocast). Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
+runs both under the same autocast (cramming trains in fp16 autocast). MFU is against the measured
+dense GEMM rate of the device in that precision (`--peak-flops` to give it instead).
+`--documents N` also times crammed-bert on the same batch cut into N documents per row, through
+FlexAttention's block mask and through the dense (B, 1, T, T) SDPA mask. Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
 processes hits both alike; tokens/s come from the best step of each (the least disturbed), the
 median is reported beside it. Both run without dropout
 (cramming pretrains without it); both get 25% of positions scored (cramming's masking rate), which
@@ -23,11 +27,31 @@ import time
 import torch
 
 from cramlm.config.loader import load_preset
-from cramlm.models import build_model
+from cramlm.models import build_model, layers
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.train.monitor import cpu_peak_flops
 from cramlm.train.runtime import PRECISION_DTYPES, autocast
 
 VOCAB = 32768
+
+
+def gemm_peak_flops(device: torch.device, dtype: torch.dtype | None, n: int = 8192, reps: int = 20) -> float:
+    """Measured dense matrix-product FLOP/s of the device: the median of ``reps`` n x n x n products
+    of random matrices (never zeros: they run faster), timed with CUDA events after a warm-up; on a
+    CPU, cramlm's fp32 GEMM probe. ``dtype`` None: fp32 (TF32 if torch allows it)."""
+    if device.type != "cuda":
+        return cpu_peak_flops()
+    a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        a @ b
+        end.record()
+    torch.cuda.synchronize(device)
+    ms = statistics.median(start.elapsed_time(end) for start, end in events)
+    return 2 * n**3 / (ms / 1e3)
 
 
 def hf_bert(cfg: CrammedBertConfig):
@@ -42,11 +66,30 @@ def hf_bert(cfg: CrammedBertConfig):
     return BertForMaskedLM(config)
 
 
-def make_batch(batch: int, seq: int, rate: float, seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(batch: int, seq: int, rate: float, seed: int = 0, documents: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, VOCAB, (batch, seq), generator=g)
     labels = torch.where(torch.rand(batch, seq, generator=g) < rate, ids, torch.full_like(ids, -100))
-    return {"input_ids": ids, "labels": labels}
+    out = {"input_ids": ids, "labels": labels}
+    if documents:  # each row cut into `documents` pieces of random lengths
+        cuts = torch.sort(torch.randint(1, seq, (batch, documents - 1), generator=g), dim=1).values
+        out["document_ids"] = (torch.arange(seq)[None, None] >= cuts[..., None]).sum(1)  # (B, T)
+    return out
+
+
+class DocumentAttention(torch.nn.Module):
+    """crammed-bert on packed documents with the attention path fixed to ``mode`` (flex or dense)."""
+
+    def __init__(self, model, mode: str):
+        super().__init__()
+        self.model, self.mode = model, mode
+
+    def forward(self, **batch):
+        saved, layers.DOCUMENT_ATTENTION = layers.DOCUMENT_ATTENTION, self.mode
+        try:
+            return self.model(**batch)
+        finally:
+            layers.DOCUMENT_ATTENTION = saved
 
 
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:
@@ -71,13 +114,21 @@ def bench_size(size: str, args) -> dict:
     ours, theirs = build_model(cfg, VOCAB).train().to(device), hf_bert(cfg).train().to(device)
     if args.compile:
         ours, theirs = torch.compile(ours), torch.compile(theirs)
-    batch = {k: v.to(device) for k, v in make_batch(args.batch, args.seq, args.mask_rate).items()}
+    if args.documents and device.type != "cuda":
+        print("--documents: skipped, FlexAttention trains on CUDA only (no CPU backward)")
+    full = {k: v.to(device) for k, v in make_batch(args.batch, args.seq, args.mask_rate, documents=args.documents).items()}
+    batch = {k: v for k, v in full.items() if k != "document_ids"}
+    contenders = {"crammed-bert": (ours, batch), "hf-bert": (theirs, batch)}
+    if args.documents and device.type == "cuda":  # packed documents: FlexAttention's block mask against the dense mask
+        contenders["crammed-bert-docs-flex"] = (DocumentAttention(ours, "flex"), full)
+        contenders["crammed-bert-docs-dense"] = (DocumentAttention(ours, "dense"), full)
     for _ in range(args.warmup):
-        step(ours, batch, device, dtype), step(theirs, batch, device, dtype)
-    times: dict[str, list[float]] = {"crammed-bert": [], "hf-bert": []}
+        for m, b in contenders.values():
+            step(m, b, device, dtype)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.steps):
-        times["crammed-bert"].append(step(ours, batch, device, dtype))
-        times["hf-bert"].append(step(theirs, batch, device, dtype))
+        for name, (m, b) in contenders.items():
+            times[name].append(step(m, b, device, dtype))
     tokens = args.batch * args.seq
     # best step: the one least disturbed by other processes (timeit's rule); median for the record
     tps = {k: tokens / min(v) for k, v in times.items()}
@@ -90,6 +141,7 @@ def bench_size(size: str, args) -> dict:
     bert = CrammedBertConfig.model_validate({**load_preset("arch", "bert-original"), **cfg.model_dump(
         include={"hidden_size", "num_layers", "num_heads", "intermediate_size", "max_seq_length"})})
     bert_flops = CrammedBert(bert, VOCAB).flops_per_token(args.seq)
+    flops = {name: bert_flops if name == "hf-bert" else model.flops_per_token(args.seq, rate) for name in times}
     result = {
         "size": size, "hidden": cfg.hidden_size, "layers": cfg.num_layers, "heads": cfg.num_heads,
         "intermediate": cfg.intermediate_size, "vocab": VOCAB, "batch": args.batch, "seq": args.seq,
@@ -103,8 +155,15 @@ def bench_size(size: str, args) -> dict:
         "train_gflop_per_token": {"crammed-bert": round(model.flops_per_token(args.seq, rate) / 1e9, 4),
                                   "hf-bert": round(bert_flops / 1e9, 4)},
         "flop_ratio": round(bert_flops / model.flops_per_token(args.seq, rate), 3),
+        "peak_flops": args.peak_flops,
+        # model FLOPs utilisation of the best step: counted FLOPs (attention as the full T x T square,
+        # also for packed documents) / the measured GEMM peak
+        "mfu": {k: round(tps[k] * flops[k] / args.peak_flops, 4) for k in tps},
         "step_seconds": {k: [round(t, 4) for t in v] for k, v in times.items()},
     }
+    if "crammed-bert-docs-flex" in tps:
+        result["documents_per_row"] = args.documents
+        result["flex_vs_dense"] = round(tps["crammed-bert-docs-flex"] / tps["crammed-bert-docs-dense"], 3)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -129,19 +188,33 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", choices=sorted(PRECISION_DTYPES), default="fp32", help="autocast dtype for both models")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (inductor)")
+    parser.add_argument("--documents", type=int, default=0, help="also time packed rows of this many documents (flex vs dense mask)")
+    parser.add_argument("--peak-flops", type=float, help="the device's peak FLOP/s for MFU (default: measured GEMM rate)")
     parser.add_argument("--profile", action="store_true", help="print a torch.profiler table per model")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    results = [bench_size(size, args) for size in args.sizes]
+    if args.peak_flops is None:
+        device = torch.device(args.device)
+        args.peak_flops = gemm_peak_flops(device, PRECISION_DTYPES[args.precision])
+    print(f"peak for MFU: {args.peak_flops / 1e12:.2f} TFLOP/s ({args.precision} GEMM, {args.device})", flush=True)
+    results = []
+    for size in args.sizes:
+        results.append(bench_size(size, args))
+        if args.json:  # after each size: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
     print(json.dumps(results, indent=2))
-    print("\n| size | hidden x layers | crammed-bert tokens/s | HF BertForMaskedLM tokens/s | speedup (best) | speedup (median) | FLOP ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| size | hidden x layers | crammed-bert tokens/s | HF BertForMaskedLM tokens/s | speedup (best) | speedup (median) | FLOP ratio | MFU ours / HF |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        t = r["tokens_per_s"]
-        print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | {r['speedup_median']:.2f}x | {r['flop_ratio']:.2f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        t, m = r["tokens_per_s"], r["mfu"]
+        print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | "
+              f"{r['speedup_median']:.2f}x | {r['flop_ratio']:.2f} | {100 * m['crammed-bert']:.1f}% / {100 * m['hf-bert']:.1f}% |")
+    for r in results:
+        if "flex_vs_dense" in r:
+            t = r["tokens_per_s"]
+            print(f"{r['size']}, {r['documents_per_row']} documents per row: FlexAttention {t['crammed-bert-docs-flex']:.0f} tokens/s, "
+                  f"dense mask {t['crammed-bert-docs-dense']:.0f} tokens/s ({r['flex_vs_dense']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain
 Steps of the two contenders and a GEMM probe are interleaved (A B G A B G ...) and medians taken, so
 the load of a shared machine hits all alike; the ratio is the figure to read. MFU = tokens/s x
 FLOPs/token (counted by torch's FlopCounterMode on a real step) / peak, the peak being the higher of
-the fp32 GEMM rate measured before the run and the median measured between its steps.
+the GEMM rate measured before the run and the median measured between its steps (fp32 on a CPU; on
+a GPU, in the run's precision: bf16 by default, both contenders under the same autocast).
 
     python benchmarks/train_step.py                      # tiny and base, JSON + table
     python benchmarks/train_step.py --sizes base --steps 5 --microbatch 16 --out results.json
+    python benchmarks/train_step.py --device cuda --microbatch 128 128   # on a GPU (the default there)
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.runtime import PRECISION_DTYPES, ImplConfig, autocast
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)
 
 SEQ = 128
 
@@ -53,16 +58,15 @@ class RandomBlocks:
         return torch.from_numpy(self.blocks[np.asarray(indices)])
 
 
-def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> tuple:
+def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, device: torch.device, precision: str) -> tuple:
     cfg = config_class("model", arch["type"]).model_validate(arch)
     torch.manual_seed(0)
-    model = build_model(cfg, vocab)
+    model = build_model(cfg, vocab).to(device)
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
-    impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_)
+    impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
     train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
-    device = torch.device("cpu")
     costs = measure_costs(model, SEQ, sample, device)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir, val_batches=[sample])
@@ -77,7 +81,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> t
     return step, costs.flops_per_token, params
 
 
-def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:
+def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str) -> tuple:
     from transformers import BertConfig, BertForMaskedLM
 
     size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
@@ -86,9 +90,10 @@ def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:
                     num_attention_heads=arch["num_heads"], intermediate_size=arch["intermediate_size"])
     config = BertConfig(vocab_size=vocab, max_position_embeddings=SEQ, **size)  # HF defaults otherwise (dropout 0.1)
     torch.manual_seed(0)
-    model = BertForMaskedLM(config)
+    model = BertForMaskedLM(config).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dtype = PRECISION_DTYPES[precision]
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     blocks = RandomBlocks(vocab, SEQ)
     position = [0]
@@ -96,8 +101,9 @@ def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:
     def step():  # the plain loop people write around HF models
         idx = np.arange(position[0], position[0] + micro) % len(blocks)
         position[0] += micro
-        batch = collate(blocks.batch(idx))
-        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        batch = {k: v.to(device) for k, v in collate(blocks.batch(idx)).items()}
+        with autocast(device, dtype):
+            loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
@@ -113,19 +119,28 @@ def hf_bert(arch: dict, vocab: int, micro: int) -> tuple:
         def forward(self, **b):
             return {"loss": self.m(**b).loss}
 
-    fpt = measure_flops_per_token(Wrapped(), sample)
+    fpt = measure_flops_per_token(Wrapped(), {k: v.to(device) for k, v in sample.items()})
     return step, fpt, sum(p.numel() for p in model.parameters())
 
 
-def interleaved(steps: dict, warmup: int, timed: int) -> dict[str, list[float]]:
+def write(out: str, peak: float, rows: list[dict]) -> None:
+    result = {"peak_gemm_flops": peak, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def interleaved(steps: dict, warmup: int, timed: int, device: torch.device) -> dict[str, list[float]]:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         for step in steps.values():
             step()
     times = {name: [] for name in steps}
     for _ in range(timed):
         for name, step in steps.items():
+            sync()
             start = time.perf_counter()
             step()
+            sync()  # CUDA runs asynchronously: time the work, not the launches
             times[name].append(time.perf_counter() - start)
     return times
 
@@ -138,10 +153,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--microbatch", type=int, nargs="+", default=[64, 16, 16], help="per size, in order")
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--precision", choices=sorted(PRECISION_DTYPES), help="autocast for both (default: bf16 on a GPU, fp32 on a CPU)")
+    ap.add_argument("--peak-flops", type=float, help="peak FLOP/s for MFU (default: the GEMM rate measured here)")
     ap.add_argument("--out", default="benchmarks/results/train_step.json")
     args = ap.parse_args(argv)
-    peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
-    print(f"fp32 GEMM peak (measured, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    device = torch.device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = PRECISION_DTYPES[precision]
+    if args.peak_flops:
+        peak = args.peak_flops
+    elif device.type == "cuda":
+        peak = gemm_peak_flops(device, dtype)
+    else:
+        peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
+    what = f"{torch.cuda.get_device_name(device)} {precision}" if device.type == "cuda" else f"fp32, {torch.get_num_threads()} threads"
+    print(f"GEMM peak ({what}): {peak / 1e12:.3f} TFLOP/s", flush=True)
     rows = []
     # base: cramming's crammed-bert (16 layers) against BERT-base (12); base12: the same depth
     presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small"}
@@ -152,17 +179,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         arch = load_preset("arch", presets[size]) if size != "gpt" else {"type": "gpt2"}
         with tempfile.TemporaryDirectory() as tmp:
-            step_ours, fpt_ours, n_ours = ours(arch, args.vocab, micro, Path(tmp), args.compile)
+            step_ours, fpt_ours, n_ours = ours(arch, args.vocab, micro, Path(tmp), args.compile, device, precision)
             contenders = {"cramlm": step_ours}
             fpts = {"cramlm": fpt_ours}
             params = {"cramlm": n_ours}
             if size != "gpt":
-                step_hf, fpt_hf, n_hf = hf_bert(arch, args.vocab, micro)
+                step_hf, fpt_hf, n_hf = hf_bert(arch, args.vocab, micro, device, precision)
                 contenders["hf"], fpts["hf"], params["hf"] = step_hf, fpt_hf, n_hf
-            a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+            n = 4096 if device.type == "cuda" else 1024  # GPU: large enough to fill the chip
+            a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
             contenders["gemm"] = lambda: [torch.mm(a, b) for _ in range(16)]  # the peak, measured between steps
-            times = interleaved(contenders, args.warmup, args.steps)
-            peak_now = 16 * 2 * 1024**3 / statistics.median(times.pop("gemm"))
+            times = interleaved(contenders, args.warmup, args.steps, device)
+            peak_now = 16 * 2 * n**3 / statistics.median(times.pop("gemm"))
             contenders.pop("gemm")
             peak_used = max(peak, peak_now)  # the higher of the two: MFU is never flattered by a busy moment
         tokens = micro * SEQ
@@ -171,6 +199,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             tps = tokens / seconds
             rows.append({
                 "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "seq": SEQ,
+                "device": what.rsplit(" ", 1)[0] if device.type == "cuda" else "cpu", "precision": precision,
                 "vocab": args.vocab, "step_seconds": round(seconds, 4), "tokens_per_second": round(tps, 1),
                 "flops_per_token": fpts[name], "gemm_peak_flops": peak_used,
                 "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_used, 4),
@@ -180,10 +209,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ratio = rows[-2]["tokens_per_second"] / rows[-1]["tokens_per_second"]
             rows[-2]["speedup_vs_hf"] = round(ratio, 3)
         print(json.dumps(rows[-len(contenders):]), flush=True)
-    result = {"peak_gemm_flops": peak, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nfp32 GEMM peak {peak / 1e9:.1f} GFLOP/s before the run (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
+        write(args.out, peak, rows)  # after each size: a run cut short keeps what it measured
+    write(args.out, peak, rows)
+    print(f"\nGEMM peak ({what}) {peak / 1e9:.1f} GFLOP/s before the run (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
     print("| size | engine | params | microbatch | tokens/s | GFLOP/token | MFU (of GEMM peak) | vs HF |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:

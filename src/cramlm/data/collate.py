@@ -20,10 +20,16 @@ class MLMCollator:
         self.p = mlm_probability
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    def __call__(self, batch) -> dict[str, torch.Tensor]:
+        """``batch``: int64 (B, T) ids, or a dict with ``input_ids`` and whatever else the dataset
+        gives (document-aware packing: document_ids, position_ids, attention_mask), passed through;
+        positions where ``attention_mask`` is 0 are never chosen."""
         g = self.generator
-        input_ids = input_ids.clone()
+        out = dict(batch) if isinstance(batch, dict) else {}
+        input_ids = (batch["input_ids"] if isinstance(batch, dict) else batch).clone()
         special = input_ids < self.num_special
+        if "attention_mask" in out:
+            special |= out["attention_mask"] == 0
         chosen = (torch.rand(input_ids.shape, generator=g) < self.p) & ~special
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
         roll = torch.rand(input_ids.shape, generator=g)
@@ -32,7 +38,8 @@ class MLMCollator:
         random_ids = torch.randint(self.num_special, self.vocab_size, input_ids.shape, generator=g)
         input_ids[to_mask] = self.mask_id
         input_ids[to_random] = random_ids[to_random]
-        return {"input_ids": input_ids, "labels": labels}
+        out.update(input_ids=input_ids, labels=labels)
+        return out
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -19,11 +19,14 @@ from cramlm.data.permute import Permutation
 
 
 def _boundaries(packed: PackedTokens, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """(document index within the span, position within its document) of tokens[start:end]."""
+    """(document index within the span, position within the span's piece of its document) of
+    tokens[start:end]. A document cut by the span's start counts from the span's start: positions
+    stay below the block length, which absolute position tables (arch.max_seq_length) need; RoPE
+    sees the same relative positions either way."""
     positions = np.arange(start, end, dtype=np.uint64)
     doc = np.searchsorted(packed.offsets, positions, side="right") - 1
-    position_ids = positions.astype(np.int64) - packed.offsets[doc].astype(np.int64)
-    return doc - doc[0], position_ids
+    first = np.maximum(packed.offsets[doc].astype(np.int64), start)
+    return doc - doc[0], positions.astype(np.int64) - first
 
 
 class BlockDataset:

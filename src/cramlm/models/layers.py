@@ -9,13 +9,25 @@ the very same code.
 from __future__ import annotations
 
 import math
-from functools import partial
+import os
+from functools import cache, partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+try:  # FlexAttention (torch >= 2.5): document masks as block masks, no dense (B, 1, T, T) tensor
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # older torch: packed documents use the dense SDPA mask
+    BlockMask = create_block_mask = flex_attention = None
+
 IGNORE_INDEX = -100  # label value of positions that carry no target
+
+# How attention keeps packed documents apart (``document_ids``). "auto": FlexAttention with a block
+# mask on CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
+# between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a CPU runs
+# torch's unfused reference: for tests, not for speed).
+DOCUMENT_ATTENTION = os.environ.get("CRAMLM_DOCUMENT_ATTENTION", "auto")
 
 ACTIVATIONS = {
     "gelu": F.gelu,  # exact (erf) GELU: BERT, cramming, ModernBERT
@@ -114,12 +126,37 @@ class SelfAttention(nn.Module):
         q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
         extra = {"enable_gqa": True} if K != N else {}
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
-        )
+        if BlockMask is not None and isinstance(attn_mask, BlockMask):  # packed documents (Trunk decides)
+            # autocast does not cover flex_attention: q, k, v must share one dtype (they do, unless
+            # something upcasts one of them; the cast is then what SDPA's autocast would do)
+            y = _flex(q.device)(q, k.to(q.dtype), v.to(q.dtype), block_mask=attn_mask, **extra)
+        else:
+            # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
+            if extra and attn_mask is not None and q.is_cuda:
+                # SDPA's grouped-query mode runs only in the flash and math kernels on CUDA (its docs), and
+                # flash takes no mask: repeating the key/value heads keeps a masked batch on the
+                # memory-efficient kernel instead of the math one (the same function: SDPA's reference)
+                k, v, extra = k.repeat_interleave(N // K, dim=1), v.repeat_interleave(N // K, dim=1), {}
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
+            )
         return self.out(y.transpose(1, 2).reshape(B, T, H))
+
+
+@cache
+def _compiled_flex():
+    # flex_attention is fast only compiled (eagerly it materialises the scores); dynamic=False: one
+    # kernel per shape, as training has few shapes
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(device: torch.device):
+    """flex_attention as it should be called here: traced as is inside a compiled model, compiled
+    on its own on CUDA, torch's unfused reference on a CPU (tests)."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention
+    return _compiled_flex()
 
 
 class FeedForward(nn.Module):
@@ -177,14 +214,48 @@ def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
     return index - first
 
 
+def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float) -> bool:
+    """Whether packed documents go through FlexAttention (see DOCUMENT_ATTENTION): it has no
+    attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
+    if document_ids is None or BlockMask is None or dropout > 0 or DOCUMENT_ATTENTION == "dense":
+        return False
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return False
+    return DOCUMENT_ATTENTION == "flex" or document_ids.device.type == "cuda"
+
+
+def document_block_mask(
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor, causal: bool, T: int
+) -> BlockMask:
+    """The block mask of exactly the dense mask ``attention_mask_for`` builds (same document, key
+    not padding, causal; each query sees itself), for FlexAttention. Built once per forward and
+    shared by all layers; whole blocks between documents are skipped by the kernel."""
+    docs = document_ids
+    keys = attention_mask.bool() if attention_mask is not None else None
+
+    def mask_mod(b, h, q, kv):
+        allowed = docs[b, q] == docs[b, kv]
+        if keys is not None:
+            allowed = allowed & keys[b, kv]
+        if causal:
+            allowed = allowed & (q >= kv)
+        return allowed | (q == kv)  # as the dense mask: no query without a key
+
+    return create_block_mask(mask_mod, docs.shape[0], None, T, T, device=docs.device)
+
+
 def attention_mask_for(
-    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool, T: int
-) -> tuple[torch.Tensor | None, bool]:
-    """(bool mask for SDPA or None, is_causal). Padding mask (B, T) 1 = token, 0 = padding;
-    document ids (B, T) confine attention to the own document. None + is_causal when nothing but
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool, T: int,
+    block_mask: bool = False,
+) -> tuple[torch.Tensor | BlockMask | None, bool]:
+    """(bool mask for SDPA, a FlexAttention BlockMask or None; is_causal). Padding mask (B, T)
+    1 = token, 0 = padding; document ids (B, T) confine attention to the own document
+    (``block_mask``: as a BlockMask, see ``use_block_mask``). None + is_causal when nothing but
     causality applies, so SDPA keeps its fastest kernels."""
     if attention_mask is None and document_ids is None:
         return None, causal
+    if block_mask and document_ids is not None:
+        return document_block_mask(attention_mask, document_ids, causal, T), False
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T) keys
@@ -193,9 +264,11 @@ def attention_mask_for(
         mask = same if mask is None else mask & same
     if causal:
         mask = mask & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
-        # with left padding a padding query may see no key at all; SDPA before torch 2.5 gives NaN
-        # there, and 0 * NaN spreads it through later layers. Letting each query see itself
-        # changes only padding rows (real tokens already see themselves).
+    if causal or document_ids is not None:
+        # with left padding (causal) or a padding document (packed blocks) a padding query may see
+        # no key at all; SDPA before torch 2.5 (and some kernels) give NaN there, and 0 * NaN
+        # spreads it through later layers. Letting each query see itself changes only padding rows
+        # (real tokens already see themselves).
         mask = mask | torch.eye(T, dtype=torch.bool, device=mask.device)
     return mask, False
 
@@ -241,7 +314,9 @@ class Trunk(nn.Module):
             x = x + self.token_types(torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids)
         x = self.embedding_dropout(self.embedding_norm(x))
         rotary = self.rotary(position_ids) if self.rotary is not None else None
-        mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T)
+        dropout = self.cfg.attention_dropout if self.training else 0.0
+        flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout)
+        mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T, block_mask=flex)
         for block in self.blocks:
             x = block(x, mask, rotary, is_causal)
         return self.final_norm(x)

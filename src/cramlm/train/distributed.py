@@ -56,9 +56,12 @@ def init_distributed(impl: ImplConfig) -> Dist:
     if owns_group:
         use_cuda = torch.cuda.is_available() and impl.device in ("auto", "cuda")
         backend = "nccl" if use_cuda else "gloo"
+        # device_id binds the group to this process's GPU: NCCL forms its communicator now (errors
+        # surface here, not in the first collective) and barrier() knows the device
+        device_id = {"device_id": torch.device("cuda", local_rank)} if use_cuda else {}
         if use_cuda:
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=impl.dist_timeout))
+        dist.init_process_group(backend, timeout=timedelta(seconds=impl.dist_timeout), **device_id)
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank, strategy, owns_group)
 
 

@@ -27,7 +27,7 @@ class ImplConfig(Config):
     progress: bool = True  # progress bars
     dryrun_steps: PositiveInt = 4  # optimizer steps taken when dryrun=true
     # --- speed
-    compile: bool = False  # torch.compile the training model
+    compile: bool | Literal["auto"] = "auto"  # torch.compile the training model (auto: on one CUDA device, see compile_model)
     compile_mode: str | None = None  # e.g. "max-autotune", "reduce-overhead"
     inductor: dict[str, Any] = {}  # torch._inductor.config options, e.g. {coordinate_descent_tuning: true}
     activation_checkpointing: bool = False  # recompute each block (every child of an nn.ModuleList) in backward
@@ -126,6 +126,9 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
 
 
 def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
+    """torch.compile (inductor). ``compile=auto`` compiles where it pays and is proven: a model on a
+    CUDA device that no DDP/FSDP wrapper holds; on a CPU, inductor's minutes of C++ code generation
+    rarely pay back within a budget, so the model is returned as it is."""
     import torch
 
     if impl.inductor:
@@ -139,4 +142,13 @@ def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
             if not hasattr(node, leaf):
                 raise ValueError(f"impl.inductor.{key}: no such torch._inductor.config option")
             setattr(node, leaf, value)
+    if impl.compile == "auto" and not _compiles_by_default(model):
+        return model
     return torch.compile(model, mode=impl.compile_mode)
+
+
+def _compiles_by_default(model: torch.nn.Module) -> bool:
+    param = next(model.parameters(), None)
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
+        type(m).__name__.startswith("FSDP") for m in model.modules())  # fully_shard makes FSDP<Class> types
+    return param is not None and param.device.type == "cuda" and not wrapped

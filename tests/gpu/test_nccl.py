@@ -1,0 +1,36 @@
+"""A one-process NCCL group, set up by cramlm's init_distributed exactly as under torchrun, and a
+DDP run on it that trains like the same run without DDP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.gpu.helpers import run_overrides, subprocess_env
+from tests.train.helpers import REPO, free_port, losses, run_inprocess
+
+pytestmark = pytest.mark.cuda
+
+DRIVER = Path(__file__).with_name("nccl_driver.py")
+
+
+def test_one_process_nccl_group_and_ddp(cuda, tmp_path):
+    extra = run_overrides(cuda, "budget=null", "train.budget.steps=4", "train.optim.lr=3e-3")
+    single = run_inprocess(tmp_path, "single", *extra)
+    e = subprocess_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, str(DRIVER), str(tmp_path), *extra], env=e, cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["backend"] == "nccl" and seen["world"] == 1 and seen["rank"] == 0 and seen["owns_group"]
+    assert seen["sum"] == [1.5, 2.0] and seen["max"] == [3.0]
+    assert seen["compile_auto_wraps_ddp"] is False
+    assert seen["summary_world_size"] == 1 and single["world_size"] == 1
+    assert "x 1 processes (ddp)" in proc.stdout
+    ddp, plain = losses(tmp_path / "ddp"), losses(tmp_path / "single")
+    assert sorted(ddp) == sorted(plain) == [1, 2, 3, 4]
+    assert all(abs(ddp[s] - plain[s]) < 1e-5 for s in plain), (ddp, plain)

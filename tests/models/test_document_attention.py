@@ -1,0 +1,69 @@
+"""Packed documents without a dense mask: the FlexAttention block mask (the CUDA default, see
+layers.DOCUMENT_ATTENTION) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
+only (FlexAttention has no CPU backward); tests/gpu/test_attention.py checks forward, backward
+and the kernels on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cramlm.models import layers
+from tests.models.helpers import random_ids, tiny_model
+
+pytestmark = pytest.mark.skipif(layers.BlockMask is None, reason="torch without FlexAttention")
+WIDE = dict(hidden_size=64, num_heads=4, intermediate_size=128)  # head dim 16
+
+
+def packed_batch(T: int = 24):
+    ids = random_ids(2, T)
+    docs = torch.tensor([[0] * 7 + [1] * 10 + [2] * (T - 17), [0] * 11 + [1] * (T - 16) + [-1] * 5])
+    return ids, docs, (docs >= 0).long()
+
+
+@pytest.mark.parametrize("name", ["crammed-bert-tiny", "llama-tiny"])  # bidirectional; causal + grouped-query
+def test_block_mask_gives_the_dense_masks_results(name, monkeypatch):
+    model = tiny_model(name, **WIDE)
+    ids, docs, mask = packed_batch()
+    outputs = {}
+    for mode in ("dense", "flex"):
+        monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", mode)
+        with torch.no_grad():
+            outputs[mode] = model.encode(ids, attention_mask=mask, document_ids=docs)
+    keep = mask.bool()
+    torch.testing.assert_close(outputs["flex"][keep], outputs["dense"][keep], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(outputs["flex"]).all() and torch.isfinite(outputs["dense"]).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_mask_is_the_dense_mask(causal):
+    _, docs, mask = packed_batch()
+    T = docs.shape[1]
+    dense, _ = layers.attention_mask_for(mask, docs, causal, T)
+    block, _ = layers.attention_mask_for(mask, docs, causal, T, block_mask=True)
+    assert isinstance(block, layers.BlockMask)
+    q, kv = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    for b in range(2):
+        expected = torch.stack([torch.stack([block.mask_mod(torch.tensor(b), 0, i, j) for j in kv[0]]) for i in q[:, 0]])
+        assert torch.equal(expected, dense[b, 0])
+
+
+def test_every_query_sees_a_key():
+    """A padding document's queries see only padding keys, which the padding mask hides: without a
+    key, SDPA kernels may give NaN, and 0 * NaN spreads through the next layer. Each sees itself."""
+    _, docs, mask = packed_batch()
+    for causal in (False, True):
+        dense, _ = layers.attention_mask_for(mask, docs, causal, docs.shape[1])
+        assert dense.any(dim=-1).all()
+
+
+def test_when_the_block_mask_is_used(monkeypatch):
+    docs = torch.zeros(2, 8, dtype=torch.long)
+    assert not layers.use_block_mask(docs, 16, 0.0)  # auto: on CUDA only (here: the dense mask)
+    monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", "flex")
+    assert layers.use_block_mask(docs, 16, 0.0) and layers.use_block_mask(docs, 64, 0.0)
+    assert not layers.use_block_mask(None, 16, 0.0)
+    assert not layers.use_block_mask(docs, 8, 0.0) and not layers.use_block_mask(docs, 24, 0.0)  # torch 2.5's head dims
+    assert not layers.use_block_mask(docs, 16, 0.1)  # attention dropout: FlexAttention has none
+    monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", "dense")
+    assert not layers.use_block_mask(docs, 16, 0.0)
