@@ -148,6 +148,8 @@ def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
 
 
 def _compiles_by_default(model: torch.nn.Module) -> bool:
+    import torch
+
     param = next(model.parameters(), None)
     wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
         type(m).__name__.startswith("FSDP") for m in model.modules())  # fully_shard makes FSDP<Class> types
