@@ -39,7 +39,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     from cramlm.eval.finetune import finetune
     from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
     from cramlm.eval.tasks import load_task
-    from cramlm.train.checkpoint import write_json, write_text
+    from cramlm.io import write_json, write_text
 
     ev = cfg.eval
     tasks = [load_task(spec, ev.glue_dir) for spec in ev.tasks]  # fail on a bad task before any training

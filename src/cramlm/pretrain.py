@@ -23,6 +23,7 @@ from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
 from cramlm.data.prepare import DataConfig, prepare_data
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
+from cramlm.io import atomic_write, write_json, write_text
 from cramlm.locks import FolderLock, LockHeld
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.config import TrainConfig
@@ -259,7 +260,7 @@ def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> None:
     """Refuse, before any work, a checkpoint this run cannot continue from: unreadable files, or
     weights of another shape (a different vocabulary or arch), saying which file and what differs."""
-    from cramlm.train.checkpoint import tied_aliases
+    from cramlm.models.base import tied_aliases
 
     shapes = _safetensors_shapes(folder / "model.safetensors")
     aliases = tied_aliases(model)
@@ -310,7 +311,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.data.dataset import BlockDataset
     from cramlm.eval.lm import block_start
     from cramlm.train.budget import Budget, Meter, measure_costs
-    from cramlm.train.checkpoint import atomic_path, remove_partial_checkpoints, write_json, write_text
+    from cramlm.train.checkpoint import remove_partial_checkpoints
     from cramlm.train.distributed import barrier, broadcast_object
     from cramlm.train.parallelize import parallelize
     from cramlm.train.trainer import StepData, Trainer
@@ -367,9 +368,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
                "data": str(data.folder)}
     if dist.main:
-        tmp = atomic_path(run_dir / "model.safetensors")
-        shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
-        tmp.replace(run_dir / "model.safetensors")
+        with atomic_write(run_dir / "model.safetensors") as tmp:
+            shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
         write_json(run_dir / "summary.json", summary)
         say(console_summary(summary, run_dir))
     barrier(dist)

@@ -33,6 +33,7 @@ from cramlm.data.packed import VERSION as FORMAT_VERSION
 from cramlm.data.packed import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
+from cramlm.io import atomic_write
 from cramlm.locks import FolderLock
 
 PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
@@ -132,9 +133,8 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     with FolderLock(folder / "tokenizer.lock", f"{folder} (tokenizer training)", timeout=wait_s):
         if not saved.is_file():  # not trained by whoever held the lock before us
             tok = make_tokenizer(cfg)
-            tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
-            tok.save(str(tmp))
-            os.replace(tmp, saved)
+            with atomic_write(saved) as tmp:
+                tok.save(str(tmp))
     return load_tokenizer(saved, strict=False)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.packed import read_packed
 from cramlm.data.sources import SkipReport
+from cramlm.io import write_json
 
 
 def _source_for(path: str, text_key: str, on_error: str) -> dict:
@@ -33,7 +34,7 @@ def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "tex
         prepared = prepare_data(cfg, tmp, progress=True)
         shutil.move(str(prepared.folder / "train.cramtok"), out)
         manifest = prepared.manifest
-    Path(out + ".manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_json(out + ".manifest.json", manifest)
     return {"out": out, **manifest["documents"], "tokens": manifest["train"]["tokens"], "skipped_reasons": manifest["skipped"]}
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# = cramlm.constants.IGNORE_INDEX, restated: this file is copied verbatim into remote-code exports
 IGNORE_INDEX = -100  # label value of positions that carry no target
 
 ACTIVATIONS = {

@@ -19,7 +19,7 @@ import numpy as np
 
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
 from cramlm.report.runs import is_number, load_run_data
-from cramlm.train.checkpoint import write_json
+from cramlm.io import write_json
 
 
 def size_overrides(spec: str) -> list[str]:
