@@ -24,8 +24,8 @@ from typing import Annotated, Iterator, Literal
 from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
-from cramlm.config.base import Config, PositiveInt, SafeName, component
-from cramlm.config.registry import build
+from cramlm.config.base import Config, PositiveInt, SafeName
+from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.merge import merge_shards
 from cramlm.data.pack import is_validation, pack_shard  # noqa: F401  (is_validation: public helper)

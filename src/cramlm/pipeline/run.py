@@ -24,7 +24,7 @@ from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
 from cramlm.train.runtime import launcher_env
-from cramlm.pretrain import PretrainConfig
+from cramlm.runs import PretrainConfig
 
 STAGES = ("data", "pretrain", "eval", "report")
 Stage = Literal["data", "pretrain", "eval", "report"]

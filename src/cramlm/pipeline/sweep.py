@@ -48,7 +48,7 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     summary = json.loads((run_dir / "summary.json").read_text())
     if is_number(summary.get("flops")):
         return float(summary["flops"]), "summary"
-    from cramlm.pretrain import load_run
+    from cramlm.runs import load_run
 
     model, _, cfg = load_run(run_dir)
     tokens = summary["tokens"]
