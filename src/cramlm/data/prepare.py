@@ -28,7 +28,7 @@ from cramlm.config.base import Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.merge import merge_shards
-from cramlm.data.pack import is_validation, pack_shard  # noqa: F401  (is_validation: public helper)
+from cramlm.data.pack import pack_shard
 from cramlm.data.packed import VERSION as FORMAT_VERSION
 from cramlm.data.packed import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
@@ -106,7 +106,8 @@ def output_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
 
 
 def shards_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
-    return cache_dir(cache_root) / f"{cfg.name}-{cfg.cache_key()}.shards"
+    folder = output_folder(cfg, cache_root)
+    return folder.with_name(folder.name + ".shards")
 
 
 def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
