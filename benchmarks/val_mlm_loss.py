@@ -21,7 +21,7 @@ from cramlm.data.collate import MLMCollator
 from cramlm.data.dataset import BlockDataset
 from cramlm.data.prepare import load_prepared
 from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
-from cramlm.pretrain import load_run
+from cramlm.runs import load_run
 
 
 @torch.inference_mode()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cramlm.config.base import Config
+from cramlm.constants import OUTPUTS_DIR
 from cramlm.eval.config import EvalConfig
 from cramlm.train.runtime import ImplConfig, setup_device
 
@@ -23,7 +24,7 @@ DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
 
 class EvalRunConfig(Config):
     name: str = "latest"  # the run to evaluate (<base_dir>/<name>) when checkpoint is not set
-    base_dir: str = "outputs"
+    base_dir: str = OUTPUTS_DIR
     checkpoint: str | None = None  # run name/folder, latest, HF folder, hf://name; suffix -untrained
     untrained: bool = False  # same architecture, random weights
     trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
@@ -39,7 +40,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     from cramlm.eval.finetune import finetune
     from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
     from cramlm.eval.tasks import load_tasks
-    from cramlm.train.checkpoint import write_json, write_text
+    from cramlm.io import write_json, write_text
 
     ev = cfg.eval
     tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task

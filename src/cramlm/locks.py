@@ -17,6 +17,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from cramlm.io import write_json
+
 
 class LockHeld(RuntimeError):
     """Another process holds the lock; the message names it (pid, host) and the lock file."""
@@ -51,10 +53,7 @@ class FolderLock:
         except Timeout:
             raise LockHeld(f"{self.what} is in use by {describe_owner(self.path)}; lock file {self.path}") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "command": _command()}
-        owner = owner_file(self.path)
-        tmp = owner.with_name(f"{owner.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(info) + "\n", encoding="utf-8")
-        os.replace(tmp, owner)
+        write_json(owner_file(self.path), info, indent=None)
         return self
 
     def release(self) -> None:

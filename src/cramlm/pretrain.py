@@ -9,24 +9,29 @@ Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/
 from __future__ import annotations
 
 import pickle
-import re
 import shutil
 import time
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import field_validator, model_validator
-
-from cramlm.config.base import Config, SafeName, component
 from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
-from cramlm.data.prepare import DataConfig, prepare_data
+from cramlm.data.prepare import prepare_data
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
+from cramlm.io import atomic_write, write_json, write_text
 from cramlm.locks import FolderLock, LockHeld
-from cramlm.models.base import ModelConfig, build_model
+from cramlm.models.base import build_model
+from cramlm.runs import (  # noqa: F401 (PretrainConfig, load_run ...: also imported from here)
+    CheckpointFileError,
+    PretrainConfig,
+    load_error_reason,
+    load_run,
+    parse_hours,
+    safetensors_shapes,
+)
 from cramlm.train.config import TrainConfig
-from cramlm.train.runtime import ImplConfig, setup_device
+from cramlm.train.runtime import setup_device
 
 if TYPE_CHECKING:
     import torch
@@ -42,71 +47,6 @@ DEFAULTS: dict[str, Any] = {
     "data": "default",
     "impl": "default",
 }
-
-_UNITS = {"s": 1 / 3600, "m": 1 / 60, "min": 1 / 60, "h": 1.0}
-
-
-def parse_hours(value: Any) -> Any:
-    """Hours as a number, or a string with a unit: '90s', '2m', '1.5h'."""
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|m|min|h)?\s*", value)
-        if match:
-            return float(match.group(1)) * _UNITS[match.group(2) or "h"]
-    return value
-
-
-class PretrainConfig(Config):
-    name: SafeName = "default"  # run folder: <base_dir>/<name> (one folder name: no '/', no '..')
-    base_dir: str = "outputs"
-    seed: int = 0
-    # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
-    # train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the run.
-    budget: float | None = 1 / 60
-    dryrun: bool = False  # full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)
-    resume: str | None = None  # "auto": continue from the newest checkpoint of this run if any; or a checkpoint folder
-    plugins: list[str] = []  # modules to import first (they may register components)
-    arch: component(ModelConfig)
-    train: TrainConfig = TrainConfig()
-    data: DataConfig = DataConfig()
-    impl: ImplConfig = ImplConfig()
-
-    @field_validator("budget", mode="before")
-    @classmethod
-    def _hours(cls, value: Any) -> Any:
-        return parse_hours(value)
-
-    @field_validator("budget")
-    @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError("must be positive")
-        return value
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        """Checks across groups, so that they fail before any data is prepared."""
-        max_len = getattr(self.arch, "max_seq_length", None)
-        if max_len is not None and self.data.seq_length > max_len:
-            raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
-        size = self.train.max_batch_size if self.train.batch_size == "auto" else self.train.batch_size
-        if size % self.impl.microbatch_size:
-            key = "train.max_batch_size" if self.train.batch_size == "auto" else "train.batch_size"
-            raise ValueError(f"{key}={size} must be a multiple of impl.microbatch_size={self.impl.microbatch_size}")
-        return self
-
-    @model_validator(mode="after")
-    def _tokenizer_for_objective(self):
-        self.data.resolve_tokenizer(type(self.arch).objective)  # data.tokenizer.kind=auto: by the model
-        return self
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.base_dir) / self.name
-
-
-class CheckpointFileError(ValueError):
-    """A checkpoint or run file cannot be used; the message names the file and what is wrong."""
-
 
 RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
 
@@ -246,22 +186,12 @@ def clear_checkpoints(root: Path) -> list[Path]:
     return found
 
 
-def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except (OSError, SafetensorError) as e:
-        raise CheckpointFileError(f"{path}: not a readable safetensors file, truncated or damaged ({e})") from None
-
-
 def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> None:
     """Refuse, before any work, a checkpoint this run cannot continue from: unreadable files, or
     weights of another shape (a different vocabulary or arch), saying which file and what differs."""
-    from cramlm.train.checkpoint import tied_aliases
+    from cramlm.models.base import tied_aliases
 
-    shapes = _safetensors_shapes(folder / "model.safetensors")
+    shapes = safetensors_shapes(folder / "model.safetensors")
     aliases = tied_aliases(model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
     problems = [f"{k} is {list(shapes[k])} there, {list(v)} here" for k, v in expected.items() if k in shapes and shapes[k] != v]
@@ -279,16 +209,6 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
         zipfile.ZipFile(training).close()  # its central directory: a truncated file fails here, cheaply
     except (OSError, zipfile.BadZipFile) as e:
         raise CheckpointFileError(f"{training}: not a readable torch checkpoint, truncated or damaged ({e})") from None
-
-
-def load_error_reason(e: BaseException) -> str:
-    """One short line for a failed torch/safetensors load (torch adds paragraphs of advice)."""
-    text = str(e).strip()
-    if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a non-data object
-        detail = next((line.strip() for line in text.splitlines() if "nsupported" in line), type(e).__name__)
-        return f"refused: it holds more than tensors and plain data, so cramlm did not write it ({detail})"
-    first = (text.splitlines() or [""])[0].split(". ")[0]
-    return f"{type(e).__name__}: {first}"
 
 
 def resume_trainer(trainer: Trainer, folder: Path) -> None:
@@ -310,7 +230,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.data.dataset import BlockDataset
     from cramlm.eval.lm import block_start
     from cramlm.train.budget import Budget, Meter, measure_costs
-    from cramlm.train.checkpoint import atomic_path, remove_partial_checkpoints, write_json, write_text
+    from cramlm.train.checkpoint import remove_partial_checkpoints
     from cramlm.train.distributed import barrier, broadcast_object
     from cramlm.train.parallelize import parallelize
     from cramlm.train.trainer import StepData, Trainer
@@ -367,31 +287,9 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
                "data": str(data.folder)}
     if dist.main:
-        tmp = atomic_path(run_dir / "model.safetensors")
-        shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
-        tmp.replace(run_dir / "model.safetensors")
+        with atomic_write(run_dir / "model.safetensors") as tmp:
+            shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)
         write_json(run_dir / "summary.json", summary)
         say(console_summary(summary, run_dir))
     barrier(dist)
     return summary
-
-
-def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
-    """(model, tokenizer, config) of a finished run folder."""
-    from cramlm.config.loader import load_yaml, validate
-    from cramlm.data.tokenizer import load_tokenizer
-    from cramlm.train.checkpoint import load_weights
-
-    run_dir = Path(run_dir)
-    if not (run_dir / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{run_dir}: no model.safetensors (not a finished cramlm run)")
-    cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
-    tok = load_tokenizer(run_dir)
-    model = build_model(cfg.arch, tok.get_vocab_size())
-    weights = run_dir / "model.safetensors"
-    _safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
-    try:
-        load_weights(model, weights)
-    except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes
-        raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({load_error_reason(e)})") from None
-    return model.to(device), tok, cfg

@@ -10,7 +10,8 @@ import torch
 
 from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
 from cramlm.eval.checkpoints import Checkpoint, CramTokenizer
-from cramlm.eval.finetune import EvalConfig, Hparams, finetune, length_grouped_batches, pad_batch, schedule_for
+from cramlm.eval.config import EvalConfig, Hparams
+from cramlm.eval.finetune import finetune, length_grouped_batches, pad_batch, schedule_for
 from cramlm.eval.tasks import Example, Task
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
 from cramlm.train.runtime import ImplConfig

@@ -139,7 +139,7 @@ def test_errors_name_file_and_line(tmp_path):
     with pytest.raises(TaskError, match=r"badjson/task.json:2: invalid JSON"):
         load_task(str(bad_json))
     typo = _write(tmp_path / "typo", good, {"metrc": "f1", "labels": ["0", "1"]})
-    with pytest.raises(TaskError, match=r"metrc: unknown key \(did you mean 'metric'\?\)"):
+    with pytest.raises(TaskError, match=r"metrc: unknown key\. Did you mean 'metric'\?"):
         load_task(str(typo))
     col = _write(tmp_path / "col", good, {"columns": {"sentence1": "sentense", "label": "label"}, "labels": ["0", "1"]})
     with pytest.raises(TaskError, match=r"col/train.tsv:1: columns.sentence1 'sentense' is not in the header.*'sentence'"):

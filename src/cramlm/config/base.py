@@ -2,15 +2,15 @@
 
 Every config class forbids unknown keys, so a typo fails before any work starts. A *component*
 config (a model, optimizer, schedule, data source, ...) carries a ``type`` field that names the
-registered class to build; see :mod:`cramlm.config.registry`.
+registered class to build; see :mod:`cramlm.config.registry` (and its :func:`component` slots).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, ClassVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # Range-checked field types for the config classes (floats are finite anyway: see Config)
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -34,23 +34,6 @@ class ComponentConfig(Config):
 
     kind: ClassVar[str] = ""
     type: str
-
-
-def _resolve_component(kind: str):
-    def resolve(value: Any) -> Any:
-        if isinstance(value, dict):
-            from cramlm.config.registry import config_class
-
-            return config_class(kind, value.get("type")).model_validate(value)
-        return value
-
-    return resolve
-
-
-def component(base: type[ComponentConfig]) -> Any:
-    """Field annotation for a component slot: a dict is validated with the config class registered
-    under its ``type`` and the concrete subclass is kept (and dumped with all its fields)."""
-    return Annotated[SerializeAsAny[base], BeforeValidator(_resolve_component(base.kind))]
 
 
 _NAME = re.compile(r"\w[\w.+=@,-]*")

@@ -8,7 +8,6 @@ list, ``null`` is None). Every error names the full key path.
 
 from __future__ import annotations
 
-import difflib
 import typing
 from importlib import resources
 from pathlib import Path
@@ -20,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ValidationError
 
 from cramlm.config.base import ComponentConfig
+from cramlm.io import did_you_mean
 
 GROUPS = ("arch", "train", "data", "eval", "impl")
 
@@ -57,9 +57,7 @@ def load_preset(group: str, name: str) -> dict[str, Any]:
     path = recipes_dir() / group / f"{name}.yaml"
     if not path.is_file():
         known = available_presets(group)
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"{group}: no preset '{name}'; available: {', '.join(known)}.{hint}")
+        raise ConfigError(f"{group}: no preset '{name}'; available: {', '.join(known)}.{did_you_mean(name, known)}")
     return load_yaml(path, group)
 
 
@@ -206,8 +204,7 @@ def format_errors(root: type[BaseModel], err: ValidationError, data: Any, prefix
         if e["type"] == "extra_forbidden":
             owner = _model_at(root, loc, data)
             known = sorted(owner.model_fields) if owner else []
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            hint = f" Did you mean '{path.rsplit('.', 1)[0] + '.' if '.' in path else ''}{close[0]}'?" if close else ""
+            hint = did_you_mean(loc[-1], known, path.rsplit(".", 1)[0] + "." if "." in path else "")
             lines.append(f"{path}: unknown key.{hint} Known keys here: {', '.join(known)}")
         else:
             msg = e["msg"]

@@ -18,13 +18,15 @@ and then ``cramlm pretrain plugins=[my_package.my_module] arch.type=my-model`` (
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
+
+from pydantic import BeforeValidator, SerializeAsAny
 
 from cramlm.config.base import ComponentConfig
+from cramlm.io import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -110,9 +112,7 @@ def entry(kind: str, name: str | None) -> Entry:
     section = _REGISTRY.get(kind, {})
     if name not in section:
         known = sorted(section)
-        close = difflib.get_close_matches(str(name), known, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise RegistryError(f"unknown {kind} type '{name}'; registered: {', '.join(known)}.{hint}")
+        raise RegistryError(f"unknown {kind} type '{name}'; registered: {', '.join(known)}.{did_you_mean(name, known)}")
     return section[name]
 
 
@@ -130,3 +130,18 @@ def build(kind: str, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> Any:
         if found.builder is None:
             raise RegistryError(f"{kind} '{cfg.type}' is declared but no builder was registered for it")
     return found.builder(cfg, *args, **kwargs)
+
+
+def _resolve_component(kind: str):
+    def resolve(value: Any) -> Any:
+        if isinstance(value, dict):
+            return config_class(kind, value.get("type")).model_validate(value)
+        return value
+
+    return resolve
+
+
+def component(base: type[ComponentConfig]) -> Any:
+    """Field annotation for a component slot: a dict is validated with the config class registered
+    under its ``type`` and the concrete subclass is kept (and dumped with all its fields)."""
+    return Annotated[SerializeAsAny[base], BeforeValidator(_resolve_component(base.kind))]

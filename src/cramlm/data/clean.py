@@ -90,19 +90,28 @@ class MinHasher:
         return m.hashvalues.astype(np.uint32)
 
 
+class NearDuplicateIndex:
+    """The kept documents' MinHash signatures (LSH): ``seen(key, signature)`` is True for a near
+    duplicate of one kept before, else it keeps this one under ``key``."""
+
+    def __init__(self, cfg: DedupConfig):
+        from datasketch import MinHash, MinHashLSH
+
+        self.cfg, self.MinHash = cfg, MinHash
+        self.lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
+
+    def seen(self, key, signature: np.ndarray) -> bool:
+        m = self.MinHash(num_perm=self.cfg.num_perm, seed=1, hashvalues=signature, scheme=SCHEME)
+        if self.lsh.query(m):
+            return True
+        self.lsh.insert(key, m)
+        return False
+
+
 def near_duplicates(signatures: np.ndarray, cfg: DedupConfig) -> np.ndarray:
     """Mask over documents (in the given order): True where an earlier kept document is similar."""
-    from datasketch import MinHash, MinHashLSH
-
-    lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
-    duplicate = np.zeros(len(signatures), bool)
-    for i, sig in enumerate(signatures):
-        m = MinHash(num_perm=cfg.num_perm, seed=1, hashvalues=sig, scheme=SCHEME)
-        if lsh.query(m):
-            duplicate[i] = True
-        else:
-            lsh.insert(i, m)
-    return duplicate
+    index = NearDuplicateIndex(cfg)
+    return np.array([index.seen(i, sig) for i, sig in enumerate(signatures)], bool)
 
 
 def first_occurrences(hashes: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cramlm.models.crammed_bert import IGNORE_INDEX
+from cramlm.constants import IGNORE_INDEX
 
 
 class MLMCollator:

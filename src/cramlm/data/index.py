@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from cramlm.data.sources import DataError, field
+from cramlm.io import atomic_write
 
 CHUNK = 1 << 24
 
@@ -45,9 +46,8 @@ def build_index(jsonl: str | Path, out: str | Path | None = None) -> Path:
     index = np.stack([starts, lengths], axis=1)
     if len(index):
         index = _drop_blank(jsonl, index)
-    tmp = out.with_name(out.name + ".tmp.npy")
-    np.save(tmp, index.astype("<i8"), allow_pickle=False)
-    tmp.replace(out)
+    with atomic_write(out) as tmp, open(tmp, "wb") as f:
+        np.save(f, index.astype("<i8"), allow_pickle=False)
     return out
 
 

@@ -24,15 +24,16 @@ from typing import Annotated, Iterator, Literal
 from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
-from cramlm.config.base import Config, PositiveInt, SafeName, component
-from cramlm.config.registry import build
+from cramlm.config.base import Config, PositiveInt, SafeName
+from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.merge import merge_shards
-from cramlm.data.pack import is_validation, pack_shard  # noqa: F401  (is_validation: public helper)
+from cramlm.data.pack import pack_shard
 from cramlm.data.packed import VERSION as FORMAT_VERSION
 from cramlm.data.packed import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
+from cramlm.io import atomic_write
 from cramlm.locks import FolderLock
 
 PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
@@ -105,7 +106,8 @@ def output_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
 
 
 def shards_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
-    return cache_dir(cache_root) / f"{cfg.name}-{cfg.cache_key()}.shards"
+    folder = output_folder(cfg, cache_root)
+    return folder.with_name(folder.name + ".shards")
 
 
 def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
@@ -132,9 +134,8 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
     with FolderLock(folder / "tokenizer.lock", f"{folder} (tokenizer training)", timeout=wait_s):
         if not saved.is_file():  # not trained by whoever held the lock before us
             tok = make_tokenizer(cfg)
-            tmp = saved.with_name(f"tokenizer.json.tmp-{os.getpid()}")
-            tok.save(str(tmp))
-            os.replace(tmp, saved)
+            with atomic_write(saved) as tmp:
+                tok.save(str(tmp))
     return load_tokenizer(saved, strict=False)
 
 

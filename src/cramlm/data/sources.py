@@ -19,12 +19,12 @@ import json
 import re
 from collections import Counter
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 from typing import ClassVar, Iterator, Literal
 
 from cramlm.config.base import ComponentConfig
 from cramlm.config.registry import register
+from cramlm.io import PKG_SCHEME, package_path
 
 
 class DataError(ValueError):
@@ -83,8 +83,8 @@ class SourceConfig(ComponentConfig):
 
 
 def expand_paths(pattern: str) -> list[Path]:
-    if pattern.startswith("pkg://"):
-        path = Path(str(resources.files("cramlm") / "resources" / pattern[len("pkg://") :]))
+    if pattern.startswith(PKG_SCHEME):
+        path = package_path(pattern)
         if not path.exists():
             raise DataError(f"{pattern}: no such packaged resource")
         return [path]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cramlm.data.clean import Cleaner, MinHasher, text_hash
+from cramlm.data.clean import Cleaner, MinHasher, NearDuplicateIndex, text_hash
 from cramlm.data.packed import read_packed
 from cramlm.data.sources import SkipReport
+from cramlm.io import write_json
 
 
 def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "text", on_error: str = "raise") -> dict:
@@ -28,7 +29,7 @@ def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "tex
         prepared = prepare_data(cfg, tmp, progress=True)
         shutil.move(str(prepared.folder / "train.cramtok"), out)
         manifest = prepared.manifest
-    Path(out + ".manifest.json").write_text(json.dumps(manifest, indent=2))
+    write_json(out + ".manifest.json", manifest)
     return {"out": out, **manifest["documents"], "tokens": manifest["train"]["tokens"], "skipped_reasons": manifest["skipped"]}
 
 
@@ -67,13 +68,7 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
 
     report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
     seen: set[int] = set()
-    lsh = None
-    if cfg.dedup.near:
-        from datasketch import MinHash, MinHashLSH
-
-        from cramlm.data.clean import SCHEME
-
-        hasher, lsh = MinHasher(cfg.dedup), MinHashLSH(threshold=cfg.dedup.threshold, num_perm=cfg.dedup.num_perm)
+    near = (MinHasher(cfg.dedup), NearDuplicateIndex(cfg.dedup)) if cfg.dedup.near else None
     kept = 0
     sink = open(out, "w", encoding="utf-8") if out else None
     try:
@@ -89,12 +84,9 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
                     report.skip("duplicate", f"record {number}")
                     continue
                 seen.add(h)
-                if lsh is not None:
-                    m = MinHash(num_perm=cfg.dedup.num_perm, seed=1, hashvalues=hasher.signature(text), scheme=SCHEME)
-                    if lsh.query(m):
-                        report.skip("near_duplicate", f"record {number}")
-                        continue
-                    lsh.insert(number, m)
+                if near is not None and near[1].seen(number, near[0].signature(text)):
+                    report.skip("near_duplicate", f"record {number}")
+                    continue
                 kept += 1
                 if sink:
                     sink.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")

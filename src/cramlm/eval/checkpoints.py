@@ -168,11 +168,11 @@ def load_checkpoint(
 def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
     from cramlm.data.tokenizer import load_tokenizer
     from cramlm.models.base import build_model
-    from cramlm.pretrain import load_run
+    from cramlm.runs import load_run
 
     if untrained:
         from cramlm.config.loader import load_yaml, validate
-        from cramlm.pretrain import PretrainConfig
+        from cramlm.runs import PretrainConfig
 
         cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
         tok = load_tokenizer(run_dir)
@@ -268,7 +268,7 @@ def _weight_files(name_or_path: str) -> str:
 def _first_line(e: Exception) -> str:
     import pickle
 
-    from cramlm.pretrain import load_error_reason
+    from cramlm.runs import load_error_reason
 
     reason = load_error_reason(e)
     return reason if isinstance(e, pickle.UnpicklingError) else f"{reason}; the file may be truncated or damaged"

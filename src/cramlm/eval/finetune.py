@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 # the configs live torch-free in eval/config.py (validating a config imports no torch)
-from cramlm.eval.config import EvalConfig, Hparams, HparamsOverride  # noqa: F401
+from cramlm.eval.config import Hparams
 from cramlm.eval.metrics import score_all
 from cramlm.eval.tasks import Task
 from cramlm.models.heads import SequenceClassifier

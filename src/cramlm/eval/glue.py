@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cramlm.eval.tasks import Columns, Example, Task, TaskError, TaskSpec, build_task
+from cramlm.eval.tasks import PREFIXES, Columns, Example, Task, TaskError, TaskSpec, build_task
 
 
 @dataclass(frozen=True)
@@ -153,3 +153,6 @@ def load_glue_hf(key: str, task: GlueTask) -> Task:
         train=examples("train"),
         dev={split: examples(hf) for split, hf in task.hf_dev.items()},
     )
+
+
+PREFIXES["glue"] = load_glue  # load_task("glue:<name>", glue_dir)

@@ -21,19 +21,18 @@ symlink it into the folder.
 from __future__ import annotations
 
 import csv
-import difflib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from pydantic import ValidationError, field_validator
 
 from cramlm.config.base import Config
 from cramlm.eval.metrics import METRICS, REGRESSION_METRICS
+from cramlm.io import did_you_mean, package_path
 
 FORMATS = ("tsv", "csv", "jsonl")
 INFO_KEYS = {"num_train", "num_dev", "source", "licence", "license", "canary", "description", "citation"}
@@ -104,9 +103,7 @@ class TaskSpec(Config):
 
 
 def task_path(spec: str) -> Path:
-    if spec.startswith("pkg://"):
-        return Path(str(resources.files("cramlm") / "resources" / spec[len("pkg://") :]))
-    return Path(spec).expanduser()
+    return package_path(spec)
 
 
 def clip(value: Any, width: int = 60) -> str:
@@ -175,9 +172,7 @@ def _index(header: list[str] | None, column: str | int | None, path: Path, key: 
     if column is None or isinstance(column, int) or header is None:
         return column
     if column not in header:
-        close = difflib.get_close_matches(column, header, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {few(header, 12)}.{hint}")
+        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {few(header, 12)}.{did_you_mean(column, header)}")
     return header.index(column)
 
 
@@ -337,8 +332,7 @@ def parse_spec(data: dict, where: str) -> TaskSpec:
         for e in err.errors():
             path = ".".join(str(p) for p in e["loc"])
             if e["type"] == "extra_forbidden":
-                close = difflib.get_close_matches(str(e["loc"][-1]), list(TaskSpec.model_fields), n=1)
-                problems.append(f"{path}: unknown key" + (f" (did you mean '{close[0]}'?)" if close else ""))
+                problems.append(f"{path}: unknown key." + did_you_mean(e["loc"][-1], TaskSpec.model_fields))
             else:
                 problems.append(f"{path}: {e['msg']}")
         raise TaskError(f"{where}: " + "; ".join(problems)) from None
@@ -352,6 +346,11 @@ def read_task_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise TaskError(f"{path}: expected a JSON object")
     return data
+
+
+# "<prefix>:<name>" task loaders, (name, glue_dir) -> Task, registered by the modules built on this one
+# (eval/glue.py: "glue"; eval/__init__.py imports it), so that this module imports none of them
+PREFIXES: dict[str, Callable[[str, str | None], Task]] = {}
 
 
 def load_tasks(specs: list, glue_dir: str | None = None) -> list[Task]:
@@ -375,10 +374,9 @@ def load_tasks(specs: list, glue_dir: str | None = None) -> list[Task]:
 def load_task(spec: str | TaskSpec | dict, glue_dir: str | None = None) -> Task:
     """A task from ``glue:<name>``, a folder (with or without task.json), a task.json path, a
     ``pkg://`` shipped folder, or an inline spec (a dict / TaskSpec with ``path``)."""
-    if isinstance(spec, str) and spec.startswith("glue:"):
-        from cramlm.eval.glue import load_glue
-
-        return load_glue(spec[len("glue:") :], glue_dir)
+    if isinstance(spec, str) and spec.partition(":")[0] in PREFIXES:
+        prefix, _, name = spec.partition(":")
+        return PREFIXES[prefix](name, glue_dir)
     if isinstance(spec, (dict, TaskSpec)):
         inline = spec if isinstance(spec, TaskSpec) else parse_spec(spec, "inline task spec")
         if not inline.path:

@@ -17,6 +17,19 @@ class ModelConfig(ComponentConfig):
     max_seq_length: PositiveInt = 128
 
 
+def tied_aliases(model) -> dict[str, str]:
+    """{alias: canonical} for parameters registered under several names (e.g. a decoder tied to
+    the embedding); the canonical name is the first one in module order."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
 def build_model(cfg: ModelConfig, vocab_size: int):
     """Build the registered model for ``cfg`` with the tokenizer's vocabulary size."""
     from cramlm.config.registry import build

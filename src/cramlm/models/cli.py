@@ -17,9 +17,9 @@ def export() -> None:
 def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
     """(run folder with config.yaml + tokenizer.json, weights file). Accepts a run folder, a
     weights file inside one, or a run name under ./outputs."""
-    path = Path(run_or_checkpoint)
-    if not path.exists() and (Path("outputs") / run_or_checkpoint).is_dir():
-        path = Path("outputs") / run_or_checkpoint
+    from cramlm.runs import named_run
+
+    path = named_run(run_or_checkpoint)
     if path.is_file():
         return path.parent, path
     if path.is_dir():
@@ -29,7 +29,7 @@ def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
 
 def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     from cramlm.models.hf import export_hf
-    from cramlm.pretrain import load_run
+    from cramlm.runs import load_run
     from cramlm.train.checkpoint import load_weights
 
     from cramlm.data.tokenizer import separator_id

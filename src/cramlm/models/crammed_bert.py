@@ -13,7 +13,7 @@ from cramlm.config.registry import register
 from cramlm.models.layers import IGNORE_INDEX, MLMHead, Trunk, init_weights
 from cramlm.models.transformer import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
 
-__all__ = ["CrammedBert", "CrammedBertConfig", "IGNORE_INDEX"]
+__all__ = ["CrammedBert", "CrammedBertConfig"]
 
 
 class CrammedBert(nn.Module):

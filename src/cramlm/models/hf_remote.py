@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from cramlm.models import layers
-from cramlm.train.checkpoint import save_safetensors, tied_aliases
+from cramlm.io import save_safetensors
+from cramlm.models.base import tied_aliases
 
 CONFIGURATION = '''"""cramlm model config for transformers (written by `cramlm export hf`)."""
 

@@ -21,6 +21,7 @@ try:  # FlexAttention (torch >= 2.5): document masks as block masks, no dense (B
 except ImportError:  # older torch: packed documents use the dense SDPA mask
     BlockMask = create_block_mask = flex_attention = None
 
+# = cramlm.constants.IGNORE_INDEX, restated: this file is copied verbatim into remote-code exports
 IGNORE_INDEX = -100  # label value of positions that carry no target
 
 # How attention keeps packed documents apart (``document_ids``). "auto": FlexAttention with a block

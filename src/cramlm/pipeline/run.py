@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +22,9 @@ from typing import Any, Literal
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
 from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
-from cramlm.pretrain import PretrainConfig
+from cramlm.io import write_json
+from cramlm.train.runtime import launcher_env
+from cramlm.runs import PretrainConfig
 
 STAGES = ("data", "pretrain", "eval", "report")
 Stage = Literal["data", "pretrain", "eval", "report"]
@@ -174,13 +175,12 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
     and the others join the pretrain stage (whose processes the training engine coordinates).
     """
     from cramlm.config.extras import check_extras
-    from cramlm.train.checkpoint import write_json  # imports torch: not at the top (fast config errors)
 
     check_extras(cfg)  # a missing optional dependency fails now, before any stage runs
     if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
         raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     run_dir = cfg.run_dir
-    rank = int(os.environ.get("RANK", "0"))
+    rank = launcher_env()[0]
     record = read_record(run_dir)
     record.setdefault("stages", {})
     record["name"] = cfg.name

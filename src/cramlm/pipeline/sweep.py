@@ -19,7 +19,7 @@ import numpy as np
 
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
 from cramlm.report.runs import is_number, load_run_data
-from cramlm.train.checkpoint import write_json
+from cramlm.io import write_json
 
 
 def size_overrides(spec: str) -> list[str]:
@@ -48,7 +48,7 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     summary = json.loads((run_dir / "summary.json").read_text())
     if is_number(summary.get("flops")):
         return float(summary["flops"]), "summary"
-    from cramlm.pretrain import load_run
+    from cramlm.runs import load_run
 
     model, _, cfg = load_run(run_dir)
     tokens = summary["tokens"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import os
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from cramlm.io import write_text
 from cramlm.report.runs import RunData, is_number, as_percent, load_run_data, result_score
 
 CSS = """
@@ -149,7 +149,5 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     out = Path(out)
     figures = draw_all(runs, out / "plots")
     path = out / "report.html"
-    tmp = path.with_name(f".report.html.tmp-{os.getpid()}")  # atomic, without importing torch for it
-    tmp.write_text(render_html(runs, figures), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, render_html(runs, figures))
     return path

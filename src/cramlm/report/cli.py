@@ -21,8 +21,9 @@ def report_command(runs: tuple[Path, ...], out: Path | None) -> None:
     RUN is a run folder, or a run name under outputs/. Example: cramlm report default cpu-1h
     """
     from cramlm.report import write_report
+    from cramlm.runs import named_run
 
-    runs = tuple(r if r.is_dir() or not (Path("outputs") / r).is_dir() else Path("outputs") / r for r in runs)  # names work
+    runs = tuple(named_run(r) for r in runs)  # names work
     if len(runs) > 1 and out is None:
         out = runs[0].parent / ("compare-" + "-".join(r.name for r in runs))[:120]
     path = run_or_exit(lambda: write_report(*runs, out=out))

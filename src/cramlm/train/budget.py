@@ -61,11 +61,6 @@ class Budget:
             if value <= 0:
                 raise ValueError(f"budget {key} must be positive, got {value}")
 
-    @property
-    def deterministic(self) -> bool:
-        """True when t does not depend on the clock (resumed runs are then bitwise reproducible)."""
-        return "seconds" not in self.limits
-
     def progress(self, used: Usage) -> float:
         """t = the largest fraction used of any budget (may exceed 1 on the last step)."""
         return max(getattr(used, key) / limit for key, limit in self.limits.items())

@@ -1,5 +1,5 @@
-"""Run-folder files and training checkpoints, all written atomically (temp + rename), so a crash,
-even a SIGKILL in the middle of a write, never leaves a broken file under a final name.
+"""Training checkpoints, written atomically (temp folder + rename; single files: :mod:`cramlm.io`), so a
+crash, even a SIGKILL in the middle of a write, never leaves a broken file under a final name.
 
 A checkpoint is a folder ``<run>/checkpoints/step-00000042/`` with
 
@@ -33,30 +33,9 @@ from pathlib import Path
 import numpy as np
 
 import torch
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model
 
-
-def atomic_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
-    """``safetensors.save_file`` with the permissions of any new file (it creates 0600 files;
-    run folders and exports are meant to be shared like the rest: 0666 less the umask)."""
-    save_file(tensors, str(path), metadata=metadata)
-    os.chmod(path, 0o666 & ~_umask())
-
-
-def _umask() -> int:
-    try:  # Linux: read it, rather than set and restore it (which races with other threads)
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return umask
+from cramlm.io import save_safetensors
 
 
 def _fsync(path: Path) -> None:
@@ -67,45 +46,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """safetensors weights of a plain module; tied tensors (decoder = embedding) are stored once."""
-    path = Path(path)
-    tmp = atomic_path(path)
-    save_model(model, str(tmp))
-    os.replace(tmp, path)
-
-
 def load_weights(model: torch.nn.Module, path: str | Path, strict: bool = True) -> None:
     missing, unexpected = load_model(model, str(path), strict=strict)
     if strict and (missing or unexpected):
         raise ValueError(f"{path}: missing {missing}, unexpected {unexpected}")
 
 
-def write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    tmp = atomic_path(path)
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_json(path: str | Path, obj) -> None:
-    write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
 # ------------------------------------------------------------------ tied weights in state dicts
-
-
-def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
-    """{alias: canonical} for parameters registered under several names (e.g. a decoder tied to
-    the embedding); the canonical name is the first one in module order."""
-    first: dict[int, str] = {}
-    aliases = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            aliases[name] = first[id(p)]
-        else:
-            first[id(p)] = name
-    return aliases
 
 
 def save_state_dict(state: dict[str, torch.Tensor], path: Path, aliases: dict[str, str]) -> None:

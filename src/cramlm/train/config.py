@@ -19,9 +19,8 @@ from cramlm.config.base import (
     PositiveInt,
     Probability,
     UnitFloat,
-    component,
 )
-from cramlm.config.registry import declare
+from cramlm.config.registry import component, declare
 from cramlm.train.budget import BudgetConfig
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.runtime import ImplConfig, launcher_env
 
 
 @dataclass
@@ -37,13 +36,9 @@ class Dist:
         return self.rank == 0
 
 
-def env_world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def init_distributed(impl: ImplConfig) -> Dist:
     """Join the process group set up by torchrun (RANK, WORLD_SIZE, MASTER_ADDR... in the env)."""
-    world = env_world()
+    _, local_rank, world = launcher_env()
     strategy = impl.distributed
     if strategy == "auto":
         strategy = "ddp" if world > 1 else "none"
@@ -51,7 +46,6 @@ def init_distributed(impl: ImplConfig) -> Dist:
         if world > 1:
             raise ValueError(f"impl.distributed=none but WORLD_SIZE={world}")
         return Dist()
-    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     owns_group = not dist.is_initialized()  # a caller's group (e.g. several runs in one job) is reused
     if owns_group:
         use_cuda = torch.cuda.is_available() and impl.device in ("auto", "cuda")

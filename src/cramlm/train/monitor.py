@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from cramlm.constants import IGNORE_INDEX
+
 # dense bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets (no sparsity)
 PEAK_TFLOPS = {
     "H200": 989.0,
@@ -83,8 +85,8 @@ def flops_per_token(model: torch.nn.Module, seq_len: int, sample: dict[str, torc
     if hasattr(model, "flops_per_token"):
         kwargs = {}
         if sample is not None and "labels" in sample and "predicted_fraction" in inspect.signature(model.flops_per_token).parameters:
-            # sparse MLM prediction runs the head only where labels are scored (-100 = unscored)
-            kwargs["predicted_fraction"] = float((sample["labels"] != -100).float().mean())
+            # sparse MLM prediction runs the head only where labels are scored (IGNORE_INDEX = unscored)
+            kwargs["predicted_fraction"] = float((sample["labels"] != IGNORE_INDEX).float().mean())
         return float(model.flops_per_token(seq_len, **kwargs)), "model.flops_per_token"
     if sample is not None:
         return measure_flops_per_token(model, sample), "FlopCounterMode"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cramlm.train.checkpoint import tied_aliases
+from cramlm.models.base import tied_aliases
 from cramlm.train.distributed import Dist, wrap_model
 from cramlm.train.runtime import ImplConfig, apply_activation_checkpointing, compile_model
 

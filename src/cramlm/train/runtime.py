@@ -6,6 +6,7 @@ config trains the same model on a laptop CPU or on many GPUs."""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator
@@ -97,6 +98,13 @@ def _precision_dtypes() -> dict[str, torch.dtype | None]:
     import torch
 
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
+
+
+def launcher_env() -> tuple[int, int, int]:
+    """(RANK, LOCAL_RANK, WORLD_SIZE) as torchrun sets them; (0, 0, 1) in a plain process. Read
+    without torch, so the pipeline knows which process writes before it imports torch."""
+    env = os.environ
+    return int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), int(env.get("WORLD_SIZE", "1"))
 
 
 def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:

@@ -1,0 +1,86 @@
+"""Small torch-free helpers shared by every stage: atomic file writes, packaged resources and the
+"did you mean" hint of error messages.
+
+Every file cramlm writes under its final name is written beside it first and renamed when complete
+(:func:`atomic_write`), so a crash, even a SIGKILL in the middle of a write, never leaves a broken
+file under that name. Importing this module imports no torch (tests/test_architecture.py), so a
+config, a record or a report is written without paying for it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PKG_SCHEME = "pkg://"  # pkg://<path>: a file or folder shipped in cramlm/resources
+
+
+def atomic_path(path: Path) -> Path:
+    """The temporary name ``path`` is written under (hidden, per process) before the rename."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextmanager
+def atomic_write(path: str | Path) -> Iterator[Path]:
+    """``with atomic_write(path) as tmp:`` write ``tmp``; it becomes ``path`` when the block ends
+    normally, and is removed when it raises."""
+    path = Path(path)
+    tmp = atomic_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_write(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
+    write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
+    """``safetensors.save_file``, atomically and with the permissions of any new file (it creates
+    0600 files; run folders and exports are meant to be shared like the rest: 0666 less the umask).
+    safetensors (and torch) are imported only when called."""
+    from safetensors.torch import save_file
+
+    with atomic_write(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o666 & ~umask())
+
+
+def umask() -> int:
+    """The process umask."""
+    try:  # Linux: read it, rather than set and restore it (which races with other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def package_path(spec: str) -> Path:
+    """``pkg://<path>`` as the path of that shipped resource; any other string as a user path."""
+    if spec.startswith(PKG_SCHEME):
+        return Path(str(resources.files("cramlm") / "resources" / spec[len(PKG_SCHEME) :]))
+    return Path(spec).expanduser()
+
+
+def did_you_mean(word: Any, known: Iterable[str], prefix: str = "") -> str:
+    """`` Did you mean '<prefix><closest>'?`` for an error message, or "" when nothing is close."""
+    close = difflib.get_close_matches(str(word), list(known), n=1)
+    return f" Did you mean '{prefix}{close[0]}'?" if close else ""

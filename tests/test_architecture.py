@@ -1,0 +1,157 @@
+"""The package's import graph: dependencies follow the stage order, and nothing imports in a circle.
+
+The order (a module may import its own stage and the stages above it, never one below):
+
+    foundation  cramlm.constants, cramlm.io, cramlm.progress, cramlm.locks: no cramlm imports but
+                each other; torch-free (a config, a record or a report is written without torch)
+    config      typed configs, presets, the component registry
+    data        sources, tokenizers, packed files, datasets, collators
+    models      the model configs and modules (plain nn.Modules)
+    train       budget, optimizers, schedules, checkpoints, the Trainer
+    runs        cramlm.runs: a run folder read back (PretrainConfig, load_run)
+    eval        tasks, fine-tuning, held-out loss, metrics
+    report      plots and report.html from run folders
+    entry       the commands: cli.py, cli_utils.py, */cli.py, pretrain.py, evaluate.py, pipeline/,
+                __main__.py. They import libraries (and each other), never the reverse.
+
+Function-level imports count for the order (a lazy import is still a dependency) and for the
+cycle check over every import; module-level imports alone must not form a cycle either (that is an
+ImportError waiting for an import order).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "cramlm"
+
+STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "report", "entry"]
+FOUNDATION = {"cramlm", "cramlm.constants", "cramlm.io", "cramlm.progress", "cramlm.locks"}
+ENTRY = {"cramlm.cli", "cramlm.cli_utils", "cramlm.__main__", "cramlm.pretrain", "cramlm.evaluate"}
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    if module in ENTRY or parts[-1] == "cli" or parts[:2] == ["cramlm", "pipeline"]:
+        return "entry"
+    if module in FOUNDATION:
+        return "foundation"
+    if len(parts) >= 2 and parts[1] in STAGES:
+        return parts[1]
+    raise AssertionError(f"{module}: no stage; add it to tests/test_architecture.py (STAGES)")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(module-level, function-level) cramlm modules ``path`` imports; ``from cramlm.x import y``
+    counts as ``cramlm.x.y`` when y is a module. ``if TYPE_CHECKING:`` blocks are not imports."""
+    top: set[str] = set()
+    inner: set[str] = set()
+
+    def targets(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            return [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module for a in node.names]
+        return []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for target in targets(child):
+                if target.split(".")[0] == "cramlm":
+                    (inner if nested else top).add(target)
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return top, inner - top
+
+
+GRAPH = {name: imports(path) for name, path in MODULES.items()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_import_names_a_module():
+    for module, (top, inner) in GRAPH.items():
+        missing = sorted(t for t in top | inner if t not in MODULES)
+        assert not missing, f"{module} imports {missing}, which do not exist"
+
+
+def test_no_module_level_import_cycle():
+    cycle = find_cycle({m: top for m, (top, _) in GRAPH.items()})
+    assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_even_through_function_level_imports():
+    cycle = find_cycle({m: top | inner for m, (top, inner) in GRAPH.items()})
+    assert cycle is None, "import cycle (some imports inside functions): " + " -> ".join(cycle)
+
+
+def test_imports_follow_the_stage_order():
+    wrong = []
+    for module, (top, inner) in GRAPH.items():
+        for target in sorted(top | inner):
+            if STAGES.index(stage(target)) > STAGES.index(stage(module)):
+                wrong.append(f"{module} ({stage(module)}) imports {target} ({stage(target)})")
+    assert not wrong, "imports against the stage order:\n" + "\n".join(wrong)
+
+
+def test_the_checker_sees_violations():
+    """The checks above would fail on what they look for."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert STAGES.index(stage("cramlm.pretrain")) > STAGES.index(stage("cramlm.eval.checkpoints"))
+    assert stage("cramlm.data.cli") == stage("cramlm.pipeline.run") == "entry"
+    assert stage("cramlm.io") == "foundation" and stage("cramlm.runs") == "runs"
+
+
+@pytest.mark.parametrize("module", ["cramlm.io", "cramlm.constants", "cramlm.locks", "cramlm.report", "cramlm.runs"])
+def test_torch_free_modules(module):
+    """Atomic writes, constants, locks, reports and run configs never pay for importing torch."""
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_ignore_index_is_one_value():
+    """models/layers.py restates it (it is copied verbatim into remote-code exports)."""
+    from cramlm.constants import IGNORE_INDEX
+    from cramlm.models import layers
+
+    assert layers.IGNORE_INDEX == IGNORE_INDEX == -100
