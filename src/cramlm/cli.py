@@ -52,16 +52,23 @@ def config() -> None:
 
 
 @config.command("show", context_settings=OVERRIDES)
+@click.option("--doc", is_flag=True, help="Each key with its type, default and description.")
 @click.argument("command")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
-def config_show(command: str, overrides: tuple[str, ...]) -> None:
+def config_show(command: str, overrides: tuple[str, ...], doc: bool) -> None:
     """Print the fully resolved config of COMMAND (pretrain, eval, data) with OVERRIDES."""
     import yaml
 
-    tree = resolve_or_exit(command, overrides, check_extras=False).model_dump(mode="json")
+    cfg = resolve_or_exit(command, overrides, check_extras=False)
+    tree = cfg.model_dump(mode="json")
     if isinstance(tree.get("budget"), float):
         tree["budget"] = format_hours(tree["budget"])  # '1m', not 0.016666666666666666 (parses back)
-    sys.stdout.write(yaml.safe_dump(tree, sort_keys=False))
+    if doc:
+        from cramlm.config.doc import describe, format_docs
+
+        sys.stdout.write(format_docs(describe(cfg, tree)))
+    else:
+        sys.stdout.write(yaml.safe_dump(tree, sort_keys=False))
 
 
 def format_hours(hours: float) -> str:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cramlm.config.base import Config, SafeName
 from cramlm.config.registry import component
@@ -41,15 +41,24 @@ def parse_hours(value: Any) -> Any:
 
 
 class PretrainConfig(Config):
-    name: SafeName = "default"  # run folder: <base_dir>/<name> (one folder name: no '/', no '..')
+    name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')")
     base_dir: str = OUTPUTS_DIR
     seed: int = 0
-    # wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then
-    # train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the run.
-    budget: float | None = 1 / 60
-    dryrun: bool = False  # full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)
-    resume: str | None = None  # "auto": continue from the newest checkpoint of this run if any; or a checkpoint folder
-    plugins: list[str] = []  # modules to import first (they may register components)
+    budget: float | None = Field(
+        1 / 60,
+        description=(
+            "wall-clock hours of training (cramming: budget=24); '90s', '2m' work too. null: no clock, then "
+            "train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the "
+            "run."
+        ),
+    )
+    dryrun: bool = Field(
+        False, description="full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)"
+    )
+    resume: str | None = Field(
+        None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
+    )
+    plugins: list[str] = Field([], description="modules to import first (they may register components)")
     arch: component(ModelConfig)
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()

@@ -2,8 +2,33 @@
 
 The command line follows cramming (Hydra): ``arch=crammed-bert`` selects the preset
 ``recipes/arch/crammed-bert.yaml`` for the group ``arch`` (a path to a YAML file works too), and
-``train.optim.lr=1e-4`` sets one value. Values are parsed as YAML (``1e-4`` is a float, ``[a,b]`` a
-list, ``null`` is None). Every error names the full key path.
+``train.optim.lr=1e-4`` sets one value. Every error names the full key path (or the file).
+
+The rules, in the order they apply (``cramlm config show pretrain ...`` prints the result):
+
+1. **Group picks first.** An override whose key is a group (``arch``, ``train``, ``data``,
+   ``eval``, ``impl``) and whose value is a name picks that group's preset, whatever its position
+   on the command line: ``train.optim.lr=1e-4 train=bert-o4`` keeps lr 1e-4.
+2. **Presets extend presets.** A preset whose top-level key ``extends`` names another preset of
+   its group (or a YAML file, relative to the preset's folder) is that base with the preset's keys
+   merged on top, recursively; a cycle or an unknown base is an error naming the file. Merging
+   (:func:`deep_merge`): mappings merge key by key; lists and scalars replace; a mapping whose
+   ``type`` differs from the base's replaces the base's mapping whole, since the fields of one
+   component (``optim: {type: adam}``) mean nothing to another (``adamw``).
+3. **Overrides set one key each, in order.** The value is parsed as YAML (``1e-4`` is a float,
+   ``[a,b]`` a list, ``null`` None); text YAML cannot parse is taken as written (``*.jsonl``), but
+   an unclosed ``[``, ``{`` or quote is an error. A mapping value replaces the whole subtree
+   (``train.optim={type: adam, lr: 1e-4}``), it is not merged; a number in the key indexes an
+   existing list item (``data.sources.0.text_key=body``); a leading ``+`` is ignored (Hydra's).
+4. **Interpolations last.** ``${data.seq_length}`` and ``${oc.env:VAR,default}`` are resolved by
+   OmegaConf after every override, so they see the final values.
+5. **Validation** against the command's root class (:func:`validate`): unknown keys (with a close
+   match), wrong types and out-of-range values are errors naming their key path; a component's
+   ``type`` picks the config class its other keys are checked against.
+
+A run recipe (``recipes/run/*.yaml``, :mod:`cramlm.pipeline.run`) is a tree of this kind whose
+``overrides:`` mapping (dotted key -> value) is applied as ``key=<value as JSON>`` overrides
+(JSON is YAML, so every value keeps its type) before the command line's own overrides.
 """
 
 from __future__ import annotations
@@ -49,23 +74,57 @@ def load_yaml(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def load_preset(group: str, name: str) -> dict[str, Any]:
-    """``name`` is a preset of ``group`` or a path to a YAML file."""
-    path = Path(name).expanduser()
-    if name.endswith((".yaml", ".yml")) and path.is_file():
-        return load_yaml(path, group)
+def _no_preset(group: str, name: str) -> str:
+    known = available_presets(group)
+    return f"no preset '{name}'; available: {', '.join(known)}.{did_you_mean(name, known)}"
+
+
+def preset_path(group: str, name: str, folder: Path | None = None) -> Path:
+    """The file of preset ``name`` of ``group``, or ``name`` itself when it is a YAML file (relative
+    to ``folder`` when given: the folder of a preset that extends it)."""
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name).expanduser()
+        if folder is not None and not path.is_absolute():
+            path = folder / path
+        if path.is_file():
+            return path
     path = recipes_dir() / group / f"{name}.yaml"
     if not path.is_file():
-        known = available_presets(group)
-        raise ConfigError(f"{group}: no preset '{name}'; available: {', '.join(known)}.{did_you_mean(name, known)}")
-    return load_yaml(path, group)
+        raise ConfigError(f"{group}: {_no_preset(group, name)}")
+    return path
+
+
+def load_preset(group: str, name: str) -> dict[str, Any]:
+    """``name`` is a preset of ``group`` or a path to a YAML file; its ``extends`` chain is resolved."""
+    return _load_extending(group, preset_path(group, name), ())
+
+
+def _load_extending(group: str, path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    here = path.resolve()
+    if here in chain:
+        cycle = " -> ".join(p.name for p in (*chain[chain.index(here):], here))
+        raise ConfigError(f"{group}: {chain[-1]}: 'extends' makes a cycle: {cycle}")
+    data = load_yaml(path, group)
+    if "extends" not in data:
+        return data
+    base = data.pop("extends")
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{group}: {path}: 'extends' must name one preset of '{group}' or a YAML file, not {base!r}")
+    try:
+        base_path = preset_path(group, base, folder=path.parent)
+    except ConfigError:
+        raise ConfigError(f"{group}: {path}: extends {_no_preset(group, base)}") from None
+    return deep_merge(_load_extending(group, base_path, (*chain, here)), data)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """``update`` on top of ``base``: mappings merge key by key, anything else replaces; a mapping
+    whose ``type`` differs from the base's replaces it whole (another component's fields)."""
     out = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and "type" not in value:
-            out[key] = deep_merge(out[key], value)
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and value.get("type", old.get("type")) == old.get("type"):
+            out[key] = deep_merge(old, value)
         else:
             out[key] = value
     return out
@@ -172,7 +231,7 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...], data: Any) -> type[Ba
 
             try:
                 cls = config_class(cls.kind, node.get("type"))
-            except (KeyError, RegistryError):
+            except RegistryError:  # an unknown type: its own error says so
                 return cls
     return cls
 

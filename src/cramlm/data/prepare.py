@@ -40,17 +40,23 @@ PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of
 
 
 class DataConfig(Config):
-    name: SafeName = "default"  # the cache folder is <cache>/<name>-<key>
+    name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>")
     sources: list[component(SourceConfig)] = [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")]
     tokenizer: TokenizerConfig = TokenizerConfig()
     clean: CleanConfig = CleanConfig()
     dedup: DedupConfig = DedupConfig()
-    seq_length: Annotated[int, Field(ge=2)] = 128  # tokens per sequence ([CLS] + at least one token)
-    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.02  # documents held out (chosen by a hash of their text)
-    max_entries_in_raw_dataset: PositiveInt | None = None  # read at most this many raw records (cramming)
-    max_seq_in_tokenized_dataset: PositiveInt | None = None  # keep at most this many training sequences (cramming)
+    seq_length: Annotated[int, Field(ge=2)] = Field(128, description="tokens per sequence ([CLS] + at least one token)")
+    validation_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.02, description="documents held out (chosen by a hash of their text)"
+    )
+    max_entries_in_raw_dataset: PositiveInt | None = Field(
+        None, description="read at most this many raw records (cramming)"
+    )
+    max_seq_in_tokenized_dataset: PositiveInt | None = Field(
+        None, description="keep at most this many training sequences (cramming)"
+    )
     ordering: Literal["as-read", "random", "sentence-length-curriculum"] = "as-read"
-    seed: int = 0  # for random ordering and fractional mixture weights
+    seed: int = Field(0, description="for random ordering and fractional mixture weights")
 
     def cache_key(self) -> str:
         blob = json.dumps([PIPELINE_VERSION, self.model_dump(mode="json")], sort_keys=True)
@@ -68,8 +74,10 @@ class PrepareConfig(Config):
     """Root config of ``cramlm data prepare`` (same keys as in ``cramlm pretrain``)."""
 
     data: DataConfig = DataConfig()
-    objective: Literal["mlm", "clm"] = "mlm"  # the kind of model the data is for (data.tokenizer.kind=auto follows it)
-    cache: str | None = None  # null: the per-user cache (see the module docstring)
+    objective: Literal["mlm", "clm"] = Field(
+        "mlm", description="the kind of model the data is for (data.tokenizer.kind=auto follows it)"
+    )
+    cache: str | None = Field(None, description="null: the per-user cache (see the module docstring)")
     plugins: list[str] = []
 
     @model_validator(mode="after")

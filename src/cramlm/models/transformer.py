@@ -23,28 +23,38 @@ class TransformerConfig(ModelConfig):
     hidden_size: PositiveInt = 768
     num_layers: PositiveInt = 12
     num_heads: PositiveInt = 12
-    num_kv_heads: PositiveInt | None = None  # grouped-query attention: fewer key/value heads (None: = num_heads)
-    # FFN up-projection width; with ffn=glu it is split in two halves (gate, value), so the
-    # down-projection reads intermediate_size / 2 (HF's "intermediate_size" of a GLU model)
-    intermediate_size: PositiveInt = 3072
+    num_kv_heads: PositiveInt | None = Field(
+        None, description="grouped-query attention: fewer key/value heads (None: = num_heads)"
+    )
+    intermediate_size: PositiveInt = Field(
+        3072,
+        description=(
+            "FFN up-projection width; with ffn=glu it is split in two halves (gate, value), so the "
+            'down-projection reads intermediate_size / 2 (HF\'s "intermediate_size" of a GLU model)'
+        ),
+    )
     ffn: Literal["glu", "plain"] = "plain"
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: PositiveFloat = 1e-12
     norm_scheme: Literal["pre", "post"] = "pre"
-    norm_bias: bool = True  # LayerNorm bias (RMSNorm has none)
-    embedding_norm: bool = False  # a norm right after token + position embedding
-    first_attn_norm: bool = True  # ModernBERT drops layer 0's attention norm (the embedding norm precedes)
-    final_norm: bool = True  # a norm after the last block (pre-norm models need it)
-    bias: bool = True  # biases in linear layers (and in the MLM decoder)
+    norm_bias: bool = Field(True, description="LayerNorm bias (RMSNorm has none)")
+    embedding_norm: bool = Field(False, description="a norm right after token + position embedding")
+    first_attn_norm: bool = Field(
+        True, description="ModernBERT drops layer 0's attention norm (the embedding norm precedes)"
+    )
+    final_norm: bool = Field(True, description="a norm after the last block (pre-norm models need it)")
+    bias: bool = Field(True, description="biases in linear layers (and in the MLM decoder)")
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "learned"
     rope_theta: PositiveFloat = 10000.0
-    type_vocab_size: NonNegativeInt = 0  # BERT's token-type (segment) embeddings; 0: none
-    tie_embeddings: bool = True  # output decoder shares the token-embedding matrix
+    type_vocab_size: NonNegativeInt = Field(0, description="BERT's token-type (segment) embeddings; 0: none")
+    tie_embeddings: bool = Field(True, description="output decoder shares the token-embedding matrix")
     dropout: Dropout = 0.0
     attention_dropout: Dropout = 0.0
     init_std: PositiveFloat = 0.02
-    init: Literal["normal", "scaled-residual"] = "normal"  # scaled-residual: GPT-2's std/sqrt(2L) on residual outputs
+    init: Literal["normal", "scaled-residual"] = Field(
+        "normal", description="scaled-residual: GPT-2's std/sqrt(2L) on residual outputs"
+    )
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -68,7 +78,7 @@ class CrammedBertConfig(TransformerConfig):
     embedding_norm: bool = True
     bias: bool = False
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
-    sparse_prediction: bool = True  # run the MLM head only where labels != -100
+    sparse_prediction: bool = Field(True, description="run the MLM head only where labels != -100")
 
 
 class GPT2Config(TransformerConfig):
@@ -88,7 +98,7 @@ class LlamaConfig(TransformerConfig):
     type: Literal["llama"] = "llama"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
     max_seq_length: PositiveInt = 2048
-    intermediate_size: PositiveInt = 4096  # gate + up halves, 2 x 2048
+    intermediate_size: PositiveInt = Field(4096, description="gate + up halves, 2 x 2048")
     ffn: Literal["glu", "plain"] = "glu"
     activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"

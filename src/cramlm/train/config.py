@@ -31,13 +31,15 @@ class OptimizerConfig(ComponentConfig):
     kind: ClassVar[str] = "optimizer"
     lr: PositiveFloat = 1e-3
     weight_decay: NonNegativeFloat = 0.01
-    decay_embeddings: bool = True  # apply weight decay to embedding matrices too
+    decay_embeddings: bool = Field(True, description="apply weight decay to embedding matrices too")
 
 class AdamWConfig(OptimizerConfig):
     type: Literal["adamw"] = "adamw"
     betas: tuple[Beta, Beta] = (0.9, 0.98)
     eps: PositiveFloat = 1e-12
-    fused: bool | None = None  # None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)
+    fused: bool | None = Field(
+        None, description="None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)"
+    )
 
 class AdamConfig(OptimizerConfig):
     """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
@@ -56,7 +58,7 @@ class AdafactorConfig(OptimizerConfig):
     """torch.optim.Adafactor (factored second moments: memory O(rows + cols) per matrix)."""
 
     type: Literal["adafactor"] = "adafactor"
-    beta2_decay: Annotated[float, Field(le=0)] = -0.8  # torch requires <= 0
+    beta2_decay: Annotated[float, Field(le=0)] = Field(-0.8, description="torch requires <= 0")
     eps: tuple[NonNegativeFloat | None, NonNegativeFloat] = (None, 1e-3)
 
 class LionConfig(OptimizerConfig):
@@ -74,18 +76,30 @@ for _name, _config in {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfi
 class TrainConfig(Config):
     optim: component(OptimizerConfig) = AdamWConfig()
     schedule: component(ScheduleConfig) = BudgetTriangleConfig()
-    budget: BudgetConfig = BudgetConfig()  # tokens / FLOPs / steps (hours: the root key `budget`)
-    batch_size: PositiveInt | Literal["auto"] = 8192  # sequences per optimizer step, all processes together
-    max_batch_size: PositiveInt = 8192  # what batch_size=auto aims for (then capped by min_updates)
-    batch_ramp: UnitFloat = 0.6  # grow the batch from one microbatch to batch_size over this fraction of t (0: off)
-    min_updates: NonNegativeInt = 100  # cap the batch so the budget allows at least this many optimizer steps (0: off)
-    grad_clip: PositiveFloat | None = 0.5  # max gradient norm (null: no clipping)
+    budget: BudgetConfig = Field(BudgetConfig(), description="tokens / FLOPs / steps (hours: the root key `budget`)")
+    batch_size: PositiveInt | Literal["auto"] = Field(
+        8192, description="sequences per optimizer step, all processes together"
+    )
+    max_batch_size: PositiveInt = Field(8192, description="what batch_size=auto aims for (then capped by min_updates)")
+    batch_ramp: UnitFloat = Field(
+        0.6, description="grow the batch from one microbatch to batch_size over this fraction of t (0: off)"
+    )
+    min_updates: NonNegativeInt = Field(
+        100, description="cap the batch so the budget allows at least this many optimizer steps (0: off)"
+    )
+    grad_clip: PositiveFloat | None = Field(0.5, description="max gradient norm (null: no clipping)")
     mlm_probability: Probability = 0.25
-    log_every: PositiveInt = 10  # optimizer steps between metric lines
-    validate_every: UnitFloat = 0.25  # held-out loss every this fraction of t, and at the end (0: only at the end)
-    validate_batches: NonNegativeInt = 8  # microbatches of the validation set scored each time
-    checkpoint_every: NonNegativeInt = 0  # optimizer steps between checkpoints (0: by time only)
-    checkpoint_minutes: PositiveFloat | None = 30.0  # wall-clock minutes between checkpoints (null: by steps only)
-    keep_checkpoints: NonNegativeInt = 2  # newest checkpoints kept; the final one is always written
-    on_nonfinite: Literal["skip", "rollback", "raise"] = "skip"  # NaN/inf loss: drop the step, reload the last checkpoint, or stop
-    max_nonfinite: NonNegativeInt = 20  # consecutive non-finite steps before the run gives up
+    log_every: PositiveInt = Field(10, description="optimizer steps between metric lines")
+    validate_every: UnitFloat = Field(
+        0.25, description="held-out loss every this fraction of t, and at the end (0: only at the end)"
+    )
+    validate_batches: NonNegativeInt = Field(8, description="microbatches of the validation set scored each time")
+    checkpoint_every: NonNegativeInt = Field(0, description="optimizer steps between checkpoints (0: by time only)")
+    checkpoint_minutes: PositiveFloat | None = Field(
+        30.0, description="wall-clock minutes between checkpoints (null: by steps only)"
+    )
+    keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept; the final one is always written")
+    on_nonfinite: Literal["skip", "rollback", "raise"] = Field(
+        "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop"
+    )
+    max_nonfinite: NonNegativeInt = Field(20, description="consecutive non-finite steps before the run gives up")

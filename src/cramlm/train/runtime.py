@@ -9,7 +9,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from cramlm.config.base import Config, PositiveFloat, PositiveInt
 from cramlm.config.loader import ConfigError
@@ -19,25 +19,41 @@ if TYPE_CHECKING:
 
 
 class ImplConfig(Config):
-    device: str = "auto"  # auto: cuda if available, else cpu; or a torch device: cpu, cuda, cuda:1, mps
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
-    microbatch_size: PositiveInt = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
-    threads: PositiveInt | None = None  # torch CPU threads (None: torch's default)
-    tf32: bool = True  # TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)
-    data_cache: str | None = None  # where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)
-    progress: bool = True  # progress bars
-    dryrun_steps: PositiveInt = 4  # optimizer steps taken when dryrun=true
+    device: str = Field(
+        "auto", description="auto: cuda if available, else cpu; or a torch device: cpu, cuda, cuda:1, mps"
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    microbatch_size: PositiveInt = Field(
+        128, description="sequences per forward/backward per process; train.batch_size is reached by accumulation"
+    )
+    threads: PositiveInt | None = Field(None, description="torch CPU threads (None: torch's default)")
+    tf32: bool = Field(True, description="TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)")
+    data_cache: str | None = Field(
+        None, description="where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)"
+    )
+    progress: bool = Field(True, description="progress bars")
+    dryrun_steps: PositiveInt = Field(4, description="optimizer steps taken when dryrun=true")
     # --- speed
-    compile: bool | Literal["auto"] = "auto"  # torch.compile the training model (auto: on one CUDA device, see compile_model)
-    compile_mode: str | None = None  # e.g. "max-autotune", "reduce-overhead"
-    inductor: dict[str, Any] = {}  # torch._inductor.config options, e.g. {coordinate_descent_tuning: true}
-    activation_checkpointing: bool = False  # recompute each block (every child of an nn.ModuleList) in backward
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile the training model (auto: on one CUDA device, see compile_model)"
+    )
+    compile_mode: str | None = Field(None, description='e.g. "max-autotune", "reduce-overhead"')
+    inductor: dict[str, Any] = Field(
+        {}, description="torch._inductor.config options, e.g. {coordinate_descent_tuning: true}"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each block (every child of an nn.ModuleList) in backward"
+    )
     # --- parallelism (launch with torchrun; see docs/training.md)
-    distributed: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # auto: ddp when WORLD_SIZE > 1
-    dist_timeout: PositiveFloat = 300.0  # seconds a collective may wait for a dead or stuck rank before failing
+    distributed: Literal["auto", "none", "ddp", "fsdp"] = Field("auto", description="auto: ddp when WORLD_SIZE > 1")
+    dist_timeout: PositiveFloat = Field(
+        300.0, description="seconds a collective may wait for a dead or stuck rank before failing"
+    )
     # --- logging
-    tensorboard: bool = False  # also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)
-    wandb: bool = False  # also log to Weights & Biases (needs `wandb`)
+    tensorboard: bool = Field(
+        False, description="also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)"
+    )
+    wandb: bool = Field(False, description="also log to Weights & Biases (needs `wandb`)")
     wandb_mode: Literal["offline", "online"] = "offline"
     wandb_project: str = "cramlm"
 
