@@ -50,7 +50,7 @@ def test_extra_fields_are_plotted_when_present(tmp_path):
     html = write_report(run).read_text()
     assert plots_in(html) == {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
     assert "Held-out loss at the end of training" in html and "7.200 (last logged)" in html
-    assert ">80<" in html and ">82<" in html and ">50<" in html  # eval scores as percentages; median accepted
+    assert ">80.0<" in html and ">82.0<" in html and ">50.0<" in html  # eval scores as percentages; median accepted
     assert (run / "plots" / "throughput.png").stat().st_size > 0
 
 
@@ -86,7 +86,7 @@ def test_compare_runs_side_by_side(tmp_path):
     assert plots_in(html) == {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
     header = re.search(r"<h2>Runs</h2>\s*<table><thead><tr>(.*?)</tr>", html).group(1)
     assert "<th>a</th><th>b</th>" in header
-    assert re.search(r"<td>sst</td><td>accuracy</td><td>80</td><td>80</td>", html)
+    assert re.search(r"<td>sst</td><td>accuracy</td><td>80.0</td><td>80.0</td>", html)
 
 
 # ------------------------------------------------------------------ what the page says (issue 16.3)
@@ -173,7 +173,7 @@ def test_eval_table_in_percent_with_untrained_twin_and_margin(tmp_path):
     header = re.findall(r"<th>([^<]*)</th>", evaluation)
     assert header[:6] == ["task", "metric", "pretrained", "untrained twin", "margin", "majority class"]
     assert re.search(r"<td>sst</td><td>accuracy</td><td>60.8</td><td>73.4</td><td class=\"neg\">-12.6</td><td>55.6</td>", evaluation)
-    assert re.search(r"<td>cola</td><td>matthews</td><td>20</td><td>10</td><td class=\"pos\">\+10.0</td><td>0</td>", evaluation)
+    assert re.search(r"<td>cola</td><td>matthews</td><td>20.0</td><td>10.0</td><td class=\"pos\">\+10.0</td><td>0.0</td>", evaluation)
     assert "0.556" not in evaluation  # the majority column in the same unit as the scores
 
 
@@ -186,7 +186,7 @@ def test_harmonic_mean_is_undefined_with_a_score_at_or_below_zero(tmp_path, cola
     assert "<td>undefined (a score ≤ 0)</td>" in section(html, "Runs")
     # with every score above 0 it is the harmonic mean of the percentages
     run = demo_like_run(tmp_path / "ok", {"sst": ("accuracy", 0.6, 0.556), "cola": ("matthews", 0.2, 0.0)})
-    assert "<td>harmonic mean</td><td></td><td>30</td>" in write_report(run).read_text()  # 2 / (1/60 + 1/20)
+    assert "<td>harmonic mean</td><td></td><td>30.0</td>" in write_report(run).read_text()  # 2 / (1/60 + 1/20)
 
 
 def test_schedule_curves_come_from_the_schedule_and_batch_plan(tmp_path):

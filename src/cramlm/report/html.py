@@ -240,8 +240,8 @@ def _majority(r: dict[str, Any] | None) -> float | None:
     return as_percent(str(r.get("metric", "")), r["majority"]) if r and is_number(r.get("majority")) else None
 
 
-def _round(value: float | None) -> Any:
-    return "" if value is None else round(value, 1)
+def _round(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"  # one unit in a column: percentage points, one decimal
 
 
 def eval_table(runs: list[RunData]) -> str:
@@ -285,7 +285,7 @@ def eval_table(runs: list[RunData]) -> str:
         for j, values in enumerate(columns):
             if values:
                 mean = _col_mean(values, kind)
-                row.append(round(mean, 1) if isinstance(mean, float) else mean)
+                row.append(_round(mean) if isinstance(mean, float) else mean)
             else:
                 a, b = _col_mean(columns[j - 2], kind), _col_mean(columns[j - 1], kind)
                 row.append(Margin(a - b) if isinstance(a, float) and isinstance(b, float) else "")
@@ -324,7 +324,7 @@ def stages_table(run: RunData, now: datetime | None = None) -> str:
                 seconds = round((now - datetime.fromisoformat(s["started"])).total_seconds(), 2)
             except (KeyError, TypeError, ValueError):
                 seconds = ""
-        rows.append([name, status, seconds, finished])
+        rows.append([name, status, f"{seconds:,.1f}" if is_number(seconds) else seconds, finished])
     return _table(["stage", "status", "seconds", "finished (UTC)"], rows) if rows else ""
 
 

@@ -93,7 +93,8 @@ def schedule_figure(runs: list[RunData], path: Path) -> Path:
                         label=_label(run, many, "logged"))
         ax.set_xlabel("budget used (t)")
         ax.set_ylabel(ylabel)
-        ax.set_xlim(0, 1)
+        # the last step may overshoot the budget (t > 1): keep its marker in view
+        ax.set_xlim(0, max([1.0] + [t for run in runs for t in run.series("t", key)[0]]) + 0.02)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -108,13 +109,13 @@ def throughput_figure(runs: list[RunData], path: Path) -> Path:
 
 
 def eval_figure(runs: list[RunData], path: Path) -> Path:
-    """Grouped bars: one group per task, one bar per run; over each bar a line at the run's
-    untrained twin (same colour, dotted), over each group a line at the majority class (grey)."""
+    """Grouped bars: one group per task, one bar per run (its score written inside); over each bar
+    a dotted line at the run's untrained twin, over each group a dashed line at the majority class."""
     from matplotlib.lines import Line2D
 
     tasks = list(dict.fromkeys(r.get("task", "?") for run in runs for r in run.eval_results))
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(tasks) * max(1, len(runs)) ** 0.5), 3.8))
-    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(min(12.0, 3.5 + 1.3 * len(tasks) * max(1, len(runs)) ** 0.5), 3.8))
+    width = 0.7 / len(runs)
     handles: list = []
     majority_drawn, twin_drawn = set(), False
     for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
@@ -131,24 +132,29 @@ def eval_figure(runs: list[RunData], path: Path) -> Path:
             heights.append(as_percent(metric, score))
             twin = run.untrained_score(task)
             if twin is not None:
-                ax.hlines(as_percent(metric, twin), x - width / 2, x + width / 2, colors="black", linestyles=":", lw=2, zorder=3)
+                y = as_percent(metric, twin)
+                ax.hlines(y, x - width / 2, x + width / 2, colors="black", linestyles=":", lw=2, zorder=3)
+                if len(runs) == 1:  # one run: the twin's value beside its line (several: the table has them)
+                    ax.annotate(f"{y:.1f}", (x + width / 2, y), xytext=(3, 0), textcoords="offset points",
+                                va="center", fontsize=7)
                 twin_drawn = True
             if task not in majority_drawn and isinstance(r.get("majority"), (int, float)):
                 ax.hlines(as_percent(metric, r["majority"]), j - 0.45, j + 0.45, colors="grey", linestyles="--", lw=1.2, zorder=3)
                 majority_drawn.add(task)
         bars = ax.bar(xs, heights, width, color=color, label=run.name if len(runs) > 1 else "pretrained")
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.bar_label(bars, fmt="%.1f", label_type="center", fontsize=8, color="white")
         handles.append(bars)
     if twin_drawn:
         handles.append(Line2D([], [], color="black", ls=":", lw=2, label="untrained twin"))
     if majority_drawn:
         handles.append(Line2D([], [], color="grey", ls="--", lw=1.2, label="majority class"))
-    ax.set_xticks(range(len(tasks)), tasks, rotation=15, fontsize=8)
+    ax.set_xticks(range(len(tasks)), tasks, rotation=15 if len(tasks) > 2 else 0, fontsize=8)
+    ax.set_xlim(-0.6, len(tasks) - 0.4)
     ax.set_ylabel("dev score (%)")
     low, high = ax.get_ylim()
-    ax.set_ylim(min(0.0, low), max(high, 100.0) + 8)  # room for the bar labels; negative correlations stay visible
+    ax.set_ylim(min(0.0, low), max(high, 100.0))  # negative correlations stay visible
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save(fig, path)
 
 
