@@ -205,3 +205,19 @@ def test_schedule_curves_come_from_the_schedule_and_batch_plan(tmp_path):
     t, batch = batch_curve(config)
     assert batch[0] == 64 and batch[t.searchsorted(0.25)] == 256 and batch[t.searchsorted(0.5)] == 512 and batch[-1] == 512
     assert lr_curve({"train": {"schedule": {"type": "no-such-schedule"}, "optim": {"lr": 1}}}) is None
+
+
+def test_eval_chart_has_twin_and_majority_reference_lines(tmp_path, monkeypatch):
+    from matplotlib.collections import LineCollection
+
+    from cramlm.report import plots
+
+    run = load_run_data(demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556), "cola": ("matthews", 0.2, 0.0)},
+                                      twin={"sst": 0.734, "cola": 0.1}))
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots.eval_figure([run], tmp_path / "eval.png")
+    ax = drawn["fig"].axes[0]
+    levels = sorted(round(float(seg[0][1]), 1) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
+    assert levels == [0.0, 10.0, 55.6, 73.4]  # majority 55.6 and 0; twin 73.4 and 10
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pretrained", "untrained twin", "majority class"]
