@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cramlm.eval.metrics import harmonic_mean, score, score_all
-from cramlm.eval.report import markdown, means, task_rows, to_csv
+from cramlm.eval.report import markdown, means, task_rows, to_csv, versus, versus_text
 from cramlm.eval.tasks import Example, Task
 
 PRED = np.array([1, 1, 1, 0, 0, 1])
@@ -39,7 +39,31 @@ def test_regression_metrics_by_hand():
 
 def test_harmonic_mean():
     assert harmonic_mean([0.5, 1.0]) == pytest.approx(2 / (1 / 0.5 + 1 / 1.0))
-    assert harmonic_mean([0.5, -0.1]) == 0.0
+    # undefined (None), not 0: a Matthews correlation can be 0 or negative, an accuracy 0
+    assert harmonic_mean([0.5, -0.1]) is None and harmonic_mean([0.5, 0.0]) is None and harmonic_mean([]) is None
+
+
+def test_undefined_harmonic_mean_in_tables():
+    rows = task_rows(_task(), [_run(0, [0.5, 0.8])]) + task_rows(_task(), [_run(0, [0.4, 0.0])])
+    mean = means(rows)
+    assert mean["last"]["harmonic"] is None and mean["best"]["harmonic"] == pytest.approx(2 / (1 / 0.8 + 1 / 0.4))
+    assert "| **harmonic mean** | | undefined | 53.33 |" in markdown(rows, mean, "title")
+    assert to_csv(rows, mean).splitlines()[-1].startswith("harmonic_mean,,undefined,0.533333")
+
+
+def test_versus_pairs_pretrained_with_the_untrained_twin():
+    pretrained = {"results": [{"task": "a", "metric": "accuracy", "score": 0.61, "majority": 0.556},
+                              {"task": "b", "metric": "f1", "score": 0.9}],
+                  "mean": {"last": {"arithmetic": 0.755}}, "lm": {"objective": "mlm", "loss": 7.59}}
+    untrained = {"results": [{"task": "a", "metric": "accuracy", "score": 0.734}],
+                 "mean": {"last": {"arithmetic": 0.734}}, "lm": {"objective": "mlm", "loss": 9.05}}
+    rows = versus(pretrained, untrained)
+    assert rows[0]["margin"] == pytest.approx(-0.124) and rows[1]["untrained"] is None and rows[1]["margin"] is None
+    text = versus_text(pretrained, untrained)
+    assert text.splitlines()[0].split() == ["task", "metric", "pretrained", "untrained", "margin", "majority"]
+    assert text.splitlines()[1].split() == ["a", "accuracy", "61.00", "73.40", "-12.40", "55.60"]
+    assert "held-out MLM loss" in text and "-1.460" in text
+    assert "untrained" in versus_text(pretrained, None) and versus_text(pretrained, None).splitlines()[1].split()[3] == "-"
 
 
 def _task(splits=("dev",), metrics=("f1", "accuracy")):

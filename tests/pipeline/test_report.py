@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def fake_run(folder: Path, name: str, loss0: float, with_extras: bool) -> Path:
     (folder / "summary.json").write_text(json.dumps({"name": name, "parameters": 1000, "steps": 30, "tokens": 245760,
                                                      "first_loss": loss0, "last_loss": loss0 - 2}))
     (folder / "eval.json").write_text(json.dumps({"results": [
-        {"task": "sst", "metric": "accuracy", "score": 0.8, "best": 0.82, "seeds": 3},
+        {"task": "sst", "metric": "accuracy", "score": 0.8, "best": 0.82, "seeds": 3, "majority": 0.556},
         {"task": "stsb", "metric": "pearson", "median": 0.5}]}))
     return folder
 
@@ -48,8 +49,8 @@ def test_extra_fields_are_plotted_when_present(tmp_path):
     assert data.series("tokens", "val_loss")[1] == pytest.approx([9 - 0.6, 9 - 1.2, 9 - 1.8])
     html = write_report(run).read_text()
     assert plots_in(html) == {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
-    assert "last val_loss" in html and "7.2" in html  # the last validation loss is in the table
-    assert ">80<" in html and ">82<" in html and ">50<" in html  # eval scores as percentages; median accepted
+    assert "Held-out loss at the end of training" in html and "7.200 (last logged)" in html
+    assert ">80.0<" in html and ">82.0<" in html and ">50.0<" in html  # eval scores as percentages; median accepted
     assert (run / "plots" / "throughput.png").stat().st_size > 0
 
 
@@ -85,4 +86,138 @@ def test_compare_runs_side_by_side(tmp_path):
     assert plots_in(html) == {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
     header = re.search(r"<h2>Runs</h2>\s*<table><thead><tr>(.*?)</tr>", html).group(1)
     assert "<th>a</th><th>b</th>" in header
-    assert re.search(r"<td>sst</td><td>accuracy</td><td>80</td><td>80</td>", html)
+    assert re.search(r"<td>sst</td><td>accuracy</td><td>80.0</td><td>80.0</td>", html)
+
+
+# ------------------------------------------------------------------ what the page says (issue 16.3)
+
+SUMMARY = {"name": "r", "parameters": 1723137, "setup_seconds": 1.283, "steps": 22, "tokens": 180224, "flops": 1.139e12,
+           "train_seconds": 62.808, "t": 1.046799, "budget": "60s", "budget_counts": {"compile": True},
+           "first_step_seconds": 3.8, "eval_seconds": 5.6, "nonfinite_steps": 0, "skipped_steps": 0, "rollbacks": 0,
+           "tokens_per_second": 2917.4, "flops_per_token": 6322272.0, "flops_source": "model.flops_per_token",
+           "peak_flops": 46317790104.1, "peak_source": "measured fp32 GEMM, 2 threads", "mfu": 0.3982,
+           "first_loss": 9.07058, "last_loss": 7.605474, "val_loss": 7.476473927497864, "world_size": 1,
+           "final_checkpoint": "outputs/r/checkpoints/step-00000022", "data": "outputs/data/moby-dick-6fe2e039d378"}
+
+
+def demo_like_run(folder: Path, scores: dict[str, tuple[str, float, float | None]], twin: dict[str, float] | None = None) -> Path:
+    """A run folder as `cramlm run` of the demo writes it: the real summary.json keys, a budget of
+    one minute, three logged lines, the report stage running (as while the report is written)."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(
+        "name: r\nbudget: 0.016666666666666666\narch: {type: crammed-bert, hidden_size: 128, num_layers: 4}\n"
+        "data: {name: moby-dick, seq_length: 128, tokenizer: {vocab_size: 8192}}\nimpl: {microbatch_size: 64}\n"
+        "train: {optim: {type: adamw, lr: 0.001}, schedule: {type: budget-triangle2, base: 0.25, falloff: 0.25},"
+        " batch_size: 64, batch_ramp: 0.0}\n")
+    lines = [{"kind": "train", "step": s, "t": t, "elapsed": 60 * t, "tokens": 8192 * s, "loss": 9 - t, "batch_size": 64,
+              "lr": 1e-3 * min(0.25 + t, (1 - t) / 0.25), "tokens_per_second": 3000} for s, t in ((1, 0.06), (10, 0.5), (20, 0.91))]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    (folder / "summary.json").write_text(json.dumps(SUMMARY))
+
+    def results(values, untrained):
+        return {"untrained": untrained, "results": [{"task": k, "metric": m, "score": v, "best": v, "majority": maj, "seeds": [{}],
+                                                     "train_examples": 2000, "dev_examples": 500}
+                                                    for k, (m, v, maj) in values.items()]}
+
+    (folder / "eval.json").write_text(json.dumps(results(scores, False)))
+    if twin is not None:
+        (folder / "eval-untrained.json").write_text(json.dumps(results({k: (scores[k][0], v, scores[k][2]) for k, v in twin.items()}, True)))
+    stages = {s: {"status": "done", "seconds": 1.0, "finished": "2026-01-01T00:00:00+00:00"} for s in ("data", "pretrain", "eval")}
+    started = datetime.now(timezone.utc) - timedelta(seconds=2)
+    stages["report"] = {"status": "running", "started": started.isoformat(timespec="seconds")}
+    (folder / "pipeline.json").write_text(json.dumps({"name": "r", "stages": stages}))
+    return folder
+
+
+def section(html: str, title: str) -> str:
+    return re.search(rf"<h2>{re.escape(title)}</h2>(.*?)(?=<h2>|</body>)", html, re.S).group(1)
+
+
+def first_column(table_html: str) -> list[str]:
+    return re.findall(r"<tr><td>([^<]*)</td>", table_html)
+
+
+def test_runs_table_has_labels_and_units_not_raw_keys(tmp_path):
+    run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    html = write_report(run).read_text()
+    runs = section(html, "Runs")
+    table, raw = runs.split("<details>", 1)
+    labels = first_column(table)
+    assert labels and not [k for k in labels if re.search(r"[a-z]_[a-z]", k) or k in SUMMARY or k == "t"], labels
+    assert len([k for k in labels if "loss" in k.lower()]) == len(set(k for k in labels if "loss" in k.lower()))
+    for shown in ("<td>1m of training</td>", "<td>180,224</td>", "<td>1,723,137</td>", "<td>2,917 tokens/s</td>",
+                  "<td>39.8 % of 46.3 GFLOP/s (measured fp32 GEMM, 2 threads)</td>", "<td>62.8 s (1m 3s)</td>",
+                  "<td>105 %</td>", "<td>9.071 → 7.605</td>", "<td>7.476</td>"):
+        assert shown in table, shown
+    assert "0.01667" not in table and "budget (hours)" not in html
+    assert '"peak_source": "measured fp32 GEMM, 2 threads"' in raw.replace("&quot;", '"')  # the raw JSON stays, collapsed
+
+
+def test_duration_formats_budgets_as_people_write_them():
+    from cramlm.report.html import duration
+
+    assert [duration(s) for s in (36, 60, 90, 3600, 5400, 86400)] == ["36s", "1m", "1m 30s", "1h", "1h 30m", "24h"]
+
+
+def test_pipeline_table_marks_the_report_done(tmp_path):
+    run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    stages = section(write_report(run).read_text(), "Pipeline stages")
+    assert re.search(r"<td>report</td><td>done</td><td>[0-9.]+</td>", stages), stages
+    assert "running" not in stages
+
+
+def test_eval_table_in_percent_with_untrained_twin_and_margin(tmp_path):
+    run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556), "cola": ("matthews", 0.2, 0.0)},
+                        twin={"sst": 0.734, "cola": 0.1})
+    evaluation = section(write_report(run).read_text(), "Evaluation (dev scores, %)")
+    header = re.findall(r"<th>([^<]*)</th>", evaluation)
+    assert header[:6] == ["task", "metric", "pretrained", "untrained twin", "margin", "majority class"]
+    assert re.search(r"<td>sst</td><td>accuracy</td><td>60.8</td><td>73.4</td><td class=\"neg\">-12.6</td><td>55.6</td>", evaluation)
+    assert re.search(r"<td>cola</td><td>matthews</td><td>20.0</td><td>10.0</td><td class=\"pos\">\+10.0</td><td>0.0</td>", evaluation)
+    assert "0.556" not in evaluation  # the majority column in the same unit as the scores
+
+
+@pytest.mark.parametrize("cola", [0.0, -0.05])
+def test_harmonic_mean_is_undefined_with_a_score_at_or_below_zero(tmp_path, cola):
+    run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556), "cola": ("matthews", cola, 0.0)})
+    html = write_report(run).read_text()
+    harmonic = re.search(r"<td>harmonic mean</td><td></td><td>([^<]*)</td>", section(html, "Evaluation (dev scores, %)")).group(1)
+    assert harmonic == "undefined"
+    assert "<td>undefined (a score ≤ 0)</td>" in section(html, "Runs")
+    # with every score above 0 it is the harmonic mean of the percentages
+    run = demo_like_run(tmp_path / "ok", {"sst": ("accuracy", 0.6, 0.556), "cola": ("matthews", 0.2, 0.0)})
+    assert "<td>harmonic mean</td><td></td><td>30.0</td>" in write_report(run).read_text()  # 2 / (1/60 + 1/20)
+
+
+def test_schedule_curves_come_from_the_schedule_and_batch_plan(tmp_path):
+    """The lr line is train.schedules' function on a dense grid: budget-triangle2 peaks at t = 0.75,
+    where joining the demo's three logged points put the peak at the middle one (t = 0.5 here)."""
+    from cramlm.report.curves import batch_curve, lr_curve
+
+    run = load_run_data(demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.6, 0.5)}))
+    t, lr = lr_curve(run.config)
+    assert t[lr.argmax()] == pytest.approx(0.75) and lr.max() == pytest.approx(1e-3)
+    assert lr[0] == pytest.approx(0.25e-3) and lr[-1] == pytest.approx(0.0)
+    logged_t, logged_lr = run.series("t", "lr")
+    assert logged_t[logged_lr.index(max(logged_lr))] != pytest.approx(0.75)  # what the old plot drew
+    # the batch ramp of the trainer's BatchPlan: one microbatch up to batch_size over train.batch_ramp of t
+    config = {**run.config, "train": {**run.config["train"], "batch_size": 512, "batch_ramp": 0.5}}
+    t, batch = batch_curve(config)
+    assert batch[0] == 64 and batch[t.searchsorted(0.25)] == 256 and batch[t.searchsorted(0.5)] == 512 and batch[-1] == 512
+    assert lr_curve({"train": {"schedule": {"type": "no-such-schedule"}, "optim": {"lr": 1}}}) is None
+
+
+def test_eval_chart_has_twin_and_majority_reference_lines(tmp_path, monkeypatch):
+    from matplotlib.collections import LineCollection
+
+    from cramlm.report import plots
+
+    run = load_run_data(demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556), "cola": ("matthews", 0.2, 0.0)},
+                                      twin={"sst": 0.734, "cola": 0.1}))
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots.eval_figure([run], tmp_path / "eval.png")
+    ax = drawn["fig"].axes[0]
+    levels = sorted(round(float(seg[0][1]), 1) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
+    assert levels == [0.0, 10.0, 55.6, 73.4]  # majority 55.6 and 0; twin 73.4 and 10
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pretrained", "untrained twin", "majority class"]

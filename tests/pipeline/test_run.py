@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -11,7 +12,7 @@ from safetensors.torch import load_file
 
 from cramlm.cli import main
 from cramlm.config.loader import ConfigError
-from cramlm.pipeline.run import resolve_recipe
+from cramlm.pipeline.run import plan, read_record, resolve_recipe, selected, stage_keys
 
 from .conftest import TINY_RUN, cramlm
 
@@ -23,9 +24,17 @@ def test_default_recipe_end_to_end(tiny_run):
     assert [r["task"] for r in results] == ["rotten_tomatoes_small"]
     assert 0.0 <= results[0]["score"] <= 1.0
     record = json.loads((tiny_run / "pipeline.json").read_text())
-    assert {s: v["status"] for s, v in record["stages"].items()} == dict.fromkeys(["data", "pretrain", "eval", "report"], "done")
+    assert {s: v["status"] for s, v in record["stages"].items()} == dict.fromkeys(
+        ["data", "pretrain", "eval", "eval-untrained", "report"], "done")
+    # the untrained twin: same tasks and evaluation, random weights, in its own file
+    twin = json.loads((tiny_run / "eval-untrained.json").read_text())
+    assert twin["untrained"] is True and twin["checkpoint"] == "default-untrained"
+    assert [r["task"] for r in twin["results"]] == ["rotten_tomatoes_small"]
+    assert twin["config"]["eval"] == json.loads((tiny_run / "eval.json").read_text())["config"]["eval"]
     html = (tiny_run / "report.html").read_text()
     assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 5
+    assert "<th>untrained twin</th><th>margin</th>" in html
+    assert re.search(r"<td>report</td><td>done</td>", html)  # the page is the report stage's output: done
     for name in ("loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"):
         assert (tiny_run / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -40,8 +49,12 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(tiny_run, tmp_path)
     run = root / "outputs" / "default"
     before = _mtimes(run)
     out = cramlm("run", *TINY_RUN, cwd=root)
-    assert out.count("done already, skipped") == 4
+    assert out.count("done already, skipped") == 5
     assert _mtimes(run) == before  # nothing rewritten
+    # the closing summary: pretrained against the untrained twin, per task, with the margin
+    table = out[out.index("dev scores (%), pretrained against the untrained twin"):]
+    assert table.splitlines()[1].split() == ["task", "metric", "pretrained", "untrained", "margin", "majority"]
+    assert table.splitlines()[2].split()[:2] == ["rotten_tomatoes_small", "accuracy"]
 
     # a changed evaluation setting redoes eval and the report, not the data or the training
     out = cramlm("run", *TINY_RUN, "eval.seed=1", cwd=root)
@@ -52,10 +65,35 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(tiny_run, tmp_path)
 
     # force=[report] redoes only the report; a lost output file makes its stage run again
     out = cramlm("run", *TINY_RUN, "eval.seed=1", "force=[report]", cwd=root)
-    assert out.count("done already, skipped") == 3
+    assert out.count("done already, skipped") == 4
     (run / "report.html").unlink()
     out = cramlm("run", *TINY_RUN, "eval.seed=1", cwd=root)
     assert "eval: done already" in out and "report ..." in out and (run / "report.html").is_file()
+
+
+def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_path, monkeypatch):
+    """The twin does not depend on the training: a re-trained run keeps eval-untrained.json while
+    the architecture, data and evaluation are unchanged; a changed evaluation redoes it."""
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    run = tmp_path / "outputs" / "default"
+    before = _mtimes(run)
+    out = cramlm("run", *TINY_RUN, "train.optim.lr=2e-3", cwd=tmp_path)
+    assert "pretrain ..." in out and "eval ..." in out and "eval-untrained: done already" in out and "report ..." in out
+    after = _mtimes(run)
+    assert after["model.safetensors"] != before["model.safetensors"]
+    assert after["eval-untrained.json"] == before["eval-untrained.json"]
+    monkeypatch.chdir(tmp_path)  # run_dir is relative: outputs/default
+    cfg = resolve_recipe("default", [*TINY_RUN, "train.optim.lr=2e-3", "eval.epochs=2"])
+    assert plan(cfg, read_record(run)) == ["eval", "eval-untrained", "report"]
+
+
+def test_untrained_twin_switch():
+    on = resolve_recipe("default", TINY_RUN)
+    assert on.untrained_twin and "eval-untrained" in selected(on)
+    off = resolve_recipe("default", [*TINY_RUN, "untrained_twin=false"])
+    assert selected(off) == ["data", "pretrain", "eval", "report"]
+    assert stage_keys(off)["report"] != stage_keys(on)["report"]  # the report without the twin is another report
+    assert "eval-untrained" in selected(resolve_recipe("cpu-1h"))  # on in every shipped run recipe
 
 
 def test_failed_stage_is_recorded_and_rerun(tiny_run, tmp_path, monkeypatch):
@@ -95,7 +133,7 @@ def test_other_ranks_join_only_the_pretrain_stage(tiny_run, tmp_path, monkeypatc
     monkeypatch.setenv("RANK", "1")
     calls = []
     monkeypatch.setattr(run_module, "run_pretrain", lambda cfg: calls.append(cfg.budget))
-    for name in ("run_data", "run_eval", "run_report"):
+    for name in ("run_data", "run_eval", "run_eval_untrained", "run_report"):
         monkeypatch.setattr(run_module, name, lambda cfg, name=name: pytest.fail(f"rank 1 ran {name}"))
     record_before = (tmp_path / "outputs" / "default" / "pipeline.json").read_text()
     run_module.run_pipeline(resolve_recipe("default", TINY_RUN))  # all finished: nothing to do

@@ -34,10 +34,10 @@ def arithmetic_mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def harmonic_mean(values: list[float]) -> float:
-    """Harmonic mean; a score at or below 0 (Matthews and Pearson can be) makes it 0, its limit."""
-    if not values:
-        return float("nan")
-    if min(values) <= 0:
-        return 0.0
+def harmonic_mean(values: list[float]) -> float | None:
+    """Harmonic mean, or None where it is undefined: no values, or a score at or below 0 (accuracy
+    or F1 of 0, Matthews and Pearson correlations, which can be negative). Reporting 0 there would
+    read as a measured mean; the tables say "undefined" instead."""
+    if not values or min(values) <= 0:
+        return None
     return float(hmean(values))

@@ -3,7 +3,11 @@
 Per row: the median over seeds of the last-epoch score (what cramming reports) and of the
 best-epoch score (the epoch chosen by the headline metric, per seed), for every metric of the task.
 Below the rows: arithmetic and harmonic mean of the headline metric over rows, as cramming's
-GLUE average (MNLI matched and mismatched count as two rows).
+GLUE average (MNLI matched and mismatched count as two rows). The harmonic mean is undefined
+(None in JSON, "undefined" in tables) when a score is at or below 0.
+
+``versus`` pairs a checkpoint's results with its untrained twin's (same architecture, tokenizer
+and fine-tuning, random weights): the margin is what pretraining bought.
 """
 
 from __future__ import annotations
@@ -67,8 +71,11 @@ def means(rows: list[dict]) -> dict[str, dict[str, float]]:
     return out
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f}"
+UNDEFINED = "undefined"
+
+
+def _pct(x: float | None) -> str:
+    return UNDEFINED if x is None else f"{100 * x:.2f}"
 
 
 def _others(row: dict) -> str:
@@ -103,7 +110,8 @@ def to_csv(rows: list[dict], mean: dict) -> str:
                          len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"],
                          "" if r.get("majority") is None else f"{r['majority']:.6f}"])
     for kind in ("arithmetic", "harmonic"):
-        writer.writerow([f"{kind}_mean", "", f"{mean['last'][kind]:.6f}", f"{mean['best'][kind]:.6f}", "", "", "", "", "", ""])
+        writer.writerow([f"{kind}_mean", "", *(UNDEFINED if mean[w][kind] is None else f"{mean[w][kind]:.6f}" for w in ("last", "best")),
+                         "", "", "", "", "", ""])
     return buf.getvalue()
 
 
@@ -125,6 +133,40 @@ def compare(results: list[dict]) -> str:
     if any(lm):
         lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " | |")
     return "\n".join(lines) + "\n"
+
+
+def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
+    """Per task of ``pretrained`` (an ``eval.json``): its headline score, the untrained twin's, the
+    margin (pretrained - untrained; None where the twin lacks the task) and the majority-class floor."""
+    twin = {row["task"]: row for row in (untrained or {}).get("results", [])}
+    out = []
+    for row in pretrained.get("results", []):
+        other = twin.get(row["task"])
+        base = other["score"] if other and other.get("metric") == row["metric"] else None
+        out.append({"task": row["task"], "metric": row["metric"], "pretrained": row["score"], "untrained": base,
+                    "margin": None if base is None else row["score"] - base, "majority": row.get("majority")})
+    return out
+
+
+def versus_text(pretrained: dict, untrained: dict | None) -> str:
+    """A plain-text table of :func:`versus` for the console (scores in %, margin in points)."""
+    rows = versus(pretrained, untrained)
+    header = ["task", "metric", "pretrained", "untrained", "margin", "majority"]
+    cells = [[r["task"], r["metric"], _pct(r["pretrained"]), "-" if r["untrained"] is None else _pct(r["untrained"]),
+              "-" if r["margin"] is None else f"{100 * r['margin']:+.2f}", "-" if r["majority"] is None else _pct(r["majority"])]
+             for r in rows]
+    means_row = ["arithmetic mean", "", _pct(pretrained["mean"]["last"]["arithmetic"])]
+    twin_mean = (untrained or {}).get("mean", {}).get("last", {}).get("arithmetic")
+    means_row += [_pct(twin_mean) if untrained else "-",
+                  f"{100 * (pretrained['mean']['last']['arithmetic'] - twin_mean):+.2f}" if untrained and twin_mean is not None else "-", ""]
+    cells.append(means_row)
+    lm_a, lm_b = pretrained.get("lm"), (untrained or {}).get("lm")
+    if lm_a:
+        cells.append([f"held-out {lm_a['objective'].upper()} loss", "", f"{lm_a['loss']:.3f}",
+                      f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])
+    widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
+    fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
+    return "\n".join([fmt(header), *(fmt(c) for c in cells)]) + "\n"
 
 
 if __name__ == "__main__":  # python -m cramlm.eval.report a/eval.json b/eval.json ...

@@ -38,7 +38,7 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
 
     Examples: cramlm run | cramlm run cpu-1h | cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
     """
-    from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, run_pipeline
+    from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, results_summary, run_pipeline
 
     if list_:
         for name, text in list_recipes():
@@ -50,6 +50,8 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
         sys.stdout.write(describe(cfg))
         return
     run_or_exit(run_pipeline, cfg)
+    if "eval" in cfg.stages and (summary := results_summary(cfg)):
+        click.echo("\n" + summary)
     click.echo(f"cramlm run: finished; report: {cfg.run_dir / 'report.html'}")
 
 

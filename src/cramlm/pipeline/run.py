@@ -5,9 +5,15 @@ A run recipe (``recipes/run/<name>.yaml``, or a path to a YAML file) holds the k
 ``overrides`` maps dotted keys to values applied after the presets, and command-line
 ``key=value`` overrides come last.
 
-Stages: data -> pretrain -> eval -> report. Each finished stage is recorded in
-``<run>/pipeline.json`` with a key (a hash of the config it depends on); a re-run skips a stage when
-its record, its key and its output files all match, and re-runs every stage after one that ran.
+Stages: data -> pretrain -> eval -> eval-untrained -> report. ``eval-untrained`` fine-tunes the
+run's untrained twin (same architecture and tokenizer, random weights; ``checkpoint=<run>-untrained``
+in ``cramlm eval``) with the same evaluation config into ``<run>/eval-untrained.json``, so the report
+and the console show what pretraining bought; ``untrained_twin=false`` skips it.
+
+Each finished stage is recorded in ``<run>/pipeline.json`` with a key (a hash of the config it
+depends on); a re-run skips a stage when its record, its key and its output files all match, and
+re-runs every stage after one that ran -- except ``eval-untrained``, which does not depend on the
+training: its result is reused while the architecture, data, evaluation and seed are unchanged.
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ from cramlm.io import write_json
 from cramlm.train.runtime import launcher_env
 from cramlm.runs import PretrainConfig
 
-STAGES = ("data", "pretrain", "eval", "report")
-Stage = Literal["data", "pretrain", "eval", "report"]
+STAGES = ("data", "pretrain", "eval", "eval-untrained", "report")
+Stage = Literal["data", "pretrain", "eval", "eval-untrained", "report"]
+TWIN = "eval-untrained"
+# stages whose result does not depend on the training, so a re-trained run keeps it while its key holds
+INDEPENDENT = {TWIN}
 DEFAULT_RECIPE = "default"
 RECORD = "pipeline.json"
 
@@ -38,15 +47,16 @@ class PipelineConfig(PretrainConfig):
     description: str = ""  # one line shown by `cramlm run --list`
     eval: EvalConfig = EvalConfig()
     stages: list[Stage] = list(STAGES)  # the stages to run, in pipeline order
+    untrained_twin: bool = True  # also evaluate the untrained twin (the eval-untrained stage): the baseline pretraining must beat
     force: list[Stage] = []  # stages to redo even when finished (later stages follow)
 
     def pretrain_config(self) -> PretrainConfig:
         return _subset(PretrainConfig, self)
 
-    def eval_config(self):
+    def eval_config(self, untrained: bool = False):
         from cramlm.evaluate import EvalRunConfig
 
-        cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir))
+        cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
             small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64)}
             cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
@@ -96,7 +106,9 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
-    keys["report"] = _hash([keys["pretrain"], keys["eval"]])
+    # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed
+    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"]])
+    keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
 
 
@@ -107,6 +119,7 @@ def stage_outputs(cfg: PipelineConfig, stage: str) -> list[Path]:
     return {
         "pretrain": [run / "model.safetensors", run / "config.yaml", run / "summary.json", run / "metrics.jsonl"],
         "eval": [run / "eval.json"],
+        TWIN: [run / "eval-untrained.json"],
         "report": [run / "report.html"],
     }[stage]
 
@@ -148,6 +161,13 @@ def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
 
 
+def run_eval_untrained(cfg: PipelineConfig) -> dict[str, Any]:
+    from cramlm.evaluate import evaluate
+
+    results = evaluate(cfg.eval_config(untrained=True))
+    return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
+
+
 def run_report(cfg: PipelineConfig) -> dict[str, Any]:
     from cramlm.report import write_report
 
@@ -155,14 +175,21 @@ def run_report(cfg: PipelineConfig) -> dict[str, Any]:
     return {"report": str(path)}
 
 
-RUNNERS = {"data": run_data, "pretrain": run_pretrain, "eval": run_eval, "report": run_report}
+RUNNERS = {"data": run_data, "pretrain": run_pretrain, "eval": run_eval, TWIN: run_eval_untrained, "report": run_report}
+
+
+def selected(cfg: PipelineConfig) -> list[str]:
+    """The stages this config runs, in pipeline order."""
+    return [s for s in STAGES if s in cfg.stages and (s != TWIN or cfg.untrained_twin)]
 
 
 def plan(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
-    """The stages to run now: selected, and unfinished or forced or after one that runs."""
+    """The stages to run now: selected, and unfinished or forced or after one that runs (a stage
+    independent of the training runs after one that runs only if its own key changed)."""
     keys, todo = stage_keys(cfg), []
-    for stage in STAGES:
-        if stage in cfg.stages and (todo or stage in cfg.force or not finished(cfg, stage, record, keys[stage])):
+    for stage in selected(cfg):
+        follows = bool(todo) and not (stage in INDEPENDENT and set(todo) <= {"pretrain", "eval"})
+        if follows or stage in cfg.force or not finished(cfg, stage, record, keys[stage]):
             todo.append(stage)
     return todo
 
@@ -191,7 +218,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         return record
     run_dir.mkdir(parents=True, exist_ok=True)
     keys = stage_keys(cfg)
-    for stage in [s for s in STAGES if s in cfg.stages]:
+    for stage in selected(cfg):
         if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
             continue
@@ -212,6 +239,28 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def results_summary(cfg: PipelineConfig) -> str:
+    """The console's closing table: per task the pretrained score, the untrained twin's, the
+    margin and the majority class (empty when the run has no eval.json)."""
+    from cramlm.eval.report import versus_text
+
+    def load(name: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((cfg.run_dir / name).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    if launcher_env()[0] != 0:  # under torchrun, rank 0 speaks for the run
+        return ""
+    pretrained = load("eval.json")
+    if not pretrained or not pretrained.get("results"):
+        return ""
+    untrained = load("eval-untrained.json") if cfg.untrained_twin else None
+    title = "dev scores (%), pretrained against the untrained twin (same architecture, random weights):" if untrained \
+        else "dev scores (%):"
+    return title + "\n" + versus_text(pretrained, untrained)
 
 
 def describe(cfg: PipelineConfig) -> str:

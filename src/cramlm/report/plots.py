@@ -74,8 +74,31 @@ def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]],
 
 
 def schedule_figure(runs: list[RunData], path: Path) -> Path:
-    return _panels(runs, [("t", "lr", "budget used", "learning rate", 1.0),
-                          ("t", "batch_size", "budget used", "batch size (sequences)", 1.0)], path)
+    """Learning rate and batch size against t: lines from the schedule and batch-plan functions
+    the trainer uses (curves.py), markers at the values logged while training."""
+    from cramlm.report.curves import batch_curve, lr_curve
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    many = len(runs) > 1
+    for ax, key, ylabel, curve in ((axes[0], "lr", "learning rate", lr_curve),
+                                   (axes[1], "batch_size", "batch size (sequences)",
+                                    lambda c, r: batch_curve(c, r.summary.get("world_size") or 1))):
+        for run, color in zip(runs, colors(len(runs))):
+            planned = curve(run.config) if key == "lr" else curve(run.config, run)
+            if planned is not None:
+                ax.plot(*planned, color=color, lw=1.5, label=_label(run, many, "planned"))
+            xs, ys = run.series("t", key)
+            if xs:
+                ax.plot(xs, ys, "o", color=color, ms=4, markerfacecolor="white" if planned is not None else color,
+                        label=_label(run, many, "logged"))
+        ax.set_xlabel("budget used (t)")
+        ax.set_ylabel(ylabel)
+        # the last step may overshoot the budget (t > 1): keep its marker in view
+        ax.set_xlim(0, max([1.0] + [t for run in runs for t in run.series("t", key)[0]]) + 0.02)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, path)
 
 
 def throughput_figure(runs: list[RunData], path: Path) -> Path:
@@ -86,26 +109,52 @@ def throughput_figure(runs: list[RunData], path: Path) -> Path:
 
 
 def eval_figure(runs: list[RunData], path: Path) -> Path:
-    """Grouped bars: one group per task, one bar per run."""
+    """Grouped bars: one group per task, one bar per run (its score written inside); over each bar
+    a dotted line at the run's untrained twin, over each group a dashed line at the majority class."""
+    from matplotlib.lines import Line2D
+
     tasks = list(dict.fromkeys(r.get("task", "?") for run in runs for r in run.eval_results))
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(tasks) * max(1, len(runs)) ** 0.5), 3.8))
-    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(min(12.0, 3.5 + 1.3 * len(tasks) * max(1, len(runs)) ** 0.5), 3.8))
+    width = 0.7 / len(runs)
+    handles: list = []
+    majority_drawn, twin_drawn = set(), False
     for i, (run, color) in enumerate(zip(runs, colors(len(runs)))):
         by_task = {r.get("task", "?"): r for r in run.eval_results}
         xs, heights = [], []
         for j, task in enumerate(tasks):
             r = by_task.get(task)
             score = result_score(r) if r else None
-            if score is not None:
-                xs.append(j + (i - (len(runs) - 1) / 2) * width)
-                heights.append(as_percent(str(r.get("metric", "")), score))
-        bars = ax.bar(xs, heights, width, color=color, label=run.name)
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
-    ax.set_xticks(range(len(tasks)), tasks, rotation=15, fontsize=8)
-    ax.set_ylabel("dev score")
+            if score is None:
+                continue
+            metric = str(r.get("metric", ""))
+            x = j + (i - (len(runs) - 1) / 2) * width
+            xs.append(x)
+            heights.append(as_percent(metric, score))
+            twin = run.untrained_score(task)
+            if twin is not None:
+                y = as_percent(metric, twin)
+                ax.hlines(y, x - width / 2, x + width / 2, colors="black", linestyles=":", lw=2, zorder=3)
+                if len(runs) == 1:  # one run: the twin's value beside its line (several: the table has them)
+                    ax.annotate(f"{y:.1f}", (x + width / 2, y), xytext=(3, 0), textcoords="offset points",
+                                va="center", fontsize=7)
+                twin_drawn = True
+            if task not in majority_drawn and isinstance(r.get("majority"), (int, float)):
+                ax.hlines(as_percent(metric, r["majority"]), j - 0.45, j + 0.45, colors="grey", linestyles="--", lw=1.2, zorder=3)
+                majority_drawn.add(task)
+        bars = ax.bar(xs, heights, width, color=color, label=run.name if len(runs) > 1 else "pretrained")
+        ax.bar_label(bars, fmt="%.1f", label_type="center", fontsize=8, color="white")
+        handles.append(bars)
+    if twin_drawn:
+        handles.append(Line2D([], [], color="black", ls=":", lw=2, label="untrained twin"))
+    if majority_drawn:
+        handles.append(Line2D([], [], color="grey", ls="--", lw=1.2, label="majority class"))
+    ax.set_xticks(range(len(tasks)), tasks, rotation=15 if len(tasks) > 2 else 0, fontsize=8)
+    ax.set_xlim(-0.6, len(tasks) - 0.4)
+    ax.set_ylabel("dev score (%)")
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(0.0, low), max(high, 100.0))  # negative correlations stay visible
     ax.grid(axis="y", alpha=0.3)
-    if len(runs) > 1:
-        ax.legend(fontsize=8)
+    ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return save(fig, path)
 
 
@@ -120,6 +169,14 @@ FIGURES: dict[str, tuple[str, Callable[[list[RunData]], bool], Callable[[list[Ru
     "throughput": ("Throughput (and MFU when logged) over time",
                    lambda runs: any(r.has("tokens_per_second") for r in runs), throughput_figure),
     "eval": ("Evaluation", lambda runs: any(r.eval_results for r in runs), eval_figure),
+}
+
+
+# a line under a figure's title: what its lines and markers are
+NOTES = {
+    "schedule": "Lines: the planned schedule and batch ramp, computed from the run's config; markers: the values logged "
+                "while training (a step's lr was set before the step; its line records the progress after it).",
+    "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
 }
 
 

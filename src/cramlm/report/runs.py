@@ -25,6 +25,7 @@ class RunData:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
+    eval_untrained: dict[str, Any] = field(default_factory=dict)  # the untrained twin's eval.json
     pipeline: dict[str, Any] = field(default_factory=dict)
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
@@ -46,8 +47,21 @@ class RunData:
 
     @property
     def eval_results(self) -> list[dict[str, Any]]:
-        results = self.eval.get("results", [])
-        return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+        return _results(self.eval)
+
+    @property
+    def untrained_results(self) -> list[dict[str, Any]]:
+        return _results(self.eval_untrained)
+
+    def untrained_score(self, task: Any) -> float | None:
+        """The untrained twin's headline score on ``task`` (None where it was not evaluated)."""
+        r = next((r for r in self.untrained_results if r.get("task") == task), None)
+        return result_score(r) if r else None
+
+
+def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
+    results = data.get("results", [])
+    return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
 
 
 def _interpolate(steps: list[float], values: list[float], step: Any) -> float | None:
@@ -102,6 +116,7 @@ def load_run_data(folder: str | Path) -> RunData:
         metrics=read_metrics(folder / "metrics.jsonl"),
         summary=_json(folder / "summary.json"),
         eval=_json(folder / "eval.json"),
+        eval_untrained=_json(folder / "eval-untrained.json"),
         pipeline=_json(folder / "pipeline.json"),
     )
 

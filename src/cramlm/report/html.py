@@ -1,0 +1,384 @@
+"""``report.html``: a curated runs table (labels and units; summary.json stays available, raw, in a
+collapsed section), the evaluation against the untrained twin and the majority class, the plots
+and the pipeline's stages."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from cramlm.io import write_text
+from cramlm.report.runs import RunData, as_percent, is_number, load_run_data, result_score
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f3f3f3; }
+tr.mean td { font-weight: 600; background: #fafafa; }
+td.pos { color: #1a7f37; } td.neg { color: #b3261e; }
+figure { margin: 1em 0 2em; } figcaption { font-weight: 600; margin-bottom: 0.3em; }
+figcaption small { font-weight: normal; color: #555; }
+img { max-width: 100%; border: 1px solid #eee; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
+p.note { color: #555; font-size: 0.85em; max-width: 60em; }
+"""
+
+UNDEFINED = "undefined"
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return html.escape(str(value))
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+    return html.escape(str(value))
+
+
+def duration(seconds: float) -> str:
+    """A budget or a time as people write it: 45s, 1m, 1m 30s, 1h, 24h, 1h 30m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        m, s = divmod(seconds, 60)
+        return f"{m}m" + (f" {s}s" if s else "")
+    h, rest = divmod(seconds, 3600)
+    return f"{h}h" + (f" {rest // 60}m" if rest // 60 else "")
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:,.1f} s" + (f" ({duration(seconds)})" if seconds >= 60 else "")
+
+
+def si(value: float, unit: str) -> str:
+    """1.139e12 FLOPs -> '1.14 TFLOPs'."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[Any]], row_classes: list[str] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = []
+    for i, row in enumerate(rows):
+        cls = f' class="{row_classes[i]}"' if row_classes and row_classes[i] else ""
+        body.append(f"<tr{cls}>" + "".join(_cell(c) for c in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class Margin(float):
+    """A margin in points: signed and coloured in tables."""
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, Margin):
+        return f'<td class="{"pos" if value > 0 else "neg" if value < 0 else ""}">{value:+.1f}</td>'
+    return f"<td>{_fmt(value)}</td>"
+
+
+# -------------------------------------------------------------------------------- runs table
+
+
+def _objective(run: RunData) -> str:
+    lm = run.eval.get("lm") if isinstance(run.eval.get("lm"), dict) else None
+    if lm and lm.get("objective"):
+        return str(lm["objective"]).upper()
+    return "CLM" if (run.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "MLM"
+
+
+def _model(run: RunData) -> str | None:
+    arch = run.config.get("arch") or {}
+    if not arch.get("type"):
+        return None
+    shape = [f"hidden {arch['hidden_size']}" if arch.get("hidden_size") else "",
+             f"{arch['num_layers']} layers" if arch.get("num_layers") else ""]
+    shape = ", ".join(s for s in shape if s)
+    return f"{arch['type']} ({shape})" if shape else str(arch["type"])
+
+
+def _data(run: RunData) -> str | None:
+    data = run.config.get("data") or {}
+    if not data.get("name"):
+        return None
+    parts = [f"{data['seq_length']}-token sequences" if data.get("seq_length") else "",
+             f"vocab {data['tokenizer']['vocab_size']:,}" if is_number((data.get("tokenizer") or {}).get("vocab_size")) else ""]
+    parts = ", ".join(p for p in parts if p)
+    return f"{data['name']} ({parts})" if parts else str(data["name"])
+
+
+def _budget(run: RunData) -> str | None:
+    hours = run.config.get("budget")
+    limits = ((run.config.get("train") or {}).get("budget") or {})
+    parts = [duration(3600 * hours)] if is_number(hours) else []
+    if is_number(limits.get("tokens")):
+        parts.append(f"{int(limits['tokens']):,} tokens")
+    if is_number(limits.get("flops")):
+        parts.append(si(limits["flops"], "FLOPs"))
+    if is_number(limits.get("steps")):
+        parts.append(f"{int(limits['steps']):,} steps")
+    if parts:
+        return " or ".join(parts) + (" of training" if len(parts) == 1 and is_number(hours) else ", whichever is spent first")
+    return str(run.summary["budget"]) if run.summary.get("budget") else None
+
+
+def _lm_loss(lm: Any) -> str | None:
+    if not isinstance(lm, dict) or not is_number(lm.get("loss")):
+        return None
+    extra = f", perplexity {lm['perplexity']:,.1f}" if is_number(lm.get("perplexity")) else ""
+    return f"{lm['loss']:.3f}{extra} ({lm.get('sequences', '?'):,} sequences)" if isinstance(lm.get("sequences"), int) else f"{lm['loss']:.3f}{extra}"
+
+
+def _val_loss(run: RunData) -> str | None:
+    """summary.json's val_loss, else the last one logged (a run still training, or an older one)."""
+    if is_number(run.summary.get("val_loss")):
+        return f"{run.summary['val_loss']:.3f}"
+    logged = run.series("step", "val_loss")[1]
+    return f"{logged[-1]:.3f} (last logged)" if logged else None
+
+
+def _eval_means(run: RunData) -> tuple[float | None, float | None, bool]:
+    """(arithmetic mean in %, harmonic mean in % or None where undefined, any score at all)."""
+    from cramlm.eval.metrics import harmonic_mean
+
+    scores = [as_percent(str(r.get("metric", "")), s) for r in run.eval_results if (s := result_score(r)) is not None]
+    if not scores:
+        return None, None, False
+    return statistics.fmean(scores), harmonic_mean(scores), True
+
+
+# label -> how to read it from a run (None: the row is left out for that run). Every label says
+# what the number is and its unit; summary.json is shown raw below the table.
+FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
+    ("Model", _model),
+    ("Parameters", lambda r: r.summary.get("parameters")),
+    ("Data", _data),
+    ("Budget", _budget),
+    ("Budget used", lambda r: f"{100 * r.summary['t']:.0f} %" if is_number(r.summary.get("t")) else None),
+    ("Training time (counted)", lambda r: seconds_text(r.summary["train_seconds"]) if is_number(r.summary.get("train_seconds")) else None),
+    ("Set-up time (not counted)", lambda r: seconds_text(r.summary["setup_seconds"]) if is_number(r.summary.get("setup_seconds")) else None),
+    ("Optimizer steps", lambda r: r.summary.get("steps")),
+    ("Tokens trained on", lambda r: r.summary.get("tokens")),
+    ("Throughput", lambda r: f"{r.summary['tokens_per_second']:,.0f} tokens/s" if is_number(r.summary.get("tokens_per_second")) else None),
+    ("Training compute", lambda r: si(r.summary["flops"], "FLOPs") + (f" ({si(r.summary['flops_per_token'], 'FLOPs')} per token)"
+                                                                          if is_number(r.summary.get("flops_per_token")) else "")
+     if is_number(r.summary.get("flops")) else None),
+    ("MFU (model FLOPs utilisation)", lambda r: (f"{100 * r.summary['mfu']:.1f} % of "
+                                                 f"{si(r.summary['peak_flops'] * (r.summary.get('world_size') or 1), 'FLOP/s')}"
+                                                 + (f" ({r.summary['peak_source']})" if r.summary.get("peak_source") else ""))
+     if is_number(r.summary.get("mfu")) and is_number(r.summary.get("peak_flops")) else None),
+    ("Processes", lambda r: r.summary.get("world_size") if (r.summary.get("world_size") or 1) > 1 else None),
+    ("Train loss, first → last logged", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
+     if is_number(r.summary.get("first_loss")) and is_number(r.summary.get("last_loss")) else None),
+    ("Held-out loss at the end of training", lambda r: _val_loss(r)),
+    ("Held-out loss, evaluation (fixed masks)", lambda r: _lm_loss(r.eval.get("lm"))),
+    ("Held-out loss, untrained twin", lambda r: _lm_loss(r.eval_untrained.get("lm"))),
+    ("Non-finite steps skipped", lambda r: r.summary.get("nonfinite_steps") or None),
+    ("Rollbacks", lambda r: r.summary.get("rollbacks") or None),
+    ("Task mean (arithmetic, %)", lambda r: _pct(_eval_means(r)[0]) or None),
+    ("Task mean (harmonic, %)", lambda r: (_pct(_eval_means(r)[1]) or f"{UNDEFINED} (a score ≤ 0)") if _eval_means(r)[2] else None),
+    ("Checkpoint", lambda r: r.summary.get("final_checkpoint")),
+]
+
+
+def run_facts(run: RunData) -> dict[str, Any]:
+    """What one run is and reached, under human labels with units (rows of the runs table)."""
+    facts = {}
+    for label, read in FACTS:
+        try:
+            value = read(run)
+        except (KeyError, TypeError, ValueError):  # a field of an unexpected type: leave the row out
+            value = None
+        if value is not None and value != "":
+            facts[label] = value
+    return facts
+
+
+def facts_table(runs: list[RunData]) -> str:
+    facts = [run_facts(run) for run in runs]
+    keys = [label for label, _ in FACTS if any(label in f for f in facts)]
+    table = _table([""] + [run.name for run in runs], [[k] + [f.get(k, "") for f in facts] for k in keys])
+    notes = ['<p class="note">"Held-out loss at the end of training" is the trainer\'s validation '
+             "(<code>train.validate_batches</code> microbatches, masks drawn as in training); the evaluation's held-out loss "
+             "scores up to <code>eval.lm_max_sequences</code> sequences of the same split with masks fixed by "
+             "<code>eval.seed</code>, the same for the run and its untrained twin. They differ by the sample and the masks.</p>"]
+    raw = "".join(
+        f"<details><summary>summary.json{'' if len(runs) == 1 else ' of ' + html.escape(run.name)} (raw)</summary>"
+        f"<pre>{html.escape(json.dumps(run.summary, indent=2))}</pre></details>"
+        for run in runs if run.summary
+    )
+    return table + (notes[0] if any("Held-out loss, evaluation (fixed masks)" in f for f in facts) else "") + raw
+
+
+# -------------------------------------------------------------------------------- eval table
+
+
+def _score(run: RunData, r: dict[str, Any] | None) -> float | None:
+    score = result_score(r) if r else None
+    return None if score is None else as_percent(str(r.get("metric", "")), score)
+
+
+def _majority(r: dict[str, Any] | None) -> float | None:
+    return as_percent(str(r.get("metric", "")), r["majority"]) if r and is_number(r.get("majority")) else None
+
+
+def _round(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"  # one unit in a column: percentage points, one decimal
+
+
+def eval_table(runs: list[RunData]) -> str:
+    """Dev scores in % per task: each run, its untrained twin when evaluated, the margin (points)
+    and the majority-class floor; then the arithmetic and harmonic means over tasks."""
+    tasks = list(dict.fromkeys((r.get("task"), str(r.get("metric", ""))) for run in runs for r in run.eval_results))
+    one = len(runs) == 1
+    header = ["task", "metric"]
+    # per run: its score column, and with a twin, the twin's and the margin; the means follow the same layout
+    columns: list[list[float | None]] = []
+    for run in runs:
+        header.append("pretrained" if one else run.name)
+        columns.append([_score(run, next((r for r in run.eval_results if r.get("task") == t), None)) for t, _ in tasks])
+        if run.untrained_results:
+            header += ["untrained twin" if one else f"{run.name} untrained", "margin"]
+            columns.append([None if (s := run.untrained_score(t)) is None else as_percent(m, s) for t, m in tasks])
+            columns.append([])  # the margin: computed from the two columns before it
+    header.append("majority class")
+    if one:
+        header += ["best epoch", "seeds", "train examples", "dev examples"]
+    rows: list[list[Any]] = []
+    for i, (task, metric) in enumerate(tasks):
+        row: list[Any] = [task, metric]
+        for j, values in enumerate(columns):
+            if values:
+                row.append(_round(values[i]))
+            else:
+                a, b = columns[j - 2][i], columns[j - 1][i]
+                row.append(Margin(a - b) if a is not None and b is not None else "")
+        results = [next((r for r in run.eval_results if r.get("task") == task), None) for run in runs]
+        row.append(_round(next((m for r in results if (m := _majority(r)) is not None), None)))
+        if one:
+            r = results[0] or {}
+            seeds = r.get("seeds")
+            row += [_round(as_percent(metric, r["best"])) if is_number(r.get("best")) else "",
+                    len(seeds) if isinstance(seeds, list) else seeds if is_number(seeds) else "",
+                    r.get("train_examples", ""), r.get("dev_examples", "")]
+        rows.append(row)
+    for kind in ("arithmetic", "harmonic"):
+        row = [f"{kind} mean", ""]
+        for j, values in enumerate(columns):
+            if values:
+                mean = _col_mean(values, kind)
+                row.append(_round(mean) if isinstance(mean, float) else mean)
+            else:
+                a, b = _col_mean(columns[j - 2], kind), _col_mean(columns[j - 1], kind)
+                row.append(Margin(a - b) if isinstance(a, float) and isinstance(b, float) else "")
+        rows.append(row + [""] * (len(header) - len(row)))
+    return _table(header, rows, [""] * len(tasks) + ["mean", "mean"])
+
+
+def _col_mean(values: list[float | None], kind: str) -> float | str:
+    """The mean over tasks of one column (blank when a task lacks a score); the harmonic mean is
+    undefined with a score at or below 0 (an accuracy of 0, a negative correlation): shown as
+    such, never as 0."""
+    from cramlm.eval.metrics import arithmetic_mean, harmonic_mean
+
+    if not values or any(v is None for v in values):
+        return ""
+    if kind == "arithmetic":
+        return arithmetic_mean(values)
+    mean = harmonic_mean(values)
+    return UNDEFINED if mean is None else mean
+
+
+# ------------------------------------------------------------------------------ stages table
+
+
+def stages_table(run: RunData, now: datetime | None = None) -> str:
+    """The pipeline's stages. The report stage is running while this page is written; a page that
+    exists finished it, so it is shown done, its time counted up to now."""
+    now = now or datetime.now(timezone.utc)
+    stages = run.pipeline.get("stages") or {}
+    rows = []
+    for name, s in stages.items():
+        status, seconds, finished = s.get("status", ""), s.get("seconds", ""), s.get("finished", "")
+        if name == "report" and status == "running":
+            status, finished = "done", now.isoformat(timespec="seconds")
+            try:
+                seconds = round((now - datetime.fromisoformat(s["started"])).total_seconds(), 2)
+            except (KeyError, TypeError, ValueError):
+                seconds = ""
+        rows.append([name, status, f"{seconds:,.1f}" if is_number(seconds) else seconds, finished])
+    return _table(["stage", "status", "seconds", "finished (UTC)"], rows) if rows else ""
+
+
+# ------------------------------------------------------------------------------------ page
+
+
+def _img(name: str, title: str, path: Path, note: str = "") -> str:
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    small = f" <small>{html.escape(note)}</small>" if note else ""
+    return (f'<figure id="fig-{name}"><figcaption>{html.escape(title)}{small}</figcaption>'
+            f'<img data-plot="{name}" alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>')
+
+
+def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> str:
+    from cramlm.report.plots import NOTES
+
+    now = datetime.now(timezone.utc)
+    title = f"cramlm report: {runs[0].name}" if len(runs) == 1 else "cramlm comparison: " + ", ".join(r.name for r in runs)
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+             f"<p>Generated {now:%Y-%m-%d %H:%M} UTC from "
+             + ", ".join(f"<code>{html.escape(str(r.folder))}</code>" for r in runs) + ".</p>",
+             "<h2>Runs</h2>", facts_table(runs)]
+    if any(r.eval_results for r in runs):
+        parts += ["<h2>Evaluation (dev scores, %)</h2>", eval_table(runs)]
+        if any(r.untrained_results for r in runs):
+            parts.append('<p class="note">The untrained twin has the same architecture and tokenizer and is fine-tuned '
+                         "the same way, from random weights: the margin (points) is what pretraining bought. "
+                         "The majority class always predicts the most frequent training label.</p>")
+    parts.append("<h2>Plots</h2>")
+    parts += [_img(name, title, path, NOTES.get(name, "")) for name, (title, path) in figures.items()]
+    if len(runs) == 1:
+        if stages := stages_table(runs[0], now):
+            parts += ["<h2>Pipeline stages</h2>", stages]
+        if runs[0].config:
+            config = yaml.safe_dump(runs[0].config, sort_keys=False)
+            parts.append(f"<details><summary>Resolved config</summary><pre>{html.escape(config)}</pre></details>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of one run (into its folder) or the comparison of several (into ``out``)."""
+    from cramlm.report.plots import draw_all
+
+    if not run_dirs:
+        raise ValueError("no run folders given")
+    runs = [load_run_data(d) for d in run_dirs]
+    if out is None:
+        if len(runs) > 1:
+            raise ValueError("comparing runs needs an output folder (out=...)")
+        out = runs[0].folder
+    out = Path(out)
+    figures = draw_all(runs, out / "plots")
+    path = out / "report.html"
+    write_text(path, render_html(runs, figures))
+    return path
