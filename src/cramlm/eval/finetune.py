@@ -35,6 +35,7 @@ class Hparams(Config):
     warmup: float = 0.1  # linear warm-up: a fraction of all steps (< 1) or a number of steps (>= 1)
     max_seq_length: int = 128  # capped at the positions the encoder has
     dropout: float = 0.1  # classifier dropout
+    pooling: Literal["first", "mean"] = "first"  # sentence vector: first token ([CLS]) or mean over tokens
     grad_clip: float | None = None
     max_train_examples: int | None = None  # random subset of the training split (None: all)
     max_dev_examples: int | None = None  # first N of each dev split (None: all)
@@ -112,7 +113,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     train_y = torch.tensor([e.label for e in train], dtype=label_dtype)
     dev_y = {split: np.asarray([e.label for e in exs]) for split, exs in dev.items()}
 
-    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout).to(device)
+    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout, pooling=hp.pooling).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, hp.weight_decay), lr=hp.lr, betas=hp.betas, eps=hp.eps)
     amp = autocast_dtype(impl, device)
     lengths = np.asarray([len(x) for x in train_ids])
