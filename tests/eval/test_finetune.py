@@ -111,3 +111,39 @@ def test_per_task_overrides():
     assert cfg.for_task("rte").lr == 1e-5 and cfg.for_task("rte").epochs == 10
     assert cfg.for_task("rte").batch_size == cfg.batch_size
     assert cfg.for_task("cola").lr == 4e-5
+
+
+class _BlindFirstToken(torch.nn.Module):
+    """A real encoder whose first position carries nothing (as [CLS] after short MLM pretraining:
+    the same vector for every input), so only a pooler that looks past it can learn the task."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder, self.hidden_size = encoder, encoder.hidden_size
+
+    def encode(self, input_ids, attention_mask=None, **kw):
+        hidden = self.encoder.encode(input_ids, attention_mask, **kw)
+        return torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, 1:]], dim=1)
+
+
+@pytest.mark.parametrize("pooling, learns", [("mean", True), ("first", False)])
+def test_pooling_setting_reaches_the_classifier(pooling, learns):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 160)
+    texts = [f"{WORDS[y]} {s} {WORDS[y]}" for s, y in zip(_sentences(rng, 160), labels)]
+    examples = [Example(t, None, int(y)) for t, y in zip(texts, labels)]
+    task = Task("colors", WORDS[:2], ["accuracy"], examples[:128], {"dev": examples[128:]})
+    ckpt = _tiny_checkpoint(texts)
+    ckpt.encoder = _BlindFirstToken(ckpt.encoder)
+    cfg = EvalConfig(**{**HP.model_dump(), "pooling": pooling})
+    accuracy = finetune(ckpt, task, cfg.for_task("colors"), 0, IMPL, torch.device("cpu"))["epochs"][-1]["dev"]["accuracy"]
+    assert (accuracy >= 0.9) if learns else (accuracy <= 0.7)  # first: the majority class at best
+
+
+def test_demo_and_cpu_presets_mean_pool_glue_keeps_crammings_first_token():
+    from cramlm.cli_utils import resolve_or_exit
+
+    assert EvalConfig().pooling == "first"  # the field's default is cramming's pooler
+    for preset, how in [("default", "mean"), ("cpu-quick", "mean"), ("glue-sane", "first"), ("glue", "first")]:
+        assert resolve_or_exit("eval", [f"eval={preset}"]).eval.pooling == how, preset
+    assert resolve_or_exit("eval", ["eval.pooling=first"]).eval.for_task("any").pooling == "first"

@@ -24,6 +24,7 @@ class Hparams(Config):
     warmup: float = 0.1  # linear warm-up: a fraction of all steps (< 1) or a number of steps (>= 1)
     max_seq_length: int = 128  # capped at the positions the encoder has
     dropout: float = 0.1  # classifier dropout
+    pooling: Literal["first", "mean"] = "first"  # sentence vector: first token ([CLS]) or mean over tokens
     grad_clip: float | None = None
     max_train_examples: int | None = None  # random subset of the training split (None: all)
     max_dev_examples: int | None = None  # first N of each dev split (None: all)

@@ -94,7 +94,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     train_y = torch.tensor([e.label for e in train], dtype=label_dtype)
     dev_y = {split: np.asarray([e.label for e in exs]) for split, exs in dev.items()}
 
-    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout).to(device)
+    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout, pooling=hp.pooling).to(device)
     optimizer = build_optimizer(AdamWConfig(lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay), model)
     amp = autocast_dtype(impl, device)
     update = OptimizerStep(optimizer, model, device, amp, hp.grad_clip)
