@@ -131,6 +131,18 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def error_blocks(stderr: str) -> list[str]:
+    """Each ``Error:`` line with the indented lines that continue it (a config error names the key
+    on the next line: ``Error: invalid config:`` / ``  train.grad_clip: ...``), as one string."""
+    blocks: list[str] = []
+    for line in stderr.splitlines():
+        if line.startswith("Error:"):
+            blocks.append(line)
+        elif blocks and line.startswith((" ", "\t")) and line.strip():
+            blocks[-1] += " " + line.strip()
+    return blocks
+
+
 def classify(res: Result, expect: str, must: tuple[str, ...] = (), check: Callable[[Result], str | None] | None = None) -> tuple[str, str]:
     """(outcome, the line that decided it) for one CLI result. ``expect``: "ok", "error" or
     "either"; ``must``: words one of which the Error line must contain; ``check``: on exit 0, a
@@ -139,7 +151,7 @@ def classify(res: Result, expect: str, must: tuple[str, ...] = (), check: Callab
         return "unclear", f"no exit within the time limit ({res.seconds}s)"
     if TRACEBACK in res.stderr:
         return "traceback", last_line(res.stderr)
-    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    errors = error_blocks(res.stderr)
     if res.rc == 0:
         if expect == "error":
             return "silent", "exit 0 where it had to fail: " + last_line(res.stdout or res.stderr)

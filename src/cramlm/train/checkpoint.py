@@ -180,8 +180,9 @@ def write_checkpoint(
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         needed, free = _nbytes(model_state) + _nbytes(training), shutil.disk_usage(root).free
-        # torch.save says only "file write failed": a full disk when the space is not there
-        if _is_disk_full(e) or ("write failed" in str(e) and free < needed):
+        # torch.save's zip writer says only "file write failed" or "unexpected pos ...": whatever
+        # the message, a write that needed more than the free space failed for want of it
+        if _is_disk_full(e) or free < needed:
             raise DiskFullError(final, needed, free, latest_checkpoint(root)) from None
         raise
     aside = None
