@@ -324,7 +324,7 @@ class Replay:
         (d / "c.jsonl").write_text("".join(json.dumps({"text": text(i)}) + "\n" for i in range(10)))
         (d / "junk.bin").write_bytes(bytes(range(256)) * 4)
         write_pbin(d / "m.pbin", [[1, 2, 3], [4, 5]])
-        from cramlm.data.packed import PackedWriter
+        from cramlm.data.cramtok import PackedWriter
 
         with PackedWriter(d / "ok.cramtok", 300) as w:
             w.add([5, 6, 7])
@@ -355,7 +355,7 @@ class Replay:
         import numpy as np
 
         from cramlm.data.modalities import write_pbin
-        from cramlm.data.packed import PackedWriter, read_packed
+        from cramlm.data.cramtok import PackedWriter, read_packed
 
         d = self.folder("corrupt")
         rng = np.random.default_rng(self.rng.randrange(1 << 30))

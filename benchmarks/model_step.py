@@ -30,7 +30,7 @@ from cramlm.config.loader import load_preset
 from cramlm.models import build_model, layers
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
 from cramlm.train.monitor import cpu_peak_flops
-from cramlm.train.runtime import PRECISION_DTYPES, autocast
+from cramlm.train.impl import PRECISION_DTYPES, autocast
 
 VOCAB = 32768
 

@@ -35,7 +35,7 @@ from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
-from cramlm.train.runtime import PRECISION_DTYPES, ImplConfig, autocast
+from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -11,7 +11,7 @@ The order (a module may import its own stage and the stages above it, never one 
     runs        cramlm.runs: a run folder read back (PretrainConfig, load_run)
     eval        tasks, fine-tuning, held-out loss, metrics
     report      plots and report.html from run folders
-    entry       the commands: cli.py, cli_utils.py, */cli.py, pretrain.py, evaluate.py, pipeline/,
+    entry       the commands: cli.py, cli_common.py, */cli.py, pretrain.py, eval/run.py, pipeline/,
                 __main__.py. They import libraries (and each other), never the reverse.
 
 Function-level imports count for the order (a lazy import is still a dependency) and for the
@@ -32,7 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "cramlm"
 
 STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "report", "entry"]
 FOUNDATION = {"cramlm", "cramlm.constants", "cramlm.io", "cramlm.progress", "cramlm.locks"}
-ENTRY = {"cramlm.cli", "cramlm.cli_utils", "cramlm.__main__", "cramlm.pretrain", "cramlm.evaluate"}
+ENTRY = {"cramlm.cli", "cramlm.cli_common", "cramlm.__main__", "cramlm.pretrain", "cramlm.eval.run"}
 
 
 def stage(module: str) -> str:
@@ -137,7 +137,7 @@ def test_the_checker_sees_violations():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert STAGES.index(stage("cramlm.pretrain")) > STAGES.index(stage("cramlm.eval.checkpoints"))
-    assert stage("cramlm.data.cli") == stage("cramlm.pipeline.run") == "entry"
+    assert stage("cramlm.data.cli") == stage("cramlm.pipeline.run") == stage("cramlm.eval.run") == "entry"
     assert stage("cramlm.io") == "foundation" and stage("cramlm.runs") == "runs"
 
 

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
+from cramlm.cli_common import OVERRIDES, resolve_or_exit, run_or_exit
 from cramlm.data.cli import data
 from cramlm.eval.cli import eval_command
 from cramlm.models.cli import export

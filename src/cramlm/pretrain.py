@@ -31,7 +31,7 @@ from cramlm.runs import (  # noqa: F401 (PretrainConfig, load_run ...: also impo
     safetensors_shapes,
 )
 from cramlm.train.config import TrainConfig
-from cramlm.train.runtime import setup_device
+from cramlm.train.impl import setup_device
 
 if TYPE_CHECKING:
     import torch

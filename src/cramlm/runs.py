@@ -23,7 +23,7 @@ from cramlm.constants import OUTPUTS_DIR
 from cramlm.data.prepare import DataConfig
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.config import TrainConfig
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.impl import ImplConfig
 
 if TYPE_CHECKING:
     import torch

@@ -12,7 +12,7 @@ from cramlm.config.doc import describe, type_name
 from cramlm.config.loader import resolve
 from cramlm.pretrain import DEFAULTS, PretrainConfig
 from cramlm.train.config import TrainConfig
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.impl import ImplConfig
 
 
 def docs(*overrides: str) -> dict:

@@ -32,7 +32,7 @@ def resolved(group: str, name: str) -> dict:
 
         return resolve_recipe(name).model_dump(mode="json")
     if group == "eval":
-        from cramlm.evaluate import DEFAULTS, EvalRunConfig
+        from cramlm.eval.run import DEFAULTS, EvalRunConfig
 
         return resolve(EvalRunConfig, DEFAULTS, [f"eval={name}"]).model_dump(mode="json")
     from cramlm.pretrain import DEFAULTS, PretrainConfig

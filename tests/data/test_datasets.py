@@ -8,7 +8,7 @@ import torch
 
 from cramlm.data.collate import CLMCollator
 from cramlm.data.dataset import BlockDataset, DocumentPackedDataset, ShuffledStream
-from cramlm.data.packed import PackedWriter, read_packed
+from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.data.permute import Permutation
 
 

@@ -9,7 +9,7 @@ import torch
 
 from cramlm.data.collate import MLMCollator
 from cramlm.data.dataset import DocumentPackedDataset
-from cramlm.data.packed import PackedWriter, read_packed
+from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.train.trainer import StepData
 from tests.models.helpers import tiny_model
 

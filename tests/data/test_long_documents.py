@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cramlm.data.pack import encode
+from cramlm.data.packing import encode
 from cramlm.data.tokenizer import TokenizerConfig, split_text, train_tokenizer
 
 from .conftest import WORDS
@@ -54,7 +54,7 @@ def _pack_peak_mb(tmp_path: Path, name: str, text: str) -> float:
     """Peak RSS (MB) of a subprocess packing one document (plus a short one) with `pack_files`."""
     corpus = tmp_path / f"{name}.jsonl"
     corpus.write_text(json.dumps({"text": text}) + "\n" + json.dumps({"text": "a short one"}) + "\n")
-    code = ("import sys; from cramlm.data.tools import pack_files; "
+    code = ("import sys; from cramlm.data.commands import pack_files; "
             "info = pack_files([sys.argv[1]], sys.argv[2], sys.argv[3]); assert info['packed'] == 2, info")
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-c", code, str(corpus), str(tmp_path / "tok.json"),

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from cramlm.cli_utils import resolve_or_exit
+from cramlm.cli_common import resolve_or_exit
 from cramlm.config.registry import build
 from cramlm.data.prepare import DataConfig, prepare_data
 from cramlm.data.sources import DataError, SkipReport
@@ -122,8 +122,8 @@ def test_auto_source_reads_each_file_by_its_name(tmp_path):
 def test_pack_reads_a_folder_as_prepare_does(tmp_path):
     """`cramlm data pack <folder>` reads the .jsonl files in it as JSONL (it used to pack each file
     as one raw-text document), the same documents as `prepare` with an auto source."""
-    from cramlm.data.tools import pack_files
-    from cramlm.data.packed import read_packed
+    from cramlm.data.commands import pack_files
+    from cramlm.data.cramtok import read_packed
     from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
 
     folder = _mixed_folder(tmp_path / "mixed")

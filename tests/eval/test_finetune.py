@@ -14,7 +14,7 @@ from cramlm.eval.config import EvalConfig, Hparams
 from cramlm.eval.finetune import finetune, length_grouped_batches, pad_batch, schedule_for
 from cramlm.eval.tasks import Example, Task
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.impl import ImplConfig
 
 WORDS = ["red", "green", "blue"]
 FILLER = "the a of and to in is it that was".split()
@@ -141,7 +141,7 @@ def test_pooling_setting_reaches_the_classifier(pooling, learns):
 
 
 def test_demo_and_cpu_presets_mean_pool_glue_keeps_crammings_first_token():
-    from cramlm.cli_utils import resolve_or_exit
+    from cramlm.cli_common import resolve_or_exit
 
     assert EvalConfig().pooling == "first"  # the field's default is cramming's pooler
     for preset, how in [("default", "mean"), ("cpu-quick", "mean"), ("glue-sane", "first"), ("glue", "first")]:

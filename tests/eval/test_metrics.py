@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cramlm.eval.metrics import harmonic_mean, score, score_all
-from cramlm.eval.report import markdown, means, task_rows, to_csv, versus, versus_text
+from cramlm.eval.tables import markdown, means, task_rows, to_csv, versus, versus_text
 from cramlm.eval.tasks import Example, Task
 
 PRED = np.array([1, 1, 1, 0, 0, 1])
@@ -109,20 +109,8 @@ def test_mnli_style_splits_become_rows():
     assert [(r["task"], r["score"], r["dev_examples"]) for r in rows] == [("t-m", 0.6, 2), ("t-mm", 0.7, 4)]
 
 
-def test_compare_table():
-    from cramlm.eval.report import compare
-
-    a_rows = task_rows(_task(), [_run(0, [0.5, 0.8])])
-    b_rows = task_rows(_task(), [_run(0, [0.5, 0.4])])
-    a = {"checkpoint": "a", "results": a_rows, "mean": means(a_rows), "lm": {"loss": 2.5}}
-    b = {"checkpoint": "b", "results": b_rows, "mean": means(b_rows), "lm": None}
-    table = compare([a, b])
-    assert "| task | metric | a | b | majority class |" in table and "| t | f1 | 80.00 | 40.00 | - |" in table
-    assert "| held-out MLM/CLM loss | | 2.500 | - | |" in table
-
-
 def test_majority_class_floor():
-    from cramlm.eval.report import majority_scores
+    from cramlm.eval.tables import majority_scores
 
     train = [Example("a", None, y) for y in (1, 1, 0)]
     dev = [Example("a", None, y) for y in (1, 0, 0, 1)]

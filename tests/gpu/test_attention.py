@@ -11,7 +11,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cramlm.models import layers
-from cramlm.train.runtime import autocast
+from cramlm.train.impl import autocast
 from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cramlm.train.runtime import ImplConfig, compile_model
+from cramlm.train.impl import ImplConfig, compile_model
 from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
 

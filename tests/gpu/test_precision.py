@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cramlm.train.optim import AdamWConfig, build_optimizer
-from cramlm.train.runtime import autocast
+from cramlm.train.impl import autocast
 from tests.gpu.helpers import WIDE, run_overrides
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 from tests.train.helpers import losses, run_inprocess

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.parallelize import parallelize
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.impl import ImplConfig
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_assert_async"}

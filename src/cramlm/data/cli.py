@@ -20,8 +20,8 @@ from pathlib import Path
 
 import click
 
-from cramlm.cli_utils import OVERRIDES, resolve_or_exit
-from cramlm.cli_utils import run_or_exit as _run_or_exit
+from cramlm.cli_common import OVERRIDES, resolve_or_exit
+from cramlm.cli_common import run_or_exit as _run_or_exit
 
 
 def _echo(obj: dict) -> None:
@@ -29,7 +29,7 @@ def _echo(obj: dict) -> None:
 
 
 def run_or_exit(fn, *args):
-    """:func:`cramlm.cli_utils.run_or_exit`, and a file the system refuses (missing folder, no
+    """:func:`cramlm.cli_common.run_or_exit`, and a file the system refuses (missing folder, no
     permission, disk full, a folder where a file should be) is one clear line too."""
     try:
         return _run_or_exit(fn, *args)
@@ -135,7 +135,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
 
     Uses data.dedup (exact hashing is on even if not configured; near: data.dedup.near=true).
     """
-    from cramlm.data.tools import dedup_sources
+    from cramlm.data.commands import dedup_sources
 
     cfg = resolve_or_exit("data", overrides)
     _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out)))
@@ -149,7 +149,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
 @click.option("--on-error", type=click.Choice(["raise", "skip"]), default="raise")
 def pack(inputs: tuple[str, ...], tokenizer_path: str, out: str, text_key: str, on_error: str) -> None:
     """Pack JSONL(.gz/.zst) / text / parquet files into one .cramtok (+ <out>.manifest.json)."""
-    from cramlm.data.tools import pack_files
+    from cramlm.data.commands import pack_files
 
     _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, _writable(out), text_key, on_error))
 
@@ -161,7 +161,7 @@ def pack(inputs: tuple[str, ...], tokenizer_path: str, out: str, text_key: str, 
 @click.option("--chars", type=click.IntRange(min=0), default=300, help="Characters shown per decoded sample.")
 def inspect(path: str, tokenizer_path: str | None, samples: int, chars: int) -> None:
     """Stats (documents, tokens, lengths, checksum) and decoded samples of a .cramtok or prepared folder."""
-    from cramlm.data.tools import inspect_packed
+    from cramlm.data.commands import inspect_packed
 
     _echo(run_or_exit(inspect_packed, path, tokenizer_path, samples, chars))
 
@@ -174,7 +174,7 @@ def inspect(path: str, tokenizer_path: str | None, samples: int, chars: int) -> 
 def convert_modalities(pbin: str, out: str, vocab_size: int | None, tokenizer_path: str | None) -> None:
     """Convert a Modalities .pbin to .cramtok (its pickled index is read without executing code)."""
     from cramlm.data.modalities import convert_pbin
-    from cramlm.data.packed import read_packed
+    from cramlm.data.cramtok import read_packed
 
     _writable(out)
     fp = b"\0" * 16

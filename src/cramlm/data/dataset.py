@@ -14,7 +14,7 @@ from array import array
 import numpy as np
 import torch
 
-from cramlm.data.packed import PackedTokens
+from cramlm.data.cramtok import PackedTokens
 from cramlm.data.permute import Permutation
 
 

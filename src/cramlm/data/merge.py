@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from cramlm.data.clean import first_occurrences, near_duplicates
-from cramlm.data.pack import DOC_RECORD, SPLITS
-from cramlm.data.packed import PackedFormatError, PackedTokens, PackedWriter, read_packed
+from cramlm.data.packing import DOC_RECORD, SPLITS
+from cramlm.data.cramtok import PackedFormatError, PackedTokens, PackedWriter, read_packed
 from cramlm.data.permute import Permutation, uniform
 
 

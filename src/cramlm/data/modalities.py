@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cramlm.data.packed import PackedFormatError, PackedWriter
+from cramlm.data.cramtok import PackedFormatError, PackedWriter
 
 # opcodes that only push ints, tuples and lists (or frame/memoize them); nothing callable
 _ALLOWED_OPCODES = {

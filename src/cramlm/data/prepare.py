@@ -28,9 +28,9 @@ from cramlm.config.base import Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.merge import merge_shards
-from cramlm.data.pack import pack_shard
-from cramlm.data.packed import VERSION as FORMAT_VERSION
-from cramlm.data.packed import PackedTokens, read_packed
+from cramlm.data.packing import pack_shard
+from cramlm.data.cramtok import VERSION as FORMAT_VERSION
+from cramlm.data.cramtok import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.io import atomic_write

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cramlm.cli_utils import OVERRIDES, resolve_or_exit, run_or_exit
+from cramlm.cli_common import OVERRIDES, resolve_or_exit, run_or_exit
 
 
 @click.command("eval", context_settings=OVERRIDES)
@@ -19,6 +19,6 @@ def eval_command(overrides: tuple[str, ...]) -> None:
       cramlm eval checkpoint=bert24 eval=glue-sane eval.glue_dir=glue_data
       cramlm eval checkpoint=bert24-untrained eval=cpu-quick eval.tasks=[path/to/task]
     """
-    from cramlm.evaluate import evaluate
+    from cramlm.eval.run import evaluate
 
     run_or_exit(evaluate, resolve_or_exit("eval", overrides))

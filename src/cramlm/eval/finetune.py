@@ -25,7 +25,7 @@ from cramlm.eval.tasks import Task
 from cramlm.models.heads import SequenceClassifier
 from cramlm.progress import progress_bar
 from cramlm.train.optim import AdamWConfig, build_optimizer
-from cramlm.train.runtime import ImplConfig, autocast, autocast_dtype
+from cramlm.train.impl import ImplConfig, autocast, autocast_dtype
 from cramlm.train.schedules import ConstantConfig, CosineConfig, PolynomialConfig, Schedule, build_schedule
 from cramlm.train.step import OptimizerStep
 

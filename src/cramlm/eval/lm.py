@@ -19,7 +19,7 @@ from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
 if TYPE_CHECKING:
     import torch
 
-    from cramlm.data.packed import PackedTokens
+    from cramlm.data.cramtok import PackedTokens
 
 
 def block_start(objective: str) -> int | None:

@@ -29,7 +29,7 @@ from cramlm.config.loader import available_presets, load_preset, resolve, to_yam
 from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
-from cramlm.train.runtime import launcher_env
+from cramlm.train.impl import launcher_env
 from cramlm.runs import PretrainConfig
 
 STAGES = ("data", "pretrain", "eval", "eval-untrained", "report")
@@ -54,7 +54,7 @@ class PipelineConfig(PretrainConfig):
         return _subset(PretrainConfig, self)
 
     def eval_config(self, untrained: bool = False):
-        from cramlm.evaluate import EvalRunConfig
+        from cramlm.eval.run import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
@@ -155,14 +155,14 @@ def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.evaluate import evaluate
+    from cramlm.eval.run import evaluate
 
     results = evaluate(cfg.eval_config())
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
 
 
 def run_eval_untrained(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.evaluate import evaluate
+    from cramlm.eval.run import evaluate
 
     results = evaluate(cfg.eval_config(untrained=True))
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
@@ -244,7 +244,7 @@ def _now() -> str:
 def results_summary(cfg: PipelineConfig) -> str:
     """The console's closing table: per task the pretrained score, the untrained twin's, the
     margin and the majority class (empty when the run has no eval.json)."""
-    from cramlm.eval.report import versus_text
+    from cramlm.eval.tables import versus_text
 
     def load(name: str) -> dict[str, Any] | None:
         try:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cramlm.train.runtime import ImplConfig, launcher_env
+from cramlm.train.impl import ImplConfig, launcher_env
 
 
 @dataclass

@@ -25,7 +25,7 @@ from torch import nn
 
 from cramlm.models.base import tied_aliases
 from cramlm.train.distributed import Dist, wrap_model
-from cramlm.train.runtime import ImplConfig, apply_activation_checkpointing, compile_model
+from cramlm.train.impl import ImplConfig, apply_activation_checkpointing, compile_model
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cramlm.train.runtime import autocast
+from cramlm.train.impl import autocast
 
 
 class OptimizerStep:

@@ -54,7 +54,7 @@ from cramlm.train.monitor import MetricsLog
 from cramlm.train.optim import build_optimizer
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
-from cramlm.train.runtime import ImplConfig, autocast_dtype
+from cramlm.train.impl import ImplConfig, autocast_dtype
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from cramlm.data.clean import Cleaner, MinHasher, NearDuplicateIndex, text_hash
-from cramlm.data.packed import read_packed
+from cramlm.data.cramtok import read_packed
 from cramlm.data.sources import SkipReport
 from cramlm.io import write_json
 

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from cramlm.data.packed import HEADER, PackedFormatError, PackedWriter, read_packed
+from cramlm.data.cramtok import HEADER, PackedFormatError, PackedWriter, read_packed
 
 
 def _write(path, vocab_size, docs, fp=b"f" * 16):

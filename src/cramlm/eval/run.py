@@ -17,7 +17,7 @@ from typing import Any
 from cramlm.config.base import Config
 from cramlm.constants import OUTPUTS_DIR
 from cramlm.eval.config import EvalConfig
-from cramlm.train.runtime import ImplConfig, setup_device
+from cramlm.train.impl import ImplConfig, setup_device
 
 DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
 
@@ -38,7 +38,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
     from cramlm.eval.finetune import finetune
-    from cramlm.eval.report import majority_scores, markdown, means, task_rows, to_csv
+    from cramlm.eval.tables import majority_scores, markdown, means, task_rows, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
 
@@ -56,7 +56,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
         if val is None:
             print("LM eval skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
         else:
-            from cramlm.data.packed import read_packed
+            from cramlm.data.cramtok import read_packed
             from cramlm.eval.lm import lm_eval, run_held_out_batches
 
             # the run's own held-out set, masked as in pretraining: the same number as its val_loss

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from cramlm.config.registry import build
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
-from cramlm.data.packed import PackedWriter
+from cramlm.data.cramtok import PackedWriter
 from cramlm.data.sources import SkipReport
 from cramlm.data.tokenizer import PIECE_CHARS, split_text
 from cramlm.progress import progress_bar

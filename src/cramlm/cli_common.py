@@ -13,7 +13,7 @@ OVERRIDES = {"help_option_names": ["-h", "--help"], "ignore_unknown_options": Tr
 # command name -> "module:ROOT_CLASS:DEFAULTS"; resolved lazily so `cramlm --help` stays fast
 COMMAND_CONFIGS: dict[str, str] = {
     "pretrain": "cramlm.pretrain:PretrainConfig:DEFAULTS",
-    "eval": "cramlm.evaluate:EvalRunConfig:DEFAULTS",
+    "eval": "cramlm.eval.run:EvalRunConfig:DEFAULTS",
     "data": "cramlm.data.prepare:PrepareConfig:PREPARE_DEFAULTS",
 }
 
@@ -45,7 +45,7 @@ def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str], check_
 
 def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
     """Run a stage; expected failures (bad data, bad files, bad values) print one clear line, exit 1."""
-    from cramlm.data.packed import PackedFormatError
+    from cramlm.data.cramtok import PackedFormatError
     from cramlm.data.sources import DataError
     from cramlm.eval.tasks import TaskError
     from cramlm.locks import LockHeld

@@ -115,26 +115,6 @@ def to_csv(rows: list[dict], mean: dict) -> str:
     return buf.getvalue()
 
 
-def compare(results: list[dict]) -> str:
-    """One markdown table over several ``eval.json`` results: a column per checkpoint, the
-    last-epoch headline score per task, then the means."""
-    names = [r["checkpoint"] for r in results]
-    tasks = list(dict.fromkeys(row["task"] for r in results for row in r["results"]))
-    lines = ["| task | metric | " + " | ".join(names) + " | majority class |", "|---|---|" + "---:|" * (len(names) + 1)]
-    for task in tasks:
-        rows = [{row["task"]: row for row in r["results"]}.get(task) for r in results]
-        metric = next(row["metric"] for row in rows if row)
-        floor = next((row["majority"] for row in rows if row and row.get("majority") is not None), None)
-        cells = [_pct(row["score"]) if row else "-" for row in rows] + [_pct(floor) if floor is not None else "-"]
-        lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
-    for kind in ("arithmetic", "harmonic"):
-        lines.append(f"| **{kind} mean** | | " + " | ".join(_pct(r["mean"]["last"][kind]) for r in results) + " | |")
-    lm = [r.get("lm") for r in results]
-    if any(lm):
-        lines.append("| held-out MLM/CLM loss | | " + " | ".join(f"{x['loss']:.3f}" if x else "-" for x in lm) + " | |")
-    return "\n".join(lines) + "\n"
-
-
 def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
     """Per task of ``pretrained`` (an ``eval.json``): its headline score, the untrained twin's, the
     margin (pretrained - untrained; None where the twin lacks the task) and the majority-class floor."""
@@ -168,10 +148,3 @@ def versus_text(pretrained: dict, untrained: dict | None) -> str:
     fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
     return "\n".join([fmt(header), *(fmt(c) for c in cells)]) + "\n"
 
-
-if __name__ == "__main__":  # python -m cramlm.eval.report a/eval.json b/eval.json ...
-    import json
-    import sys
-    from pathlib import Path
-
-    print(compare([json.loads(Path(p).read_text()) for p in sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""The foundation slice: tokenizer ids, packed files, MLM masking, model loss, budget stop."""
+"""Text to loss, one check per link: tokenizer ids, .cramtok files, MLM masking, the BERT loss and tied decoder."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cramlm.data.collate import MLMCollator
-from cramlm.data.packed import PackedFormatError, PackedWriter, read_packed
+from cramlm.data.cramtok import PackedFormatError, PackedWriter, read_packed
 from cramlm.data.tokenizer import SPECIAL_TOKENS, TokenizerConfig, fingerprint, train_tokenizer
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
 
