@@ -198,3 +198,55 @@ def test_left_padding_in_decoders_stays_finite(name):
     assert torch.isfinite(logits).all()
     if name == "llama-tiny":  # RoPE is relative: the padded row equals the same tokens unpadded
         torch.testing.assert_close(logits[0, 4:], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def full_size(name: str, vocab: int, **overrides) -> torch.nn.Module:
+    """A preset at its real size on the meta device (shapes only: no memory, no init time)."""
+    from cramlm.config.loader import load_preset
+    from cramlm.config.registry import config_class
+    from cramlm.models import build_model
+
+    data = {**load_preset("arch", name), **overrides}
+    with torch.device("meta"):
+        return build_model(config_class("model", data["type"]).model_validate(data), vocab)
+
+
+def test_parameter_counts_equal_the_reference_models():
+    # cramming's own crammed-bert (skip_head_transform: the MLM head is the tied decoder alone)
+    crammed = full_size("crammed-bert", 32768)
+    assert sum(p.numel() for p in crammed.parameters()) == 119_589_889
+    assert not hasattr(crammed.head, "dense")
+    # with BERT's dense + GELU + LayerNorm transform: 768 * 768 + 2 * 768 more
+    with_transform = full_size("crammed-bert", 32768, head_transform=True)
+    assert sum(p.numel() for p in with_transform.parameters()) == 119_589_889 + 591_360
+    # bert-original keeps the transform: transformers' BertForMaskedLM (bert-base-uncased) has 109,514,298
+    assert sum(p.numel() for p in full_size("bert-original", 30522).parameters()) == 109_514_298
+
+
+def test_mlm_head_without_transform_is_the_tied_decoder_alone():
+    model = tiny_model("crammed-bert-tiny")
+    assert not model.cfg.head_transform and model.head.decoder.weight is model.trunk.tokens.weight
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)["logits"], model.encode(ids) @ model.trunk.tokens.weight.T)
+
+
+def test_crammed_bert_classifier_is_crammings_glue_sane_head():
+    """first token -> dense 768 -> 1024 (with bias) -> tanh -> dropout -> linear 1024 -> labels."""
+    with torch.device("meta"):
+        clf = SequenceClassifier(full_size("crammed-bert", 32768), num_labels=3)
+    assert (clf.pooler.in_features, clf.pooler.out_features, clf.pooler.bias is not None) == (768, 1024, True)
+    assert (clf.classifier.in_features, clf.classifier.out_features) == (1024, 3) and clf.pooling == "first"
+    with torch.device("meta"):  # BERT's pooler keeps the hidden width
+        assert SequenceClassifier(full_size("bert-original", 30522), num_labels=2).pooler.out_features == 768
+    # the computation, on a small model with a wider pooler
+    encoder = tiny_model("crammed-bert-tiny", pooler_size=48)
+    clf = SequenceClassifier(encoder, num_labels=2, dropout=0.5).eval()
+    ids = random_ids()
+    with torch.no_grad():
+        expected = clf.classifier(torch.tanh(clf.pooler(encoder.encode(ids)[:, 0])))
+        torch.testing.assert_close(clf(ids)["logits"], expected)
+    clf.train()  # dropout sits between the tanh and the labels
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.allclose(clf(ids)["logits"], expected)

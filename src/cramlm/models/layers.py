@@ -248,17 +248,24 @@ class Trunk(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """dense -> activation -> norm -> decoder to the vocabulary (BERT's and cramming's head)."""
+    """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
+    brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
+    alone), which ``cfg.head_transform = False`` selects. Configs without the field (exports written
+    before it existed) had the transform."""
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.act = ACTIVATIONS[cfg.activation]
-        self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.transform = getattr(cfg, "head_transform", True)
+        if self.transform:
+            self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+            self.act = ACTIVATIONS[cfg.activation]
+            self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
-        return self.decoder(self.norm(self.act(self.dense(hidden))))
+        if self.transform:
+            hidden = self.norm(self.act(self.dense(hidden)))
+        return self.decoder(hidden)
 
 
 def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:
