@@ -56,15 +56,18 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
 @click.command("sweep", context_settings=OVERRIDES)
 @click.option("--sizes", default="64x2,128x2,128x4", show_default=True,
               help="Comma-separated model sizes HIDDENxLAYERS (crammed-bert widths/depths).")
-@click.option("--budgets", default="30s,1m,2m", show_default=True, help="Comma-separated budgets ('90s', '2m', '1h').")
+@click.option("--budgets", default="30s,1m,2m", show_default=True,
+              help="Comma-separated budgets: wall clock ('90s', '2m', '1h') or tokens ('250ktok', '1Mtok').")
 @click.option("--name", default="sweep", show_default=True, help="Folder under base_dir for the grid's runs.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Also write report.html comparing the runs.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple[str, ...]) -> None:
-    """Pretrain a grid of sizes x budgets and fit final loss against compute (a power law).
+    """Pretrain a grid of sizes x budgets and fit final loss against compute, L = E + A*C^-alpha.
 
     ARGS: an optional RECIPE (default: `default`) then key=value overrides for every grid point.
-    Writes <base_dir>/<name>/sweep.json, sweep.png and report.html; finished points are skipped.
+    Prints a table and the fit; writes <base_dir>/<name>/sweep.json, sweep.png and report.html;
+    finished points are skipped. A grid with fewer than 4 points or 3 distinct compute values is
+    refused before anything runs.
 
     Example: cramlm sweep --sizes 64x2,128x4,256x4 --budgets 1m,4m,16m impl.threads=2
     """
