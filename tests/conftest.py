@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# impl.precision=auto caches its probe per machine; tests (and the processes they start) use their own
+os.environ["CRAMLM_CACHE_DIR"] = tempfile.mkdtemp(prefix="cramlm-test-cache-")
 
 def _find_shared_data() -> Path:
     """$CRAMLM_SHARED_DATA, else the first shared/data folder above the checkout."""
@@ -35,6 +38,7 @@ TINY_PRETRAIN = [
     "train.batch_size=8",
     "impl.microbatch_size=8",
     "impl.progress=false",
+    "impl.precision=fp32",  # not the machine-dependent auto probe: same numbers everywhere
 ]
 
 

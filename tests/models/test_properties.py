@@ -100,6 +100,42 @@ def test_sparse_prediction_loss_equals_dense(name):
         torch.testing.assert_close(sparse(ids, labels=labels)["loss"], dense(ids, labels=labels)["loss"])
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_linear_cross_entropy_equals_the_plain_one(dtype, bias):
+    """Loss and gradients of the fused, chunked decoder + loss equal F.linear + F.cross_entropy,
+    with the decoder tied to an embedding (its gradient adds to the embedding's) and under autocast."""
+    from cramlm.models.layers import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    M, H, V = 37, 16, 50
+    hidden = torch.randn(M, H, generator=g, requires_grad=True)
+    emb = torch.nn.Embedding(V, H)
+    b = torch.nn.Parameter(torch.randn(V, generator=g)) if bias else None
+    targets = torch.randint(0, V, (M,), generator=g)
+    ids = torch.randint(0, V, (5,), generator=g)
+
+    def run(fused: bool):
+        for t in (hidden, emb.weight, b):
+            if t is not None:
+                t.grad = None
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            if fused:
+                loss = linear_cross_entropy(hidden, emb.weight, b, targets, rows=8)  # 5 chunks, the last one short
+            else:
+                loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hidden, emb.weight, b).float(), targets)
+            (3.0 * loss + emb(ids).sum()).backward()  # a scaled loss; the tied weight also gets the embedding's gradient
+        return loss.detach(), hidden.grad.clone(), emb.weight.grad.clone(), None if b is None else b.grad.clone()
+
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype is None else dict(rtol=2e-2, atol=2e-3)
+    reference = run(False)
+    for mine, ref in zip(run(True), reference):
+        if ref is not None:
+            torch.testing.assert_close(mine, ref, **tol)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        torch.testing.assert_close(linear_cross_entropy(hidden, emb.weight, b, targets), reference[0], **tol)  # loss alone
+
+
 def test_clm_loss_shifts_labels():
     model, ids = tiny_model("gpt2-tiny"), random_ids()
     with torch.no_grad():
@@ -127,7 +163,8 @@ def test_flops_per_token_match_the_counter(name):
         labels[:, ::4] = ids[:, ::4]  # 8 of 32 positions scored
         predicted_fraction = 0.25 if model.cfg.sparse_prediction else 1.0
 
-    forward = counted_flops(lambda: model(ids, labels=labels))
+    with torch.no_grad():  # the forward alone (with gradients on, the fused MLM loss also forms them)
+        forward = counted_flops(lambda: model(ids, labels=labels))
     kw = {"predicted_fraction": predicted_fraction} if model.cfg.objective == "mlm" else {}
     assert forward == pytest.approx(model.forward_flops_per_token(T, **kw) * B * T, rel=1e-9)
     train = counted_flops(lambda: model(ids, labels=labels)["loss"].backward())

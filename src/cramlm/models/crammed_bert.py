@@ -83,8 +83,8 @@ class CrammedBert(nn.Module):
             # only the masked positions (about 25%) go through the head and the V-wide decoder
             targets = labels.reshape(-1)
             picked = targets != IGNORE_INDEX
-            logits = self.head(hidden.reshape(-1, self.hidden_size)[picked])  # (M, V)
-            return {"loss": F.cross_entropy(logits.float(), targets[picked])}
+            # decoder and loss fused: the (M, V) logits are never materialised (layers.linear_cross_entropy)
+            return {"loss": self.head.loss(hidden.reshape(-1, self.hidden_size)[picked], targets[picked])}
         logits = self.head(hidden)  # (B, T, V)
         loss = F.cross_entropy(logits.float().view(-1, self.vocab_size), labels.view(-1), ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}

@@ -15,9 +15,10 @@ from cramlm.config.base import Config
 
 class ImplConfig(Config):
     device: str = "auto"  # auto: cuda if available, else cpu
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on a GPU with bf16; on a CPU bf16 autocast where a short probe measures it faster (train/hardware.py)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     microbatch_size: int = 128  # sequences per forward/backward per process; train.batch_size is reached by accumulation
-    threads: int | None = None  # torch CPU threads (None: torch's default)
+    threads: int | Literal["auto"] | None = "auto"  # torch CPU threads; auto: the CPUs affinity and cgroup quota allow, per local process; None: torch's default
     tf32: bool = True  # TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)
     data_cache: str = "outputs/data"  # where prepared data is cached, keyed by the data config
     progress: bool = True  # progress bars
@@ -38,8 +39,11 @@ class ImplConfig(Config):
 
 
 def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.device:
-    if impl.threads:
-        torch.set_num_threads(impl.threads)
+    from cramlm.train.hardware import resolve_threads
+
+    threads = resolve_threads(impl.threads)
+    if threads:
+        torch.set_num_threads(threads)
     name = impl.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,11 +60,15 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
 
 
-def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:
-    precision = impl.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    return PRECISION_DTYPES[precision]
+def resolve_precision(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None):
+    """The precision in use and why (``auto``: measured once per machine, see train/hardware.py)."""
+    from cramlm.train.hardware import resolve_precision as choose
+
+    return choose(impl.precision, device, model)
+
+
+def autocast_dtype(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
+    return PRECISION_DTYPES[resolve_precision(impl, device, model).precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

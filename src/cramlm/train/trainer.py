@@ -45,7 +45,7 @@ from cramlm.train.runtime import (
     ImplConfig,
     apply_activation_checkpointing,
     autocast,
-    autocast_dtype,
+    resolve_precision,
     compile_model,
 )
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig, build_schedule
@@ -147,7 +147,8 @@ class Trainer:
         self.flops_per_token, self.flops_source = flops_per_token(model, seq_len, sample)
         self.budget = Budget(cfg.budget, budget_hours, self.flops_per_token)
         self.plan = BatchPlan(cfg, impl.microbatch_size, dist.world, seq_len, self.budget)
-        self.peak, self.peak_source = peak_flops(device)
+        self.precision = resolve_precision(impl, device, model)  # auto: measured once per machine
+        self.peak, self.peak_source = peak_flops(device, self.precision.dtype)  # MFU against the precision in use
         if impl.activation_checkpointing:
             apply_activation_checkpointing(model)
         self.model = wrap_model(model, dist, device)  # DDP wrapper, or the same module sharded by FSDP2
@@ -155,7 +156,7 @@ class Trainer:
         if impl.compile:
             self.model = compile_model(self.model, impl)
         self.schedule = build_schedule(cfg.schedule)
-        self.amp = autocast_dtype(impl, device)
+        self.amp = self.precision.dtype
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp is torch.float16)
         self.val_batches = self._shard_val(val_batches or [])
         self.used = Usage()
@@ -422,6 +423,8 @@ class Trainer:
             "flops_source": self.flops_source,
             "peak_flops": self.peak,
             "peak_source": self.peak_source,
+            "precision": self.precision.precision,
+            "precision_reason": self.precision.reason,
             "mfu": round(mfu, 4) if mfu is not None else None,
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": self.losses[-1] if self.losses else None,
