@@ -5,10 +5,14 @@ one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain
 Steps of the two contenders and a GEMM probe are interleaved (A B G A B G ...) and medians taken, so
 the load of a shared machine hits all alike; the ratio is the figure to read. MFU = tokens/s x
 FLOPs/token (counted by torch's FlopCounterMode on a real step) / peak, the peak being the higher of
-the fp32 GEMM rate measured before the run and the median measured between its steps.
+the GEMM rate measured before the run and the median measured between its steps, in the precision
+the row trained in (bf16 GEMMs run up to 2x fp32 where the CPU has AVX512-BF16). ``--precision``
+takes one or more of auto (impl.precision=auto: the probe's choice, shown with its measured ratio),
+fp32, bf16; each is its own interleaved contender.
 
     python benchmarks/train_step.py                      # tiny and base, JSON + table
     python benchmarks/train_step.py --sizes base --steps 5 --microbatch 16 --out results.json
+    python benchmarks/train_step.py --sizes base --precision fp32 auto   # auto's speed-up over fp32
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
 from cramlm.train.distributed import Dist
 from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
-from cramlm.train.runtime import ImplConfig
+from cramlm.train.runtime import PRECISION_DTYPES, ImplConfig
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 SEQ = 128
@@ -51,13 +55,13 @@ class RandomBlocks:
         return torch.from_numpy(self.blocks[np.asarray(indices)])
 
 
-def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> tuple:
+def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, precision: str = "auto") -> tuple:
     cfg = config_class("model", arch["type"]).model_validate(arch)
     torch.manual_seed(0)
     model = build_model(cfg, vocab)
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
-    impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_)
+    impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, precision=precision)
     train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
     trainer = Trainer(model, data, train, impl, Dist(), torch.device("cpu"), None, run_dir, SEQ, val_batches=[sample])
@@ -69,6 +73,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool) -> t
             group["lr"] = 1e-4
         trainer.train_step(1)
 
+    step.precision = trainer.precision  # what impl.precision resolved to, and why
     return step, trainer.flops_per_token, params
 
 
@@ -133,10 +138,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--microbatch", type=int, nargs="+", default=[64, 16, 16], help="per size, in order")
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
+    ap.add_argument("--precision", nargs="+", default=["auto"], choices=["auto", "fp32", "bf16"],
+                    help="cramlm's impl.precision; several: one interleaved contender each")
     ap.add_argument("--out", default="benchmarks/results/train_step.json")
     args = ap.parse_args(argv)
     peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
     print(f"fp32 GEMM peak (measured, {torch.get_num_threads()} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    peaks = {"fp32": peak}  # by precision, measured when a row first trains in it
     rows = []
     # base: cramming's crammed-bert (16 layers) against BERT-base (12); base12: the same depth
     presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small"}
@@ -147,46 +155,61 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         arch = load_preset("arch", presets[size]) if size != "gpt" else {"type": "gpt2"}
         with tempfile.TemporaryDirectory() as tmp:
-            step_ours, fpt_ours, n_ours = ours(arch, args.vocab, micro, Path(tmp), args.compile)
-            contenders = {"cramlm": step_ours}
-            fpts = {"cramlm": fpt_ours}
-            params = {"cramlm": n_ours}
+            contenders, fpts, params, precision = {}, {}, {}, {}
+            for p in args.precision:
+                name = "cramlm" if len(args.precision) == 1 else f"cramlm-{p}"
+                contenders[name], fpts[name], params[name] = ours(arch, args.vocab, micro, Path(tmp) / p, args.compile, p)
+                precision[name] = contenders[name].precision
+                chosen = precision[name].precision
+                if chosen not in peaks:
+                    dtype = PRECISION_DTYPES[chosen]
+                    peaks[chosen] = max(cpu_peak_flops(1024, 2.0, dtype), cpu_peak_flops(2048, 2.0, dtype))
+                    print(f"{chosen} GEMM peak (measured): {peaks[chosen] / 1e9:.1f} GFLOP/s", flush=True)
+            precision["hf"] = None
             if size != "gpt":
                 step_hf, fpt_hf, n_hf = hf_bert(arch, args.vocab, micro)
                 contenders["hf"], fpts["hf"], params["hf"] = step_hf, fpt_hf, n_hf
-            a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-            contenders["gemm"] = lambda: [torch.mm(a, b) for _ in range(16)]  # the peak, measured between steps
+            in_use = sorted({c.precision for c in precision.values() if c} | {"fp32"})
+            for p in in_use:  # the peak of each precision in use, measured between steps
+                a, b = torch.randn(1024, 1024, dtype=PRECISION_DTYPES[p]), torch.randn(1024, 1024, dtype=PRECISION_DTYPES[p])
+                contenders[f"gemm-{p}"] = lambda a=a, b=b: [torch.mm(a, b) for _ in range(16)]
             times = interleaved(contenders, args.warmup, args.steps)
-            peak_now = 16 * 2 * 1024**3 / statistics.median(times.pop("gemm"))
-            contenders.pop("gemm")
-            peak_used = max(peak, peak_now)  # the higher of the two: MFU is never flattered by a busy moment
+            # the higher of before-the-run and in-run: MFU is never flattered by a busy moment
+            peak_of = {p: max(peaks[p], 16 * 2 * 1024**3 / statistics.median(times.pop(f"gemm-{p}"))) for p in in_use}
+            for p in in_use:
+                contenders.pop(f"gemm-{p}")
         tokens = micro * SEQ
         for name in contenders:
             seconds = statistics.median(times[name])
             tps = tokens / seconds
-            rows.append({
+            chosen = precision[name].precision if precision[name] else "fp32"
+            peak_used = peak_of[chosen]
+            rows.append({"precision": chosen, "precision_reason": precision[name].reason if precision[name] else "plain loop, fp32",
                 "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "seq": SEQ,
                 "vocab": args.vocab, "step_seconds": round(seconds, 4), "tokens_per_second": round(tps, 1),
                 "flops_per_token": fpts[name], "gemm_peak_flops": peak_used,
-                "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_used, 4),
+                "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_used, 4), "mfu_vs_fp32_peak": round(tps * fpts[name] / peak_of["fp32"], 4),
                 "all_step_seconds": [round(t, 4) for t in times[name]], "compile": args.compile and name == "cramlm",
             })
         if "hf" in contenders:
-            ratio = rows[-2]["tokens_per_second"] / rows[-1]["tokens_per_second"]
-            rows[-2]["speedup_vs_hf"] = round(ratio, 3)
+            for row in rows[-len(contenders):-1]:
+                row["speedup_vs_hf"] = round(row["tokens_per_second"] / rows[-1]["tokens_per_second"], 3)
         print(json.dumps(rows[-len(contenders):]), flush=True)
     result = {"peak_gemm_flops": peak, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nfp32 GEMM peak {peak / 1e9:.1f} GFLOP/s before the run (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
-    print("| size | engine | params | microbatch | tokens/s | GFLOP/token | MFU (of GEMM peak) | vs HF |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| size | engine | precision | params | microbatch | tokens/s | GFLOP/token | MFU (of its precision's GEMM peak) | vs HF |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['size']} | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            print(f"| {r['size']} | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
             continue
-        print(f"| {r['size']} | {r['engine']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
+        print(f"| {r['size']} | {r['engine']} | {r['precision']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
               f"{r['flops_per_token'] / 1e9:.3f} | {100 * r['mfu_vs_gemm_peak']:.1f}% | {r.get('speedup_vs_hf', '')} |")
+    for r in rows:
+        if r.get("precision_reason", "").startswith("measured"):
+            print(f"{r['size']} {r['engine']}: precision auto -> {r['precision']}: {r['precision_reason']}")
     return rows
 
 
