@@ -14,6 +14,7 @@ from cramlm.train.hardware import (
     cgroup_cpu_limit,
     choose_precision,
     decide_precision,
+    free_cpus,
     resolve_precision,
     resolve_threads,
     usable_cpus,
@@ -102,11 +103,37 @@ def test_threads_from_affinity_and_quota(tmp_path):
     assert cgroup_cpu_limit(tmp_path / "none") is None
 
 
+STAT = """cpu  {busy} 0 0 {idle} 0 0 0 {steal} 0 0
+cpu0 0 0 0 0 0 0 0 0 0 0
+cpu1 0 0 0 0 0 0 0 0 0 0
+intr 1 2 3
+"""
+
+
+def test_free_cpus_from_proc_stat():
+    before = STAT.format(busy=1000, idle=1000, steal=0)
+    # 1 s on 2 CPUs = 200 ticks: others busy 180 ticks (1.8 CPUs) -> 0.2 free; our own 50 ticks are not others'
+    loaded = STAT.format(busy=1000 + 180 + 50, idle=1000 + 200 - 230, steal=0)
+    assert free_cpus(before, loaded, own_seconds=0.5) == pytest.approx(2 - 1.8, abs=1e-9)
+    idle = STAT.format(busy=1000 + 10, idle=1000 + 190, steal=0)
+    assert free_cpus(before, idle, own_seconds=0.0) == pytest.approx(1.9)  # others: 10 of 100 ticks per CPU
+    stolen = STAT.format(busy=1000, idle=1000 + 100, steal=100)  # the hypervisor ran another guest on one CPU
+    assert free_cpus(before, stolen, own_seconds=0.0) == pytest.approx(1.0)
+    # the thread count follows: a loaded 2-CPU machine gets 1 thread, an idle one 2
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=1, free=0.2) == 1
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=1, free=1.9) == 2
+    assert auto_threads(affinity=set(range(16)), quota=4.0, local_processes=1, free=40.0) == 4  # a busy host, our quota is free
+    assert auto_threads(affinity=set(range(8)), quota=None, local_processes=2, free=0.5) == 4  # torchrun ranks: not capped
+
+
 def test_threads_setting(monkeypatch):
     monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     monkeypatch.setattr(hardware, "cgroup_cpu_limit", lambda root="/sys/fs/cgroup": None)
+    monkeypatch.setattr(hardware, "measure_free_cpus", lambda seconds=0.25: 3.0)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert resolve_threads("auto") == 3
+    monkeypatch.setattr(hardware, "measure_free_cpus", lambda seconds=0.25: 1.2)  # others keep 1.8 CPUs busy
+    assert resolve_threads("auto") == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     assert resolve_threads("auto") == 1
     assert resolve_threads(2) == 2 and resolve_threads(None) is None
