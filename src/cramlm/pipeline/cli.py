@@ -1,4 +1,4 @@
-"""``cramlm run`` and ``cramlm sweep``: the whole pipeline, and grids of it."""
+"""``cramlm run``, ``cramlm sweep`` and ``cramlm plan``: the whole pipeline, grids of it, and the model a budget buys."""
 
 from __future__ import annotations
 
@@ -77,3 +77,30 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
     run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)
+
+
+@click.command("plan", context_settings=OVERRIDES)
+@click.option("--sizes", default=None, help="Comma-separated candidate shapes HIDDENxLAYERS (default: 64x2 ... 384x6).")
+@click.option("--law", default=None, help="Fitted L(N, D): a YAML like recipes/plan/scaling-cpu.yaml or a sweep.json.")
+@click.option("--throughput", default=None, help="Skip the measurement: SHAPE=TOKENS_PER_S,... (e.g. 128x4=4000,256x4=1500).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan_command(sizes: str | None, law: str | None, throughput: str | None, args: tuple[str, ...]) -> None:
+    """Pick the model shape, batch, lr and masking that a budget buys on this machine.
+
+    Measures tokens/s of a few training steps per candidate shape, predicts each one's held-out
+    loss from a scaling law fitted to this project's sweeps, prints the table it chose from, why,
+    and the `cramlm run` command. ARGS: an optional RECIPE (default: cpu-1h) then overrides.
+
+    Example: cramlm plan budget=1h | cramlm plan default budget=15m --sizes 64x2,128x4
+    """
+    from cramlm.pipeline.plan import plan
+
+    recipe, overrides = split_recipe(args, "cpu-1h")
+    resolve_recipe_or_exit(recipe, overrides)
+    table = None
+    if throughput:
+        try:
+            table = {k.strip(): float(v) for k, v in (item.split("=") for item in throughput.split(",") if item)}
+        except ValueError:
+            raise click.ClickException(f"--throughput '{throughput}': expected SHAPE=TOKENS_PER_S,...") from None
+    run_or_exit(plan, recipe, overrides, [s for s in sizes.split(",") if s] if sizes else None, law, table)

@@ -109,3 +109,12 @@ def fit_chinchilla(params: Sequence[float], tokens: Sequence[float], loss: Seque
 def chinchilla_law(fit: dict[str, float], params: float | np.ndarray, tokens: float | np.ndarray):
     N, D = np.asarray(params, float), np.asarray(tokens, float)
     return fit["E"] + fit["A"] * N ** (-fit["a"]) + fit["B"] * D ** (-fit["b"])
+
+
+EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.")
+
+
+def non_embedding_parameters(model) -> int:
+    """N of the Chinchilla law: parameters outside the token / position / type embeddings (a tied
+    decoder shares the token embedding and is not counted either)."""
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith(EMBEDDINGS))

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from cramlm.pipeline import scaling
 from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
 from cramlm.report.runs import is_number, load_run_data
@@ -129,8 +130,7 @@ def non_embedding_parameters(run_dir: Path) -> int:
     vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()
     with torch.device("meta"):
         model = build_model(cfg.arch, vocab)
-    embedding = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.")
-    return sum(p.numel() for n, p in model.named_parameters() if not n.startswith(embedding))
+    return scaling.non_embedding_parameters(model)
 
 
 def _plain(value: float, _pos=None) -> str:
