@@ -36,7 +36,8 @@ def run_inprocess(tmp: Path, name: str, *extra: str) -> dict:
 
 
 def env() -> dict:
-    e = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    # src first: the processes run this checkout's cramlm, not whichever one the environment installed
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         e.pop(key, None)
     return e
