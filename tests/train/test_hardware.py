@@ -154,3 +154,20 @@ def test_auto_precision_reaches_the_summary_and_the_peak(tmp_path, cache, monkey
     assert peaks == [torch.bfloat16] and "bf16 GEMM" in summary["peak_source"]
     on_disk = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert on_disk["precision"] == "bf16"
+
+
+def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
+    """The peak is timed in CPU time on one core, so other work on the machine cannot lower it
+    (and so hide its cost from MFU); the process's threads multiply it."""
+    from cramlm.train import monitor
+
+    before = torch.get_num_threads()
+    assert monitor.core_peak_flops(128, 0.01) > 0 and torch.get_num_threads() == before  # threads restored
+    monkeypatch.setattr(monitor, "core_peak_flops", lambda size=1024, seconds=0.5, dtype=None: 1e9 if dtype is None else 2e9)
+    try:
+        torch.set_num_threads(2)
+        assert monitor.cpu_peak_flops() == 2e9 and monitor.cpu_peak_flops(dtype=torch.bfloat16) == 4e9
+        peak, source = monitor.peak_flops(torch.device("cpu"), torch.bfloat16)
+        assert peak == 4e9 and source == "measured bf16 GEMM on one core (CPU time) x 2 threads"
+    finally:
+        torch.set_num_threads(before)

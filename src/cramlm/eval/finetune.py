@@ -114,7 +114,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
 
     model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout).to(device)
     optimizer = torch.optim.AdamW(param_groups(model, hp.weight_decay), lr=hp.lr, betas=hp.betas, eps=hp.eps)
-    amp = autocast_dtype(impl, device)
+    amp = autocast_dtype(impl, device, model.encoder)  # auto: the probe at the encoder's widths, as in pretraining
     lengths = np.asarray([len(x) for x in train_ids])
     steps_per_epoch = (len(train) + hp.batch_size - 1) // hp.batch_size
     total = steps_per_epoch * hp.epochs
