@@ -73,7 +73,7 @@ def test_precision_on_cuda_and_explicit_settings(monkeypatch, cache):
 def test_the_probe_really_times_both_precisions():
     fp32, bf16 = hardware.time_precisions(torch.device("cpu"), 32, 64, seconds=0.01)
     assert fp32 > 0 and bf16 > 0
-    assert hardware.probe_rows(768, 3072) % 128 == 0 and 256 <= hardware.probe_rows(32, 64) <= 8192
+    assert hardware.probe_rows(768, 3072) % 128 == 0 and 128 <= hardware.probe_rows(32, 64) <= 8192
 
 
 def test_threads_from_affinity_and_quota(tmp_path):

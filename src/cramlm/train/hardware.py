@@ -4,9 +4,10 @@ Precision. CPUs differ: on one with AVX512-BF16 (AMD EPYC Zen 4) bf16 matrix pro
 the fp32 rate, on another bf16 ran at a fifth of it. So ``auto`` measures instead of assuming: the
 forward and backward of an MLP with the model's widths (hidden -> intermediate -> hidden), fp32
 against bf16 autocast, interleaved and best-of, in well under a second; bf16 wins when it is at
-least ``BF16_MIN_SPEEDUP`` times faster. The answer is cached per machine in
-``$CRAMLM_CACHE_DIR/hardware.json`` (default ``~/.cache/cramlm``), keyed by CPU model, torch version,
-device, threads and the shapes. On a CUDA GPU with bf16 support the answer is bf16, unmeasured.
+least ``BF16_MIN_SPEEDUP`` times faster, timed on one core in CPU time (so other work on a shared
+machine does not decide). The answer is cached per machine in ``$CRAMLM_CACHE_DIR/hardware.json``
+(default ``~/.cache/cramlm``), keyed by CPU model, torch version, device and the shapes. On a CUDA
+GPU with bf16 support the answer is bf16, unmeasured.
 
 Threads. ``auto`` takes the CPUs this process may run on (its affinity mask) capped by the cgroup
 CPU quota (``cpu.max`` in cgroup v2, ``cpu.cfs_quota_us`` in v1; containers), divided among the
@@ -31,8 +32,8 @@ from pathlib import Path
 import torch
 
 BF16_MIN_SPEEDUP = 1.1  # bf16 rounds more than fp32: take it only when it clearly pays
-PROBE_SECONDS = 0.6  # the whole precision probe, both precisions together
-CACHE_VERSION = 1
+PROBE_SECONDS = 0.4  # the timed part of the precision probe, both precisions together
+CACHE_VERSION = 2
 
 
 # ---- threads ----------------------------------------------------------------------------------
@@ -151,15 +152,27 @@ def decide_precision(fp32_seconds: float, bf16_seconds: float, min_speedup: floa
     return ("bf16" if speedup >= min_speedup else "fp32"), speedup
 
 
-def probe_rows(hidden: int, intermediate: int, flops: float = 2e9) -> int:
-    """Rows (tokens) per probe step so that one fp32 step is a few tens of milliseconds."""
+def probe_rows(hidden: int, intermediate: int, flops: float = 1e9) -> int:
+    """Rows (tokens) per probe step so that one fp32 step on one core is about 10-30 ms."""
     per_row = 6 * 2 * hidden * intermediate  # forward + backward of two matmuls
-    return int(min(8192, max(256, flops / per_row)) // 128 * 128)
+    return int(min(8192, max(128, flops / per_row)) // 128 * 128)
 
 
 def time_precisions(device: torch.device, hidden: int, intermediate: int, seconds: float = PROBE_SECONDS) -> tuple[float, float]:
     """Best-of seconds of one forward + backward of an MLP hidden -> intermediate -> hidden, in fp32
-    and under bf16 autocast, interleaved so that a busy moment hits both alike."""
+    and under bf16 autocast, interleaved. On a CPU: one core, timed in the thread's CPU time, so that
+    other work on the machine does not decide (the ratio is a property of the core)."""
+    if device.type == "cpu":
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _time_precisions(device, hidden, intermediate, seconds, time.thread_time)
+        finally:
+            torch.set_num_threads(threads)
+    return _time_precisions(device, hidden, intermediate, seconds, time.perf_counter)
+
+
+def _time_precisions(device, hidden, intermediate, seconds, clock) -> tuple[float, float]:
     rows = probe_rows(hidden, intermediate)
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(rows, hidden, generator=gen).to(device)
@@ -180,9 +193,9 @@ def time_precisions(device: torch.device, hidden: int, intermediate: int, second
     deadline, rounds = time.perf_counter() + seconds, 0
     while rounds < 2 or (time.perf_counter() < deadline and rounds < 20):
         for dtype in best:
-            start = time.perf_counter()
+            start = clock()
             step(dtype)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
+            best[dtype] = min(best[dtype], clock() - start)
         rounds += 1
     return best[None], best[torch.bfloat16]
 
@@ -205,7 +218,7 @@ def cpu_model() -> str:
 
 
 def machine_key(device: torch.device, hidden: int, intermediate: int) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {cpu_model()} x{torch.get_num_threads()} threads"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {cpu_model()}"
     return f"v{CACHE_VERSION} | {name} | torch {torch.__version__} | mlp {hidden}x{intermediate}"
 
 
