@@ -5,11 +5,15 @@ one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain
 Steps of the two contenders and a GEMM probe are interleaved (A B G A B G ...) and medians taken, so
 the load of a shared machine hits all alike; the ratio is the figure to read. MFU = tokens/s x
 FLOPs/token (counted by torch's FlopCounterMode on a real step) / peak, the peak being the higher of
-the GEMM rate measured before the run and the median measured between its steps (fp32 on a CPU; on
-a GPU, in the run's precision: bf16 by default, both contenders under the same autocast).
+the GEMM rate measured before the run and the median measured between its steps, in the precision
+the row trained in (bf16 GEMMs run up to 2x fp32 where the CPU has AVX512-BF16; on a GPU bf16 by
+default). ``--precision`` takes one or more of auto (impl.precision=auto: the probe's choice, shown
+with its measured ratio), fp32, bf16, fp16; each is its own interleaved contender, and the HF loop
+runs under the first one's autocast.
 
     python benchmarks/train_step.py                      # tiny and base, JSON + table
     python benchmarks/train_step.py --sizes base --steps 5 --microbatch 16 --out results.json
+    python benchmarks/train_step.py --sizes base --precision fp32 auto   # auto's speed-up over fp32
     python benchmarks/train_step.py --device cuda --microbatch 128 128   # on a GPU (the default there)
 """
 
@@ -35,7 +39,7 @@ from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
-from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast
+from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast, resolve_precision
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -67,7 +71,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
     train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
-    costs = measure_costs(model, SEQ, sample, device)
+    costs = measure_costs(model, SEQ, sample, device, resolve_precision(impl, device, model).dtype)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir, val_batches=[sample])
     trainer.model.train()
@@ -78,6 +82,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
             group["lr"] = 1e-4
         trainer.train_step(1)
 
+    step.precision = trainer.precision  # what impl.precision resolved to, and why
     return step, costs.flops_per_token, params
 
 
@@ -123,8 +128,8 @@ def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision:
     return step, fpt, sum(p.numel() for p in model.parameters())
 
 
-def write(out: str, peak: float, rows: list[dict]) -> None:
-    result = {"peak_gemm_flops": peak, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
+def write(out: str, peaks: dict[str, float], rows: list[dict]) -> None:
+    result = {"peak_gemm_flops": peaks, "threads": torch.get_num_threads(), "torch": torch.__version__, "rows": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
@@ -154,21 +159,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--precision", choices=sorted(PRECISION_DTYPES), help="autocast for both (default: bf16 on a GPU, fp32 on a CPU)")
+    ap.add_argument("--precision", nargs="+", choices=["auto", *sorted(PRECISION_DTYPES)],
+                    help="cramlm's impl.precision; several: one interleaved contender each (default: bf16 on a GPU, auto on a CPU)")
     ap.add_argument("--peak-flops", type=float, help="peak FLOP/s for MFU (default: the GEMM rate measured here)")
     ap.add_argument("--out", default="benchmarks/results/train_step.json")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    dtype = PRECISION_DTYPES[precision]
-    if args.peak_flops:
-        peak = args.peak_flops
-    elif device.type == "cuda":
-        peak = gemm_peak_flops(device, dtype)
-    else:
-        peak = max(cpu_peak_flops(1024, 2.0), cpu_peak_flops(2048, 2.0))
-    what = f"{torch.cuda.get_device_name(device)} {precision}" if device.type == "cuda" else f"fp32, {torch.get_num_threads()} threads"
-    print(f"GEMM peak ({what}): {peak / 1e12:.3f} TFLOP/s", flush=True)
+    settings = args.precision or (["bf16"] if device.type == "cuda" else ["auto"])
+    n = 4096 if device.type == "cuda" else 1024  # GPU: large enough to fill the chip
+
+    def measure_peak(p: str) -> float:
+        if args.peak_flops:
+            return args.peak_flops
+        dtype = PRECISION_DTYPES[p]
+        if device.type == "cuda":
+            return gemm_peak_flops(device, dtype)
+        return max(cpu_peak_flops(1024, 2.0, dtype), cpu_peak_flops(2048, 2.0, dtype))
+
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    peaks: dict[str, float] = {}  # by precision, measured when a row first trains in it
     rows = []
     # base: cramming's crammed-bert (16 layers) against BERT-base (12); base12: the same depth
     presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small"}
@@ -179,47 +188,61 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         arch = load_preset("arch", presets[size]) if size != "gpt" else {"type": "gpt2"}
         with tempfile.TemporaryDirectory() as tmp:
-            step_ours, fpt_ours, n_ours = ours(arch, args.vocab, micro, Path(tmp), args.compile, device, precision)
-            contenders = {"cramlm": step_ours}
-            fpts = {"cramlm": fpt_ours}
-            params = {"cramlm": n_ours}
-            if size != "gpt":
-                step_hf, fpt_hf, n_hf = hf_bert(arch, args.vocab, micro, device, precision)
-                contenders["hf"], fpts["hf"], params["hf"] = step_hf, fpt_hf, n_hf
-            n = 4096 if device.type == "cuda" else 1024  # GPU: large enough to fill the chip
-            a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
-            contenders["gemm"] = lambda: [torch.mm(a, b) for _ in range(16)]  # the peak, measured between steps
+            contenders, fpts, params, chosen = {}, {}, {}, {}
+            for p in settings:
+                name = "cramlm" if len(settings) == 1 else f"cramlm-{p}"
+                contenders[name], fpts[name], params[name] = ours(arch, args.vocab, micro, Path(tmp) / p, args.compile, device, p)
+                chosen[name] = contenders[name].precision
+            first = next(iter(chosen.values())).precision
+            if size != "gpt":  # the plain HF loop under the same autocast as the first contender
+                contenders["hf"], fpts["hf"], params["hf"] = hf_bert(arch, args.vocab, micro, device, first)
+                chosen["hf"] = None
+            in_use = sorted({c.precision for c in chosen.values() if c} | {first})
+            for p in in_use:  # the peak of each precision in use: before the run, and between steps
+                if p not in peaks:
+                    peaks[p] = measure_peak(p)
+                    print(f"{p} GEMM peak ({what}): {peaks[p] / 1e12:.3f} TFLOP/s", flush=True)
+                a, b = (torch.randn(n, n, device=device, dtype=PRECISION_DTYPES[p] or torch.float32) for _ in range(2))
+                contenders[f"gemm-{p}"] = lambda a=a, b=b: [torch.mm(a, b) for _ in range(16)]
             times = interleaved(contenders, args.warmup, args.steps, device)
-            peak_now = 16 * 2 * n**3 / statistics.median(times.pop("gemm"))
-            contenders.pop("gemm")
-            peak_used = max(peak, peak_now)  # the higher of the two: MFU is never flattered by a busy moment
+            # the higher of before-the-run and in-run: MFU is never flattered by a busy moment
+            peak_of = {p: args.peak_flops or max(peaks[p], 16 * 2 * n**3 / statistics.median(times.pop(f"gemm-{p}"))) for p in in_use}
+            for p in in_use:
+                contenders.pop(f"gemm-{p}")
+                times.pop(f"gemm-{p}", None)
         tokens = micro * SEQ
         for name in contenders:
             seconds = statistics.median(times[name])
             tps = tokens / seconds
+            p = chosen[name].precision if chosen[name] else first
             rows.append({
                 "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "seq": SEQ,
-                "device": what.rsplit(" ", 1)[0] if device.type == "cuda" else "cpu", "precision": precision,
+                "device": what, "precision": p,
+                "precision_reason": chosen[name].reason if chosen[name] else f"plain loop, same autocast as {next(iter(chosen))}",
                 "vocab": args.vocab, "step_seconds": round(seconds, 4), "tokens_per_second": round(tps, 1),
-                "flops_per_token": fpts[name], "gemm_peak_flops": peak_used,
-                "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_used, 4),
-                "all_step_seconds": [round(t, 4) for t in times[name]], "compile": args.compile and name == "cramlm",
+                "flops_per_token": fpts[name], "gemm_peak_flops": peak_of[p],
+                "mfu_vs_gemm_peak": round(tps * fpts[name] / peak_of[p], 4),
+                "all_step_seconds": [round(t, 4) for t in times[name]], "compile": args.compile and name != "hf",
             })
         if "hf" in contenders:
-            ratio = rows[-2]["tokens_per_second"] / rows[-1]["tokens_per_second"]
-            rows[-2]["speedup_vs_hf"] = round(ratio, 3)
+            for row in rows[-len(contenders):-1]:
+                row["speedup_vs_hf"] = round(row["tokens_per_second"] / rows[-1]["tokens_per_second"], 3)
         print(json.dumps(rows[-len(contenders):]), flush=True)
-        write(args.out, peak, rows)  # after each size: a run cut short keeps what it measured
-    write(args.out, peak, rows)
-    print(f"\nGEMM peak ({what}) {peak / 1e9:.1f} GFLOP/s before the run (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
-    print("| size | engine | params | microbatch | tokens/s | GFLOP/token | MFU (of GEMM peak) | vs HF |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+        write(args.out, peaks, rows)  # after each size: a run cut short keeps what it measured
+    write(args.out, peaks, rows)
+    print(f"\nGEMM peaks ({what}) before the run: " + ", ".join(f"{p} {v / 1e9:.1f} GFLOP/s" for p, v in peaks.items())
+          + f" (per row: the higher of it and the in-run median); seq {SEQ}, vocab {args.vocab}; medians of {args.steps} interleaved steps")
+    print("| size | engine | precision | params | microbatch | tokens/s | GFLOP/token | MFU (of its precision's GEMM peak) | vs HF |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['size']} | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            print(f"| {r['size']} | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
             continue
-        print(f"| {r['size']} | {r['engine']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
+        print(f"| {r['size']} | {r['engine']} | {r['precision']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
               f"{r['flops_per_token'] / 1e9:.3f} | {100 * r['mfu_vs_gemm_peak']:.1f}% | {r.get('speedup_vs_hf', '')} |")
+    for r in rows:
+        if r.get("precision_reason", "").startswith("measured"):
+            print(f"{r['size']} {r['engine']}: precision auto -> {r['precision']}: {r['precision_reason']}")
     return rows
 
 

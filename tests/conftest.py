@@ -42,6 +42,7 @@ TINY_PRETRAIN = [
     "train.batch_size=8",
     "impl.microbatch_size=8",
     "impl.progress=false",
+    "impl.precision=fp32",  # not the machine-dependent auto probe: same numbers everywhere
 ]
 
 

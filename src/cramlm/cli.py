@@ -12,7 +12,7 @@ from cramlm.cli_common import OVERRIDES, resolve_or_exit, run_or_exit
 from cramlm.data.cli import data
 from cramlm.eval.cli import eval_command
 from cramlm.models.cli import export
-from cramlm.pipeline.cli import run_command, sweep_command
+from cramlm.pipeline.cli import plan_command, run_command, sweep_command
 from cramlm.report.cli import report_command
 
 
@@ -86,6 +86,7 @@ main.add_command(export)
 main.add_command(run_command)
 main.add_command(report_command)
 main.add_command(sweep_command)
+main.add_command(plan_command)
 
 if __name__ == "__main__":
     main()

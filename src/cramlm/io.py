@@ -84,3 +84,11 @@ def did_you_mean(word: Any, known: Iterable[str], prefix: str = "") -> str:
     """`` Did you mean '<prefix><closest>'?`` for an error message, or "" when nothing is close."""
     close = difflib.get_close_matches(str(word), list(known), n=1)
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""
+
+
+def user_cache() -> Path:
+    """cramlm's per-user cache folder: ``$CRAMLM_CACHE``, else ``$XDG_CACHE_HOME/cramlm``, else
+    ``~/.cache/cramlm`` (prepared data in ``data/``, the hardware probe in ``hardware.json``)."""
+    if os.environ.get("CRAMLM_CACHE"):
+        return Path(os.environ["CRAMLM_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cramlm"

@@ -31,7 +31,7 @@ from cramlm.runs import (  # noqa: F401 (PretrainConfig, load_run ...: also impo
     safetensors_shapes,
 )
 from cramlm.train.config import TrainConfig
-from cramlm.train.impl import setup_device
+from cramlm.train.impl import resolve_precision, setup_device
 
 if TYPE_CHECKING:
     import torch
@@ -266,7 +266,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     barrier(dist)
     train_cfg, budget_hours = dryrun_plan(cfg, dist.world) if cfg.dryrun else (cfg.train, cfg.budget)
     val_batches = validation_batches(cfg, data, vocab_size)
-    costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device)
+    precision = resolve_precision(cfg.impl, device, model)  # MFU against the peak of the precision in use
+    costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device, precision.dtype)
     meter = Meter(Budget(train_cfg.budget, budget_hours, costs.flops_per_token), costs, dist.world,
                   max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None)
     trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, train_cfg, cfg.impl, meter, run_dir,

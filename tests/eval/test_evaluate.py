@@ -38,7 +38,7 @@ def _task(folder: Path) -> Path:
     return folder
 
 
-QUICK = ["eval.epochs=1", "eval.batch_size=8", "eval.max_seq_length=32", "impl.progress=false"]
+QUICK = ["eval.epochs=1", "eval.batch_size=8", "eval.max_seq_length=32", "impl.progress=false", "impl.precision=fp32"]
 
 
 def test_eval_our_run_seeds_overrides_untrained(in_tmp):

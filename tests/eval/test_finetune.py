@@ -32,7 +32,7 @@ def _sentences(rng, n):
 
 
 HP = Hparams(lr=1e-2, batch_size=16, epochs=4, warmup=0.1, dropout=0.0)
-IMPL = ImplConfig(progress=False)
+IMPL = ImplConfig(progress=False, precision="fp32")  # not the machine-dependent auto probe
 
 
 def test_three_class_task_trains_and_scores():

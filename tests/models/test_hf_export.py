@@ -94,9 +94,13 @@ def test_import_real_minilm_checkpoint():
         torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name,auto", [("crammed-bert-tiny", "AutoModelForMaskedLM"), ("gpt2-tiny", "AutoModelForCausalLM")])
-def test_remote_code_export_gives_the_same_logits(name, auto, tokenizer, tmp_path):
-    overrides = {"norm": "rmsnorm"} if name == "gpt2-tiny" else {}  # a GPT-2 no stock class matches
+@pytest.mark.parametrize("name,auto,overrides", [
+    ("crammed-bert-tiny", "AutoModelForMaskedLM", {}),  # no MLM head transform (cramming's)
+    ("crammed-bert-tiny", "AutoModelForMaskedLM", {"head_transform": True}),
+    ("bert-original-tiny", "AutoModelForMaskedLM", {"head_transform": False}),  # BertForMaskedLM cannot express it
+    ("gpt2-tiny", "AutoModelForCausalLM", {"norm": "rmsnorm"}),  # a GPT-2 no stock class matches
+])
+def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokenizer, tmp_path):
     model = tiny_model(name, **overrides)
     assert stock_architecture(model.cfg) is None
     cls = export_hf(model, tokenizer, tmp_path)

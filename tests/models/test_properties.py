@@ -100,6 +100,42 @@ def test_sparse_prediction_loss_equals_dense(name):
         torch.testing.assert_close(sparse(ids, labels=labels)["loss"], dense(ids, labels=labels)["loss"])
 
 
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_linear_cross_entropy_equals_the_plain_one(dtype, bias):
+    """Loss and gradients of the fused, chunked decoder + loss equal F.linear + F.cross_entropy,
+    with the decoder tied to an embedding (its gradient adds to the embedding's) and under autocast."""
+    from cramlm.models.layers import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    M, H, V = 37, 16, 50
+    hidden = torch.randn(M, H, generator=g, requires_grad=True)
+    emb = torch.nn.Embedding(V, H)
+    b = torch.nn.Parameter(torch.randn(V, generator=g)) if bias else None
+    targets = torch.randint(0, V, (M,), generator=g)
+    ids = torch.randint(0, V, (5,), generator=g)
+
+    def run(fused: bool):
+        for t in (hidden, emb.weight, b):
+            if t is not None:
+                t.grad = None
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            if fused:
+                loss = linear_cross_entropy(hidden, emb.weight, b, targets, rows=8)  # 5 chunks, the last one short
+            else:
+                loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(hidden, emb.weight, b).float(), targets)
+            (3.0 * loss + emb(ids).sum()).backward()  # a scaled loss; the tied weight also gets the embedding's gradient
+        return loss.detach(), hidden.grad.clone(), emb.weight.grad.clone(), None if b is None else b.grad.clone()
+
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype is None else dict(rtol=2e-2, atol=2e-3)
+    reference = run(False)
+    for mine, ref in zip(run(True), reference):
+        if ref is not None:
+            torch.testing.assert_close(mine, ref, **tol)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        torch.testing.assert_close(linear_cross_entropy(hidden, emb.weight, b, targets), reference[0], **tol)  # loss alone
+
+
 def test_clm_loss_shifts_labels():
     model, ids = tiny_model("gpt2-tiny"), random_ids()
     with torch.no_grad():
@@ -127,7 +163,8 @@ def test_flops_per_token_match_the_counter(name):
         labels[:, ::4] = ids[:, ::4]  # 8 of 32 positions scored
         predicted_fraction = 0.25 if model.cfg.sparse_prediction else 1.0
 
-    forward = counted_flops(lambda: model(ids, labels=labels))
+    with torch.no_grad():  # the forward alone (with gradients on, the fused MLM loss also forms them)
+        forward = counted_flops(lambda: model(ids, labels=labels))
     kw = {"predicted_fraction": predicted_fraction} if model.cfg.objective == "mlm" else {}
     assert forward == pytest.approx(model.forward_flops_per_token(T, **kw) * B * T, rel=1e-9)
     train = counted_flops(lambda: model(ids, labels=labels)["loss"].backward())
@@ -198,3 +235,55 @@ def test_left_padding_in_decoders_stays_finite(name):
     assert torch.isfinite(logits).all()
     if name == "llama-tiny":  # RoPE is relative: the padded row equals the same tokens unpadded
         torch.testing.assert_close(logits[0, 4:], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def full_size(name: str, vocab: int, **overrides) -> torch.nn.Module:
+    """A preset at its real size on the meta device (shapes only: no memory, no init time)."""
+    from cramlm.config.loader import load_preset
+    from cramlm.config.registry import config_class
+    from cramlm.models import build_model
+
+    data = {**load_preset("arch", name), **overrides}
+    with torch.device("meta"):
+        return build_model(config_class("model", data["type"]).model_validate(data), vocab)
+
+
+def test_parameter_counts_equal_the_reference_models():
+    # cramming's own crammed-bert (skip_head_transform: the MLM head is the tied decoder alone)
+    crammed = full_size("crammed-bert", 32768)
+    assert sum(p.numel() for p in crammed.parameters()) == 119_589_889
+    assert not hasattr(crammed.head, "dense")
+    # with BERT's dense + GELU + LayerNorm transform: 768 * 768 + 2 * 768 more
+    with_transform = full_size("crammed-bert", 32768, head_transform=True)
+    assert sum(p.numel() for p in with_transform.parameters()) == 119_589_889 + 591_360
+    # bert-original keeps the transform: transformers' BertForMaskedLM (bert-base-uncased) has 109,514,298
+    assert sum(p.numel() for p in full_size("bert-original", 30522).parameters()) == 109_514_298
+
+
+def test_mlm_head_without_transform_is_the_tied_decoder_alone():
+    model = tiny_model("crammed-bert-tiny")
+    assert not model.cfg.head_transform and model.head.decoder.weight is model.trunk.tokens.weight
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)["logits"], model.encode(ids) @ model.trunk.tokens.weight.T)
+
+
+def test_crammed_bert_classifier_is_crammings_glue_sane_head():
+    """first token -> dense 768 -> 1024 (with bias) -> tanh -> dropout -> linear 1024 -> labels."""
+    with torch.device("meta"):
+        clf = SequenceClassifier(full_size("crammed-bert", 32768), num_labels=3)
+    assert (clf.pooler.in_features, clf.pooler.out_features, clf.pooler.bias is not None) == (768, 1024, True)
+    assert (clf.classifier.in_features, clf.classifier.out_features) == (1024, 3) and clf.pooling == "first"
+    with torch.device("meta"):  # BERT's pooler keeps the hidden width
+        assert SequenceClassifier(full_size("bert-original", 30522), num_labels=2).pooler.out_features == 768
+    # the computation, on a small model with a wider pooler
+    encoder = tiny_model("crammed-bert-tiny", pooler_size=48)
+    clf = SequenceClassifier(encoder, num_labels=2, dropout=0.5).eval()
+    ids = random_ids()
+    with torch.no_grad():
+        expected = clf.classifier(torch.tanh(clf.pooler(encoder.encode(ids)[:, 0])))
+        torch.testing.assert_close(clf(ids)["logits"], expected)
+    clf.train()  # dropout sits between the tanh and the labels
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.allclose(clf(ids)["logits"], expected)

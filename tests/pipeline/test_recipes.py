@@ -26,7 +26,7 @@ TINY_DATA = [
     "data.seq_length=32", "data.tokenizer.vocab_size=512", "data.max_entries_in_raw_dataset=20",
 ]
 TINY_RUN = [
-    "train.batch_size=8", "impl.microbatch_size=8", "impl.progress=false", "impl.threads=1",
+    "train.batch_size=8", "impl.microbatch_size=8", "impl.progress=false", "impl.threads=1", "impl.precision=fp32",
     "dryrun=true", "impl.dryrun_steps=2", "eval.tasks=[pkg://tasks/rotten_tomatoes_small]", "eval.max_seq_length=32",
 ]
 

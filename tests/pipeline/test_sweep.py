@@ -6,17 +6,70 @@ import json
 
 import pytest
 
-from cramlm.pipeline.sweep import fit_power_law, size_overrides
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.pipeline.scaling import FitError, chinchilla_law, fit_chinchilla, fit_compute_law
+from cramlm.pipeline.sweep import _plain, budget_overrides, check_grid, fit_power_law, size_overrides
 
 from .conftest import TINY_RUN, cramlm
 
 
-def test_power_law_fit_recovers_the_law():
-    compute = [1e12, 3e12, 1e13, 3e13, 1e14]
-    fit = fit_power_law(compute, [40.0 * c**-0.05 for c in compute])
-    assert fit["a"] == pytest.approx(40.0, rel=1e-6) and fit["alpha"] == pytest.approx(0.05, rel=1e-6)
-    assert fit["r2"] == pytest.approx(1.0)
-    assert fit_power_law([1e12, 1e12], [3.0, 2.9]) is None  # one compute value: nothing to fit
+def test_compute_law_fit_recovers_the_irreducible_loss():
+    compute = [1e12, 3e12, 1e13, 3e13, 1e14, 3e14]
+    loss = [1.7 + 3e4 * c**-0.35 for c in compute]
+    fit = fit_power_law(compute, loss)
+    assert fit["E"] == pytest.approx(1.7, rel=1e-3) and fit["alpha"] == pytest.approx(0.35, rel=1e-3)
+    assert fit["A"] == pytest.approx(3e4, rel=1e-2) and fit["r2"] == pytest.approx(1.0)
+    # a pure power law is the E = 0 case, inside the bounds
+    pure = fit_compute_law(compute, [40.0 * c**-0.05 for c in compute])
+    assert pure["E"] == pytest.approx(0.0, abs=1e-3) and pure["alpha"] == pytest.approx(0.05, rel=1e-2)
+
+
+def test_compute_law_refuses_what_it_cannot_fit():
+    with pytest.raises(FitError, match="needs at least 4"):
+        fit_compute_law([1e12, 1e13, 1e14], [3.0, 2.9, 2.8])
+    with pytest.raises(FitError, match="2 distinct compute"):
+        fit_compute_law([1e12, 1e12, 1e13, 1e13], [3.0, 2.9, 2.8, 2.7])
+
+
+def test_chinchilla_fit_recovers_the_law():
+    truth = {"E": 1.5, "A": 40.0, "a": 0.3, "B": 300.0, "b": 0.35}
+    N = [n for n in (1e5, 4e5, 1.6e6) for _ in range(3)]
+    D = [d for _ in range(3) for d in (1e6, 4e6, 1.6e7)]
+    fit = fit_chinchilla(N, D, [float(chinchilla_law(truth, n, d)) for n, d in zip(N, D)])
+    assert fit["r2"] == pytest.approx(1.0, abs=1e-6)
+    for n, d in [(2e5, 3e6), (1e6, 1e7)]:  # it predicts between the grid points
+        assert float(chinchilla_law(fit, n, d)) == pytest.approx(float(chinchilla_law(truth, n, d)), rel=1e-3)
+    with pytest.raises(FitError, match="2 of each"):
+        fit_chinchilla([1e5] * 6, [1e6, 2e6, 4e6, 8e6, 1.6e7, 3.2e7], [3, 2.9, 2.8, 2.7, 2.6, 2.5])
+
+
+def test_grid_check_before_running():
+    with pytest.raises(ValueError, match="needs at least 4"):
+        check_grid(["64x2"], ["1m"])  # one point: cramlm sweep used to print "fit: null"
+    with pytest.raises(ValueError, match="2 distinct compute.*add budgets"):
+        check_grid(["64x2", "128x2"], ["1m", "2m"])  # a clock budget gives every size the same compute
+    with pytest.raises(ValueError, match="mixes"):
+        check_grid(["64x2", "128x2"], ["1m", "1Mtok"])
+    with pytest.raises(ValueError, match="duration .* or a token count"):
+        check_grid(["64x2", "128x2"], ["soon", "1Mtok"])
+    check_grid(["64x2", "128x2"], ["250ktok", "1Mtok"])  # token budgets: four distinct compute values
+    check_grid(["64x2"], ["1m", "2m", "4m", "8m"])
+    assert budget_overrides("250ktok") == (["budget=null", "train.budget.tokens=250000"], "tokens", 250000.0)
+    assert budget_overrides("1.5Mtokens")[0][1] == "train.budget.tokens=1500000"
+
+
+def test_sweep_refuses_a_one_point_grid_before_running(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["sweep", "--sizes", "16x1", "--budgets", "1s", "default", *TINY_RUN])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error:") and "needs at least 4" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "outputs").exists()  # nothing ran
+
+
+def test_axis_labels_are_plain_numbers():
+    assert _plain(8.85) == "8.85" and _plain(1e12) == "1e+12" and _plain(3.0) == "3"
 
 
 def test_size_spec():
@@ -30,21 +83,24 @@ def test_size_spec():
 def test_sweep_grid(tmp_path):
     args = [a for a in TINY_RUN if not a.startswith(("arch.hidden_size", "arch.num_layers", "arch.num_heads",
                                                        "arch.intermediate_size", "budget"))]
-    out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "1s,2s", "--name", "grid", "default", *args, cwd=tmp_path)
+    out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "grid", "default", *args, cwd=tmp_path)
     folder = tmp_path / "outputs" / "grid"
     result = json.loads((folder / "sweep.json").read_text())
     points = result["points"]
-    assert [(p["size"], p["budget"]) for p in points] == [("16x1", "1s"), ("16x1", "2s"), ("32x2", "1s"), ("32x2", "2s")]
+    assert [(p["size"], p["budget"]) for p in points] == [("16x1", "2ktok"), ("16x1", "4ktok"), ("32x2", "2ktok"), ("32x2", "4ktok")]
     for p in points:
-        assert p["flops"] > 0 and p["tokens"] > 0 and p["loss"] > 0
+        assert p["flops"] > 0 and p["loss"] > 0 and 2000 <= p["tokens"] <= 4000 + 256  # the token budget, not the clock
+        assert 0 < p["non_embedding_parameters"] < p["parameters"]
         if p["flops_from"] == "6*params*tokens":
             assert p["flops"] == 6 * p["parameters"] * p["tokens"]
     assert min(p["parameters"] for p in points if p["size"] == "32x2") > max(p["parameters"] for p in points if p["size"] == "16x1")
     fit = result["fit"]
-    assert fit["a"] > 0 and -1 < fit["alpha"] < 1 and fit["r2"] <= 1.0
+    assert fit["E"] >= 0 and fit["A"] >= 0 and 0 <= fit["alpha"] <= 3 and fit["r2"] <= 1.0
+    summary = out[out.index("size  budget"):]  # the sweep's own output: a table and the law, not raw JSON
+    assert "fit: L = " in summary and "16x1  2ktok" in summary and "{" not in summary
     assert (folder / "sweep.png").read_bytes()[:4] == b"\x89PNG" and (folder / "report.html").is_file()
     # only the grid's stages ran (no evaluation), and a second sweep reuses every finished point
     assert not (folder / "16x1-1s" / "eval.json").exists()
-    again = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "1s,2s", "--name", "grid", "--no-report", "default",
+    again = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "grid", "--no-report", "default",
                    *args, cwd=tmp_path)
     assert again.count("pretrain: done already") == 4 and "pretrain ..." in out

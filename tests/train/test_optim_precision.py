@@ -76,8 +76,8 @@ def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
 
 def test_precision_and_compile_options():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert autocast_dtype(ImplConfig(), cpu) is None  # fp32 on CPU
-    assert autocast_dtype(ImplConfig(), cuda) is torch.bfloat16
+    assert autocast_dtype(ImplConfig(precision="fp32"), cpu) is None  # auto: tests/train/test_hardware.py
+    assert autocast_dtype(ImplConfig(precision="bf16"), cuda) is torch.bfloat16
     assert autocast_dtype(ImplConfig(precision="fp16"), cuda) is torch.float16
     import torch._inductor.config as inductor
 

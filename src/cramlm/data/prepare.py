@@ -102,11 +102,9 @@ def cache_dir(cache_root: str | Path | None = None) -> Path:
     """``cache_root``, or the per-user cache of prepared data when it is None."""
     if cache_root:
         return Path(cache_root)
-    if os.environ.get("CRAMLM_CACHE"):
-        base = Path(os.environ["CRAMLM_CACHE"])
-    else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cramlm"
-    return base.expanduser() / "data"
+    from cramlm.io import user_cache
+
+    return user_cache() / "data"
 
 
 def output_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:

@@ -96,7 +96,7 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
 
     model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout, pooling=hp.pooling).to(device)
     optimizer = build_optimizer(AdamWConfig(lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay), model)
-    amp = autocast_dtype(impl, device)
+    amp = autocast_dtype(impl, device, model.encoder)  # auto: the probe at the encoder's widths, as in pretraining
     update = OptimizerStep(optimizer, model, device, amp, hp.grad_clip)
     lengths = np.asarray([len(x) for x in train_ids])
     steps_per_epoch = (len(train) + hp.batch_size - 1) // hp.batch_size

@@ -60,8 +60,8 @@ class CrammedBert(nn.Module):
             # only the masked positions (about 25%) go through the head and the V-wide decoder
             targets = labels.reshape(-1)
             picked = targets != IGNORE_INDEX
-            logits = self.head(hidden.reshape(-1, self.hidden_size)[picked])  # (M, V)
-            return {"loss": F.cross_entropy(logits.float(), targets[picked])}
+            # decoder and loss fused: the (M, V) logits are never materialised (layers.linear_cross_entropy)
+            return {"loss": self.head.loss(hidden.reshape(-1, self.hidden_size)[picked], targets[picked])}
         logits = self.head(hidden)  # (B, T, V)
         loss = F.cross_entropy(logits.float().view(-1, self.vocab_size), labels.view(-1), ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}
@@ -70,7 +70,7 @@ class CrammedBert(nn.Module):
         """Forward FLOPs per token. ``predicted_fraction``: share of positions that go through the
         MLM head (the masking rate under sparse prediction; 1.0 for dense prediction)."""
         H = self.hidden_size
-        head = 2 * H * H + 2 * H * self.vocab_size
+        head = (2 * H * H if self.cfg.head_transform else 0) + 2 * H * self.vocab_size
         return trunk_flops_per_token(self.cfg, seq_len) + predicted_fraction * head
 
     def flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:

@@ -27,7 +27,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: str) ->
 
 class SequenceClassifier(nn.Module):
     """Pooler (first token or mean, then dense + tanh; as BERT and cramming) -> dropout -> linear.
-    ``num_labels == 1`` makes it a regressor trained with MSE."""
+    ``num_labels == 1`` makes it a regressor trained with MSE. The pooler's width is
+    ``pooler_size``, else the encoder config's ``pooler_size`` (crammed-bert: 1024, cramming's
+    GLUE-sane head), else the hidden size (BERT's pooler)."""
 
     def __init__(
         self,
@@ -36,15 +38,17 @@ class SequenceClassifier(nn.Module):
         dropout: float = 0.1,
         init_std: float = 0.02,
         pooling: Literal["first", "mean"] = "first",
+        pooler_size: int | None = None,
     ):
         super().__init__()
         self.encoder = encoder
         self.num_labels = num_labels
         self.pooling = pooling
         H = encoder.hidden_size
-        self.pooler = nn.Linear(H, H)
+        width = pooler_size or getattr(getattr(encoder, "cfg", None), "pooler_size", None) or H
+        self.pooler = nn.Linear(H, width)
         self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(H, num_labels)
+        self.classifier = nn.Linear(width, num_labels)
         for layer in (self.pooler, self.classifier):
             nn.init.normal_(layer.weight, std=init_std)
             nn.init.zeros_(layer.bias)

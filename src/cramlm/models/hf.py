@@ -36,10 +36,11 @@ STOCK_CLASSES = {
 
 # the choices each stock class hard-codes; anything else needs the remote-code package
 _COMMON = {"num_kv_heads_equal": True, "type_vocab_size": 0, "first_attn_norm": True}
+_MLM_HEAD = {"head_transform": True}  # BERT's and ModernBERT's heads always have the dense + act + norm transform
 REQUIREMENTS: dict[str, dict] = {
-    "bert": dict(_COMMON, objective="mlm", norm="layernorm", norm_scheme="post", norm_bias=True, bias=True,
+    "bert": dict(_COMMON, **_MLM_HEAD, objective="mlm", norm="layernorm", norm_scheme="post", norm_bias=True, bias=True,
                  embedding_norm=True, final_norm=False, ffn="plain", positions="learned", type_vocab_size=None),
-    "modernbert": dict(_COMMON, objective="mlm", norm="layernorm", norm_scheme="pre", norm_bias=False, bias=False,
+    "modernbert": dict(_COMMON, **_MLM_HEAD, objective="mlm", norm="layernorm", norm_scheme="pre", norm_bias=False, bias=False,
                        embedding_norm=True, first_attn_norm=False, final_norm=True, ffn="glu", positions="rope"),
     "gpt2": dict(_COMMON, objective="clm", norm="layernorm", norm_scheme="pre", norm_bias=True, bias=True,
                  embedding_norm=False, final_norm=True, ffn="plain", positions="learned"),
@@ -54,7 +55,7 @@ def mismatches(cfg: TransformerConfig, arch: str) -> list[str]:
     for key, want in REQUIREMENTS[arch].items():
         if want is None:
             continue
-        have = (cfg.num_kv_heads or cfg.num_heads) == cfg.num_heads if key == "num_kv_heads_equal" else getattr(cfg, key)
+        have = (cfg.num_kv_heads or cfg.num_heads) == cfg.num_heads if key == "num_kv_heads_equal" else getattr(cfg, key, None)
         if have != want:
             out.append(f"{key}={have} (needs {want})")
     if arch == "bert" and not cfg.type_vocab_size:

@@ -324,17 +324,101 @@ class Trunk(nn.Module):
 
 
 class MLMHead(nn.Module):
-    """dense -> activation -> norm -> decoder to the vocabulary (BERT's and cramming's head)."""
+    """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
+    brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
+    alone), which ``cfg.head_transform = False`` selects. Configs without the field (exports written
+    before it existed) had the transform."""
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.act = ACTIVATIONS[cfg.activation]
-        self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.transform = getattr(cfg, "head_transform", True)
+        if self.transform:
+            self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
+            self.act = ACTIVATIONS[cfg.activation]
+            self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
-        return self.decoder(self.norm(self.act(self.dense(hidden))))
+        if self.transform:
+            hidden = self.norm(self.act(self.dense(hidden)))
+        return self.decoder(hidden)
+
+    def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of (M, H) hidden states against (M,) targets (no ignored ones), the
+        decoder and the loss fused: the (M, V) logits never exist at once (linear_cross_entropy)."""
+        if self.transform:
+            hidden = self.norm(self.act(self.dense(hidden)))
+        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets)
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, rows: int | None = None
+) -> torch.Tensor:
+    """``F.cross_entropy(hidden @ weight.T + bias, targets)`` (mean; every target scored), computed
+    ``rows`` rows at a time. When gradients are wanted they are computed in the same pass, while a
+    chunk's logits are still in cache: softmax - one-hot is formed in place of the logits and
+    multiplied out at once. Against logits -> log_softmax -> nll_loss this leaves out writing and
+    re-reading the (M, V) logits, their gradient and its zero fill, which on a CPU costs a small
+    model (hidden 128, vocab 32768) about a third of its head time; the matmuls are the same three
+    (FLOPs unchanged). Under autocast the matmuls run in the autocast dtype and the softmax in fp32,
+    as F.linear + logits.float() would."""
+    M, V = hidden.shape[0], weight.shape[0]
+    rows = rows or max(16, min(1024, (1 << 22) // V))  # a chunk of logits is about 16 MB in fp32
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows, wants_grad)
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, rows: int, wants_grad: bool):
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        M = hidden.shape[0]
+        need_h, need_w, need_b = (wants_grad and n for n in ctx.needs_input_grad[:3])
+        with torch.autocast(device, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            grad_h = torch.empty_like(hidden) if need_h else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+            grad_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            for start in range(0, M, rows):
+                hc, tc = h[start : start + rows], targets[start : start + rows]
+                logits = (hc @ w.T).float()  # (m, V)
+                if bias is not None:
+                    logits += bias.float()
+                picked = logits.gather(1, tc[:, None])  # (m, 1)
+                top = logits.amax(dim=-1, keepdim=True)
+                g = logits.sub_(top).exp_()  # exp(logits - max), in place of the logits
+                norm = g.sum(dim=-1, keepdim=True)
+                total += (top + norm.log() - picked).sum()  # log-sum-exp - the target's logit
+                if not (need_h or need_w or need_b):
+                    continue
+                g.mul_(1.0 / (norm * M))  # softmax / M ...
+                g[torch.arange(len(tc), device=g.device), tc] -= 1.0 / M  # ... - one-hot / M = d(mean loss) / d(logits)
+                if need_b:
+                    grad_b += g.sum(0)
+                gd = g.to(dtype)
+                if need_h:
+                    grad_h[start : start + rows] = gd @ w
+                if need_w:
+                    if dtype == torch.float32:  # accumulate in place (out=, not addmm_: FLOP counters see it)
+                        torch.addmm(grad_w, gd.T, hc, out=grad_w)
+                    else:
+                        grad_w += (gd.T @ hc).float()
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+        return total / M
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        return (
+            grad_h * grad_out if grad_h is not None else None,
+            (grad_w * grad_out).to(w_dtype) if grad_w is not None else None,
+            (grad_b * grad_out).to(b_dtype) if grad_b is not None else None,
+            None, None, None,
+        )
 
 
 def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:

@@ -1,4 +1,4 @@
-"""``cramlm run`` and ``cramlm sweep``: the whole pipeline, and grids of it."""
+"""``cramlm run``, ``cramlm sweep`` and ``cramlm plan``: the whole pipeline, grids of it, and the model a budget buys."""
 
 from __future__ import annotations
 
@@ -58,15 +58,18 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
 @click.command("sweep", context_settings=OVERRIDES)
 @click.option("--sizes", default="64x2,128x2,128x4", show_default=True,
               help="Comma-separated model sizes HIDDENxLAYERS (crammed-bert widths/depths).")
-@click.option("--budgets", default="30s,1m,2m", show_default=True, help="Comma-separated budgets ('90s', '2m', '1h').")
+@click.option("--budgets", default="30s,1m,2m", show_default=True,
+              help="Comma-separated budgets: wall clock ('90s', '2m', '1h') or tokens ('250ktok', '1Mtok').")
 @click.option("--name", default="sweep", show_default=True, help="Folder under base_dir for the grid's runs.")
 @click.option("--report/--no-report", default=True, show_default=True, help="Also write report.html comparing the runs.")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple[str, ...]) -> None:
-    """Pretrain a grid of sizes x budgets and fit final loss against compute (a power law).
+    """Pretrain a grid of sizes x budgets and fit final loss against compute, L = E + A*C^-alpha.
 
     ARGS: an optional RECIPE (default: `default`) then key=value overrides for every grid point.
-    Writes <base_dir>/<name>/sweep.json, sweep.png and report.html; finished points are skipped.
+    Prints a table and the fit; writes <base_dir>/<name>/sweep.json, sweep.png and report.html;
+    finished points are skipped. A grid with fewer than 4 points or 3 distinct compute values is
+    refused before anything runs.
 
     Example: cramlm sweep --sizes 64x2,128x4,256x4 --budgets 1m,4m,16m impl.threads=2
     """
@@ -76,3 +79,30 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
     run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)
+
+
+@click.command("plan", context_settings=OVERRIDES)
+@click.option("--sizes", default=None, help="Comma-separated candidate shapes HIDDENxLAYERS (default: 64x2 ... 384x6).")
+@click.option("--law", default=None, help="Fitted L(N, D): a YAML like recipes/plan/scaling-cpu.yaml or a sweep.json.")
+@click.option("--throughput", default=None, help="Skip the measurement: SHAPE=TOKENS_PER_S,... (e.g. 128x4=4000,256x4=1500).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def plan_command(sizes: str | None, law: str | None, throughput: str | None, args: tuple[str, ...]) -> None:
+    """Pick the model shape, batch, lr and masking that a budget buys on this machine.
+
+    Measures tokens/s of a few training steps per candidate shape, predicts each one's held-out
+    loss from a scaling law fitted to this project's sweeps, prints the table it chose from, why,
+    and the `cramlm run` command. ARGS: an optional RECIPE (default: cpu-1h) then overrides.
+
+    Example: cramlm plan budget=1h | cramlm plan default budget=15m --sizes 64x2,128x4
+    """
+    from cramlm.pipeline.plan import plan
+
+    recipe, overrides = split_recipe(args, "cpu-1h")
+    resolve_recipe_or_exit(recipe, overrides)
+    table = None
+    if throughput:
+        try:
+            table = {k.strip(): float(v) for k, v in (item.split("=") for item in throughput.split(",") if item)}
+        except ValueError:
+            raise click.ClickException(f"--throughput '{throughput}': expected SHAPE=TOKENS_PER_S,...") from None
+    run_or_exit(plan, recipe, overrides, [s for s in sizes.split(",") if s] if sizes else None, law, table)

@@ -1,8 +1,13 @@
-"""``cramlm sweep``: pretrain a grid of model sizes x budgets, then plot final loss against training
-compute with a fitted power law L = a * C^-alpha (the scaling-law lens of the cramming paper).
+"""``cramlm sweep``: pretrain a grid of model sizes x budgets, then fit final loss against training
+compute with an irreducible-loss term, L = E + A * C^-alpha (scipy; the scaling-law lens of the
+cramming paper), and, when the grid has two sizes and two token counts or more, the Chinchilla law
+L(N, D) = E + A/N^a + B/D^b that ``cramlm plan`` uses (pipeline/scaling.py).
 
-Each grid point is an ordinary pipeline run (data + pretrain stages) in
-``<base_dir>/<sweep>/<size>-<budget>/``, so an interrupted sweep resumes where it stopped.
+Budgets are wall clock ('30s', '2m', '1h') or tokens ('250ktok', '1Mtok': the same on any machine,
+so a loaded machine does not bend the curve). Each grid point is an ordinary pipeline run (data +
+pretrain stages) in ``<base_dir>/<sweep>/<size>-<budget>/``, so an interrupted sweep resumes where
+it stopped. A grid that cannot determine the fit (fewer than 4 points, or fewer distinct compute
+values than the law's 3 parameters) is refused before anything runs.
 Compute is the model's own ``flops_per_token`` times tokens when it has one (or ``flops`` in
 summary.json), else 6 * parameters * tokens.
 """
@@ -10,13 +15,14 @@ summary.json), else 6 * parameters * tokens.
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cramlm.pipeline import scaling
+from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
 from cramlm.report.runs import is_number, load_run_data
 from cramlm.io import write_json
@@ -32,6 +38,54 @@ def size_overrides(spec: str) -> list[str]:
     heads = max(1, hidden // (32 if hidden < 256 else 64))
     return [f"arch.hidden_size={hidden}", f"arch.num_layers={layers}", f"arch.num_heads={heads}",
             f"arch.intermediate_size={4 * hidden}"]
+
+
+TOKEN_BUDGET = re.compile(r"\s*([0-9.]+)\s*([kMG]?)\s*tok(?:ens)?\s*")
+_SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def budget_overrides(spec: str) -> tuple[list[str], str, float]:
+    """A grid budget -> (overrides, kind, amount): '2m' -> budget=2m ('clock', hours);
+    '250ktok' -> no clock and train.budget.tokens=250000 ('tokens', tokens)."""
+    match = TOKEN_BUDGET.fullmatch(spec)
+    if match:
+        tokens = float(match.group(1)) * _SCALE[match.group(2)]
+        if tokens <= 0:
+            raise ValueError(f"budget '{spec}': the token count must be positive")
+        return ["budget=null", f"train.budget.tokens={int(tokens)}"], "tokens", tokens
+    from cramlm.pretrain import parse_hours
+
+    hours = parse_hours(spec)
+    if not isinstance(hours, float) or hours <= 0:
+        raise ValueError(f"budget '{spec}' must be a duration ('90s', '2m', '1h') or a token count ('250ktok', '1Mtok')")
+    return [f"budget={spec}"], "clock", hours
+
+
+def size_flops(spec: str) -> float:
+    """Rough training FLOPs per token of a size (6 x 12 L H^2): enough to tell grid points apart."""
+    hidden, layers = (int(v) for v in spec.split("x"))
+    return 6.0 * 12 * layers * hidden**2
+
+
+def check_grid(sizes: list[str], budgets: list[str]) -> None:
+    """Refuse a grid the compute law cannot be fitted to, before anything runs. A clock budget gives
+    every size about the same compute (this machine's FLOP/s x seconds); a token budget gives each
+    size its own."""
+    for size in sizes:
+        size_overrides(size)
+    parsed = [budget_overrides(b) for b in budgets]
+    kinds = {kind for _, kind, _ in parsed}
+    if len(kinds) > 1:
+        raise ValueError("--budgets mixes wall-clock and token budgets; use one kind per sweep")
+    if "clock" in kinds:
+        estimates = [amount for _, _, amount in parsed]
+    else:
+        estimates = [size_flops(s) * amount for s in sizes for _, _, amount in parsed]
+    try:
+        check_compute_fit(len(sizes) * len(budgets), distinct(estimates))
+    except FitError as e:
+        hint = "add budgets" if "clock" in kinds else "add sizes or budgets"
+        raise ValueError(f"grid {len(sizes)} size(s) x {len(budgets)} budget(s): {e}; {hint}") from None
 
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
@@ -57,18 +111,36 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     return 6.0 * summary["parameters"] * tokens, "6*params*tokens"
 
 
-def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, float] | None:
-    """Least squares in log-log space: log10 L = log10 a - alpha * log10 C."""
-    if len({round(math.log10(c), 6) for c in compute}) < 2:
-        return None
-    x, y = np.log10(compute), np.log10(loss)
-    slope, intercept = np.polyfit(x, y, 1)
-    predicted = slope * x + intercept
-    ss_res, ss_tot = float(np.sum((y - predicted) ** 2)), float(np.sum((y - y.mean()) ** 2))
-    return {"a": float(10**intercept), "alpha": float(-slope), "r2": 1 - ss_res / ss_tot if ss_tot > 0 else 1.0}
+def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, float]:
+    """L = E + A * C^-alpha (kept under its old name; see pipeline/scaling.py)."""
+    return fit_compute_law(compute, loss)
+
+
+def non_embedding_parameters(run_dir: Path) -> int:
+    """Parameters outside the token / position / type embeddings (N of the Chinchilla law),
+    counted on the meta device from the run's config and tokenizer."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from cramlm.config.loader import load_yaml, validate
+    from cramlm.models.base import build_model
+    from cramlm.pretrain import PretrainConfig
+
+    cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
+    vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()
+    with torch.device("meta"):
+        model = build_model(cfg.arch, vocab)
+    return scaling.non_embedding_parameters(model)
+
+
+def _plain(value: float, _pos=None) -> str:
+    """Axis labels as plain numbers (2.5, 1e+12), never '8.85x10^0'."""
+    return f"{value:.3g}"
 
 
 def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path: Path) -> Path:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     from cramlm.report.plots import colors, save, plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -81,15 +153,28 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
             ax.annotate(p["budget"], (p["flops"], p["loss"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if fit:
         xs = np.geomspace(min(p["flops"] for p in points), max(p["flops"] for p in points), 50)
-        ax.plot(xs, fit["a"] * xs ** -fit["alpha"], "k--",
-                label=f"fit: L = {fit['a']:.3g} C^-{fit['alpha']:.3f} (R² {fit['r2']:.2f})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+        ax.plot(xs, compute_law(fit, xs), "k--",
+                label=f"fit: L = {fit['E']:.3g} + {fit['A']:.3g} C^-{fit['alpha']:.3f} (R² {fit['r2']:.2f})")
+    ax.set_xscale("log")  # the loss axis stays linear: with an irreducible term the law is no line in log-log
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_xlabel("training compute C (FLOPs)")
     ax.set_ylabel(f"final {points[0]['loss_kind'].replace('_', ' ')}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, path)
+
+
+def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
+    """The grid as an aligned text table, with the fitted loss per point."""
+    header = ["size", "budget", "params", "non-emb", "tokens", "compute", "loss", "fit"]
+    rows = [[p["size"], p["budget"], f"{p['parameters']:,}", f"{p['non_embedding_parameters']:,}",
+             f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}",
+             f"{float(compute_law(fit, p['flops'])):.4f}" if fit else "-"] for p in points]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
 def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str],
@@ -98,12 +183,13 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     ``report``) report.html comparing the runs' curves."""
     from cramlm.report import write_report
 
+    check_grid(sizes, budgets)  # before anything runs
     base = resolve_recipe(recipe, overrides)
     folder = Path(base.base_dir) / name
     points = []
     for size in sizes:
         for budget in budgets:
-            cfg = resolve_recipe(recipe, [*overrides, *size_overrides(size), f"budget={budget}",
+            cfg = resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
                                           f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
             print(f"cramlm sweep: {size} for {budget}")
             run_pipeline(cfg)
@@ -113,15 +199,35 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
             flops, how = training_flops(cfg.run_dir)
             summary = json.loads((cfg.run_dir / "summary.json").read_text())
             points.append({"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
+                           "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
                            "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind})
     if not points:
         raise ValueError("the sweep produced no losses")
-    fit = fit_power_law([p["flops"] for p in points], [p["loss"] for p in points])
-    result = {"recipe": recipe, "overrides": overrides, "points": points, "fit": fit,
-              "law": "loss = a * flops^-alpha, least squares in log10-log10 space"}
+    fit, fit_nd, errors = None, None, {}
+    try:
+        fit = fit_compute_law([p["flops"] for p in points], [p["loss"] for p in points])
+    except FitError as e:
+        errors["fit"] = str(e)
+    try:
+        fit_nd = fit_chinchilla([p["non_embedding_parameters"] for p in points], [p["tokens"] for p in points],
+                                [p["loss"] for p in points])
+    except FitError as e:
+        errors["fit_nd"] = str(e)
+    result = {"recipe": recipe, "overrides": overrides, "sizes": sizes, "budgets": budgets, "points": points,
+              "fit": fit, "law": "loss = E + A * flops^-alpha (scipy curve_fit, E >= 0)",
+              "fit_nd": fit_nd, "law_nd": "loss = E + A / N^a + B / D^b (N non-embedding parameters, D tokens)",
+              "fit_errors": errors}
     write_json(folder / "sweep.json", result)
     plot_sweep(points, fit, folder / "sweep.png")
     if report:
         write_report(*[p["run"] for p in points], out=folder)
-    print(json.dumps({"fit": fit, "points": len(points), "plot": str(folder / "sweep.png")}))
+    print(table(points, fit))
+    if fit:
+        print(f"fit: L = {fit['E']:.4g} + {fit['A']:.4g} * C^-{fit['alpha']:.4f}  (R^2 {fit['r2']:.3f}, {fit['points']} points)")
+    if fit_nd:
+        print(f"fit: L(N, D) = {fit_nd['E']:.4g} + {fit_nd['A']:.4g} / N^{fit_nd['a']:.4f} + {fit_nd['B']:.4g} / D^{fit_nd['b']:.4f}"
+              f"  (R^2 {fit_nd['r2']:.3f})")
+    print(f"written: {folder / 'sweep.json'}, {folder / 'sweep.png'}" + (f", {folder / 'report.html'}" if report else ""))
+    if fit is None:
+        raise FitError(f"no fit: {errors['fit']} (the points are in {folder / 'sweep.json'})")
     return result

@@ -121,15 +121,16 @@ class Costs:
     peak_source: str
 
 
-def measure_costs(model, seq_len: int, sample: dict | None, device) -> Costs:
-    """FLOPs per token (the model's own count, else counted on ``sample``) and the device's peak
-    (a table on GPU, a short GEMM probe on CPU). Run on the plain model, before it is wrapped."""
+def measure_costs(model, seq_len: int, sample: dict | None, device, dtype=None) -> Costs:
+    """FLOPs per token (the model's own count, else counted on ``sample``) and the device's peak for
+    the precision in use (``dtype``: the autocast dtype, None: fp32; a table on GPU, a short GEMM
+    probe on CPU). Run on the plain model, before it is wrapped."""
     from cramlm.train.monitor import flops_per_token, peak_flops
 
     if sample is not None:  # a small slice: its labels also give the scored fraction of MLM positions
         sample = {k: v[:8].to(device) for k, v in sample.items()}
     flops, flops_source = flops_per_token(model, seq_len, sample)
-    peak, peak_source = peak_flops(device)
+    peak, peak_source = peak_flops(device, dtype)
     return Costs(flops, flops_source, peak, peak_source)
 
 

@@ -22,11 +22,15 @@ class ImplConfig(Config):
     device: str = Field(
         "auto", description="auto: cuda if available, else cpu; or a torch device: cpu, cuda, cuda:1, mps"
     )
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU with bf16; on a CPU bf16 autocast where a short probe "
+        "measures it faster (train/hardware.py)")
     microbatch_size: PositiveInt = Field(
         128, description="sequences per forward/backward per process; train.batch_size is reached by accumulation"
     )
-    threads: PositiveInt | None = Field(None, description="torch CPU threads (None: torch's default)")
+    threads: PositiveInt | Literal["auto"] | None = Field(
+        "auto", description="torch CPU threads; auto: the CPUs affinity and cgroup quota allow, per local "
+        "process; None: torch's default")
     tf32: bool = Field(True, description="TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)")
     data_cache: str | None = Field(
         None, description="where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)"
@@ -73,8 +77,11 @@ class ImplConfig(Config):
 def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.device:
     import torch  # here, not at the top: ImplConfig validates without torch
 
-    if impl.threads:
-        torch.set_num_threads(impl.threads)
+    from cramlm.train.hardware import resolve_threads
+
+    threads = resolve_threads(impl.threads)
+    if threads:
+        torch.set_num_threads(threads)
     name = impl.device
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -123,11 +130,15 @@ def launcher_env() -> tuple[int, int, int]:
     return int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), int(env.get("WORLD_SIZE", "1"))
 
 
-def autocast_dtype(impl: ImplConfig, device: torch.device) -> torch.dtype | None:
-    precision = impl.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    return _precision_dtypes()[precision]
+def resolve_precision(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None):
+    """The precision in use and why (``auto``: measured once per machine, see train/hardware.py)."""
+    from cramlm.train.hardware import resolve_precision as choose
+
+    return choose(impl.precision, device, model)
+
+
+def autocast_dtype(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
+    return _precision_dtypes()[resolve_precision(impl, device, model).precision]
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

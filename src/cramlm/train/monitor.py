@@ -47,26 +47,44 @@ def gpu_peak_flops(name: str) -> float | None:
 
 
 @lru_cache(maxsize=None)
-def cpu_peak_flops(size: int = 1024, seconds: float = 0.5) -> float:
-    """Measured fp32 GEMM FLOP/s of this CPU with torch's threads (best of short bursts)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)  # warm-up
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        start = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
+def core_peak_flops(size: int = 1024, seconds: float = 0.5, dtype: torch.dtype | None = None) -> float:
+    """GEMM FLOP per CPU-second of one core (best of short bursts, timed in the calling thread's
+    CPU time with torch on one thread), in fp32 or in ``dtype`` (bf16: the peak that bf16 autocast
+    can reach, often 2x fp32 where the CPU has it). CPU time, not wall time: other work on a
+    shared machine slows the run, and a peak measured in wall time would slow down with it and
+    hide that from MFU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        torch.mm(a, b)  # warm-up
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.thread_time()
+            for _ in range(4):
+                torch.mm(a, b)
+            best = max(best, 4 * 2 * size**3 / max(time.thread_time() - start, 1e-9))
+    finally:
+        torch.set_num_threads(threads)
     return best
 
 
-def peak_flops(device: torch.device) -> tuple[float | None, str]:
-    """(peak FLOP/s per process, where it comes from)."""
+def cpu_peak_flops(size: int = 1024, seconds: float = 0.5, dtype: torch.dtype | None = None) -> float:
+    """Peak GEMM FLOP/s of this process's torch threads: one core's CPU-time rate x threads (GEMMs
+    scale linearly over cores: on an idle 2-core machine 2 x 98.7 against 197 GFLOP/s measured
+    with both threads in wall time)."""
+    return core_peak_flops(size, seconds, dtype) * torch.get_num_threads()
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype | None = None) -> tuple[float | None, str]:
+    """(peak FLOP/s per process, where it comes from), for the precision in use: ``dtype`` is the
+    autocast dtype (None: fp32). MFU against the fp32 peak would flatter a bf16 run by up to 2x."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = gpu_peak_flops(name)
         return peak, f"{name} bf16 table" if peak else f"{name}: not in the peak table"
-    return cpu_peak_flops(), f"measured fp32 GEMM, {torch.get_num_threads()} threads"
+    label = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    return cpu_peak_flops(dtype=dtype), f"measured {label} GEMM on one core (CPU time) x {torch.get_num_threads()} threads"
 
 
 def measure_flops_per_token(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:

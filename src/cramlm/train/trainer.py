@@ -54,7 +54,7 @@ from cramlm.train.monitor import MetricsLog
 from cramlm.train.optim import build_optimizer
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
-from cramlm.train.impl import ImplConfig, autocast_dtype
+from cramlm.train.impl import ImplConfig, resolve_precision
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
 
@@ -206,7 +206,8 @@ class Trainer:
         self.run_dir, self.config = Path(run_dir), config or {}
         self.checkpoints = self.run_dir / "checkpoints"
         self.optimizer = build_optimizer(cfg.optim, self.module)
-        self.steps = OptimizerStep(self.optimizer, self.module, self.device, autocast_dtype(impl, self.device), cfg.grad_clip)
+        self.precision = resolve_precision(impl, self.device, self.module)  # auto: measured once per machine
+        self.steps = OptimizerStep(self.optimizer, self.module, self.device, self.precision.dtype, cfg.grad_clip)
         self.schedule = build_schedule(cfg.schedule)
         self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
         self.val_batches = self._shard_val(val_batches or [])
@@ -492,6 +493,8 @@ class Trainer:
             "flops_source": costs.flops_source,
             "peak_flops": costs.peak,
             "peak_source": costs.peak_source,
+            "precision": self.precision.precision,
+            "precision_reason": self.precision.reason,
             "mfu": round(mfu, 4) if mfu is not None else None,
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,

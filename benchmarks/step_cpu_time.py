@@ -1,0 +1,96 @@
+"""MFU of cramlm's training step measured in process CPU time on one thread: a figure that other
+work on a shared machine hardly moves (wall-clock MFU there measures the neighbours). The step is
+train_step.py's (Trainer.train_step: batch draw, masking, forward, backward, clipping, AdamW); the
+peak is the best GEMM rate of the same thread in the same CPU-time units, per precision.
+
+``--unfused`` puts back the MLM loss as it was before the fused decoder + cross-entropy
+(``F.cross_entropy(decoder(hidden).float(), targets)`` over materialised logits), so that one
+command shows before and after.
+
+    python benchmarks/step_cpu_time.py                                   # crammed-bert-tiny, microbatch 16, fp32 and bf16
+    python benchmarks/step_cpu_time.py --unfused                         # the same, before the fused loss
+    python benchmarks/step_cpu_time.py --arch crammed-bert --microbatch 4 --precision fp32 bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import train_step  # noqa: E402  (the benchmark's own step builder)
+
+from cramlm.config.loader import load_preset  # noqa: E402
+from cramlm.train.runtime import PRECISION_DTYPES  # noqa: E402
+
+
+def gemm_peak(dtype, sizes=(512, 1024), reps: int = 8) -> float:
+    """Best GEMM FLOP per CPU-second of this thread."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a @ b
+        for _ in range(reps):
+            start = time.process_time()
+            for _ in range(8):
+                a @ b
+            best = max(best, 8 * 2 * n**3 / max(time.process_time() - start, 1e-9))
+    return best
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default="crammed-bert-tiny")
+    ap.add_argument("--microbatch", type=int, nargs="+", default=[16])
+    ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "auto"])
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--unfused", action="store_true", help="the MLM loss over materialised logits (before the fused one)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.unfused:
+        import torch.nn.functional as F
+
+        from cramlm.models.layers import MLMHead
+
+        MLMHead.loss = lambda self, hidden, targets: F.cross_entropy(self(hidden).float(), targets)
+    arch = load_preset("arch", args.arch)
+    rows, peaks = [], {}
+    for precision in args.precision:
+        for micro in args.microbatch:
+            with tempfile.TemporaryDirectory() as tmp:
+                step, fpt, params = train_step.ours(arch, args.vocab, micro, Path(tmp), False, precision)
+                chosen = step.precision.precision
+                if chosen not in peaks:
+                    peaks[chosen] = gemm_peak(PRECISION_DTYPES[chosen])
+                for _ in range(2):
+                    step()
+                seconds = []
+                for _ in range(args.steps):
+                    start = time.process_time()
+                    step()
+                    seconds.append(time.process_time() - start)
+            cpu = statistics.median(seconds)
+            tps = micro * train_step.SEQ / cpu
+            rows.append({"arch": args.arch, "precision": chosen, "microbatch": micro, "fused_loss": not args.unfused,
+                         "parameters": params, "cpu_seconds_per_step": round(cpu, 4), "tokens_per_cpu_second": round(tps, 1),
+                         "flops_per_token": fpt, "peak_flops_per_cpu_second": peaks[chosen],
+                         "mfu": round(tps * fpt / peaks[chosen], 4), "mfu_vs_fp32_peak": round(tps * fpt / peaks.setdefault("fp32", gemm_peak(None)), 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    print("| arch | precision | microbatch | fused loss | tokens per CPU-second | MFU (its precision's peak) | MFU (fp32 peak) |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['arch']} | {r['precision']} | {r['microbatch']} | {r['fused_loss']} | {r['tokens_per_cpu_second']:,.0f} | "
+              f"{100 * r['mfu']:.1f}% | {100 * r['mfu_vs_fp32_peak']:.1f}% |")
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

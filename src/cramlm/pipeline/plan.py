@@ -1,0 +1,242 @@
+"""``cramlm plan budget=1h``: the model a budget buys on this machine.
+
+1. Measure this machine's training throughput (tokens/s) for a handful of candidate shapes: a few
+   real training steps each (Trainer.train_step: masking, forward, backward, clipping, AdamW) on
+   random tokens at the recipe's vocabulary, sequence length and implementation settings
+   (impl.precision / impl.threads resolve as in a run). Seconds per shape.
+2. Predict each shape's held-out MLM loss after the budget from the Chinchilla law
+   L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
+   ``cramlm sweep`` to this project's own runs and shipped as ``recipes/plan/scaling-cpu.yaml``
+   (which records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
+3. Pick the lowest predicted loss; print the table it chose from, why, and the command to run it.
+
+Batch, learning rate and masking rate are not fitted (the sweep held them fixed): the batch is the
+largest power of two that still gives about ``MIN_UPDATES`` optimizer steps (cramming's failure on
+slow hardware is too few updates), lr 1e-3 and 25% masking are bert-o4's, with which the law's
+points were trained.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from cramlm.pipeline.scaling import chinchilla_law
+
+DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
+LAW = "scaling-cpu.yaml"
+MIN_UPDATES = 1000  # optimizer steps the batch rule aims for
+LR, MASKING = 1e-3, 0.25  # bert-o4's, as in the sweep the law was fitted to
+EXTRAPOLATION = 4.0  # a prediction further than this factor outside the fitted N or D range is flagged
+
+
+@dataclass
+class Candidate:
+    size: str
+    parameters: int
+    non_embedding: int
+    tokens_per_second: float
+    tokens: float = 0.0  # trained in the budget
+    predicted_loss: float = math.nan
+    extrapolated: bool = False
+
+
+def load_law(path: str | Path | None = None) -> dict[str, Any]:
+    """The fitted L(N, D) constants: the shipped file, another YAML of the same form, or a
+    ``sweep.json`` written by ``cramlm sweep`` (its ``fit_nd``)."""
+    import json
+
+    import yaml
+
+    if path is None:
+        data = yaml.safe_load((files("cramlm") / "recipes" / "plan" / LAW).read_text(encoding="utf-8"))
+        source = f"cramlm/recipes/plan/{LAW}"
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        source = str(path)
+    fit = data.get("fit_nd") or data.get("law")
+    if not isinstance(fit, dict) or not all(k in fit for k in ("E", "A", "a", "B", "b")):
+        raise ValueError(f"{source}: no fitted L(N, D) constants (E, A, a, B, b); run `cramlm sweep` with 2+ sizes and 2+ token budgets")
+    points = data.get("points") or []
+    ranges = {}
+    if points:
+        for key, field in (("N", "non_embedding_parameters"), ("D", "tokens")):
+            values = [p[field] for p in points if field in p]
+            if values:
+                ranges[key] = (min(values), max(values))
+    return {**fit, "source": source, "ranges": ranges, "data": data.get("data"), "command": data.get("command")}
+
+
+def shape(spec: str) -> tuple[int, int]:
+    from cramlm.pipeline.sweep import size_overrides
+
+    size_overrides(spec)  # validates
+    hidden, layers = spec.split("x")
+    return int(hidden), int(layers)
+
+
+def batch_for(tokens: float, seq_len: int, min_updates: int = MIN_UPDATES, lo: int = 32, hi: int = 8192) -> int:
+    """The largest power-of-two batch (sequences) that still gives ``min_updates`` steps, in [lo, hi]."""
+    per_step = tokens / (min_updates * seq_len)
+    batch = 2 ** int(math.floor(math.log2(per_step))) if per_step >= 1 else 1
+    return int(min(hi, max(lo, batch)))
+
+
+def rank(candidates: list[Candidate], law: dict[str, Any], seconds: float) -> list[Candidate]:
+    """Fill in tokens and predicted loss for a budget of ``seconds``; best first."""
+    ranges = law.get("ranges", {})
+    for c in candidates:
+        c.tokens = c.tokens_per_second * seconds
+        c.predicted_loss = float(chinchilla_law(law, c.non_embedding, c.tokens))
+        c.extrapolated = any(
+            key in ranges and not (ranges[key][0] / EXTRAPOLATION <= value <= ranges[key][1] * EXTRAPOLATION)
+            for key, value in (("N", c.non_embedding), ("D", c.tokens))
+        )
+    return sorted(candidates, key=lambda c: c.predicted_loss)
+
+
+def table(ranked: list[Candidate], chosen: Candidate) -> str:
+    header = ["shape", "params", "non-emb", "tokens/s", "tokens in budget", "tokens/param", "predicted loss", ""]
+    rows = [[c.size, f"{c.parameters / 1e6:.2f}M", f"{c.non_embedding / 1e6:.3f}M", f"{c.tokens_per_second:,.0f}",
+             f"{c.tokens / 1e6:,.1f}M", f"{c.tokens / max(c.non_embedding, 1):,.0f}", f"{c.predicted_loss:.3f}",
+             ("<- chosen" if c is chosen else "") + (" (extrapolated)" if c.extrapolated else "")] for c in ranked]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(v.rjust(w) if 0 < i < 7 else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))).rstrip()
+             for r in [header, *rows]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
+
+
+def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
+    """(all, non-embedding) parameters of an arch config, counted on the meta device."""
+    import torch
+
+    from cramlm.config.registry import config_class
+    from cramlm.models.base import build_model
+    from cramlm.pipeline.scaling import non_embedding_parameters
+
+    with torch.device("meta"):
+        model = build_model(config_class("model", arch["type"]).model_validate(arch), vocab)
+    return sum(p.numel() for p in model.parameters()), non_embedding_parameters(model)
+
+
+def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2) -> float:
+    """Tokens/s of a few real training steps (median) of ``arch`` on random tokens."""
+    import numpy as np
+    import torch
+
+    from cramlm.config.registry import config_class
+    from cramlm.data.collate import MLMCollator
+    from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
+    from cramlm.models.base import build_model
+    from cramlm.train.distributed import Dist
+    from cramlm.train.trainer import StepData, Trainer
+
+    seq = cfg.data.seq_length
+
+    class RandomBlocks:
+        def __init__(self, n: int, seed: int):
+            self.blocks = np.random.default_rng(seed).integers(len(SPECIAL_TOKENS), vocab, size=(n, seq), dtype=np.int64)
+
+        def __len__(self) -> int:
+            return len(self.blocks)
+
+        def batch(self, indices) -> torch.Tensor:
+            return torch.from_numpy(self.blocks[np.asarray(indices)])
+
+    torch.manual_seed(0)
+    model = build_model(config_class("model", arch["type"]).model_validate(arch), vocab)
+    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, 0)
+    data = StepData(RandomBlocks(micro * (warmup + steps), 0), collate, 0)
+    train = cfg.train.model_copy(update={"batch_size": micro, "batch_ramp": 0.0, "min_updates": 0,
+                                         "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
+    impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
+    sample = collate(RandomBlocks(2, 1).batch([0, 1]))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(model, data, train, impl, Dist(), torch.device("cpu"), None, Path(tmp), seq, val_batches=[sample])
+        trainer.model.train()
+        seconds = []
+        for i in range(warmup + steps):
+            start = time.perf_counter()
+            trainer.train_step(1)
+            if i >= warmup:
+                seconds.append(time.perf_counter() - start)
+    seconds.sort()
+    return micro * seq / seconds[len(seconds) // 2]
+
+
+def plan(recipe: str, overrides: list[str], sizes: list[str] | None = None, law_path: str | None = None,
+         throughput: dict[str, float] | None = None, say=print) -> dict[str, Any]:
+    """Measure (unless ``throughput`` is given), rank, print; returns the choice and the table."""
+    from cramlm.pipeline.run import resolve_recipe
+    from cramlm.pipeline.sweep import size_overrides
+
+    cfg = resolve_recipe(recipe, overrides)
+    if not cfg.budget:
+        raise ValueError("cramlm plan needs a wall-clock budget, e.g. budget=1h or budget=15m")
+    seconds = cfg.budget * 3600
+    law = load_law(law_path)
+    sizes = sizes or (list(throughput) if throughput else DEFAULT_SIZES)
+    vocab = cfg.data.tokenizer.vocab_size
+    base = cfg.arch.model_dump(mode="json")
+    if base.get("type") != "crammed-bert":
+        raise ValueError(f"cramlm plan plans masked-LM runs (arch type crammed-bert), not '{base.get('type')}'")
+    if throughput is None:
+        from cramlm.train.runtime import setup_device
+
+        setup_device(cfg.impl)  # threads as the run will have them
+    candidates = []
+    for size in sizes:
+        shape(size)
+        arch = dict(base)
+        for override in size_overrides(size):
+            key, value = override.split("=")
+            arch[key.split(".", 1)[1]] = int(value)
+        total, non_embedding = model_parameters(arch, vocab)
+        if throughput is not None:
+            if size not in throughput:
+                raise ValueError(f"no throughput given for shape {size}")
+            tps = throughput[size]
+        else:
+            say(f"cramlm plan: measuring {size} ...")
+            tps = measure_throughput(cfg, arch, vocab)
+        candidates.append(Candidate(size, total, non_embedding, tps))
+    ranked = rank(candidates, law, seconds)
+    fitted = [c for c in ranked if not c.extrapolated]
+    chosen = fitted[0] if fitted else ranked[0]
+    hidden, layers = shape(chosen.size)
+    batch = batch_for(chosen.tokens, cfg.data.seq_length)
+    micro = min(batch, cfg.impl.microbatch_size)
+    while batch % micro:
+        micro //= 2
+    choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "lr": LR, "mlm_probability": MASKING}
+    runner_up = next((c for c in ranked if c is not chosen), None)
+    why = [
+        f"budget {seconds / 3600:g} h; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
+        f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
+        + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
+        f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
+        + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
+        + f": {chosen.tokens / 1e6:,.1f}M tokens at {chosen.tokens_per_second:,.0f} tokens/s, "
+        f"{chosen.tokens / max(chosen.non_embedding, 1):,.0f} per non-embedding parameter",
+        f"batch {batch} sequences: the largest power of two giving about {MIN_UPDATES} optimizer steps "
+        f"({chosen.tokens / (batch * cfg.data.seq_length):,.0f}); lr {LR:g} and masking {MASKING:.0%} are bert-o4's "
+        "(the law's runs used them; not fitted)",
+    ]
+    if any(c.extrapolated for c in ranked):
+        why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")
+    if law.get("data") and isinstance(law["data"], dict) and law["data"].get("vocab_size") not in (None, vocab):
+        why.append(f"note: the law was fitted at vocab {law['data']['vocab_size']}, this plan is for vocab {vocab}")
+    command = (f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(size_overrides(chosen.size))
+               + f" train.batch_size={batch} impl.microbatch_size={micro} train.optim.lr={LR:g} train.mlm_probability={MASKING}")
+    say(table(ranked, chosen))
+    for line in why:
+        say("- " + line)
+    say(f"run it: {command}")
+    return {"choice": choice, "command": command, "why": why, "law": {k: law[k] for k in ("E", "A", "a", "B", "b", "source")},
+            "candidates": [asdict(c) for c in ranked], "hidden": hidden, "layers": layers}

@@ -1,0 +1,120 @@
+"""Scaling laws with an irreducible-loss term, fitted with scipy (used by ``cramlm sweep`` and the
+budget planner, ``cramlm plan``).
+
+- compute law:    L(C) = E + A * C^-alpha                  (3 parameters)
+- Chinchilla law: L(N, D) = E + A / N^a + B / D^b          (5 parameters; Hoffmann et al. 2022)
+
+C is training FLOPs, N non-embedding parameters, D training tokens. Fits are bounded least squares
+(E >= 0 and below the lowest observed loss, exponents in [0, 3]) from several starting points, in
+units normalised by the data's geometric mean so the optimiser sees numbers near 1; the constants
+are returned in the original units.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+COMPUTE_PARAMETERS = 3
+CHINCHILLA_PARAMETERS = 5
+
+
+class FitError(ValueError):
+    """The data cannot determine the law (too few points or distinct values)."""
+
+
+def distinct(values: Sequence[float], digits: int = 3) -> int:
+    """Distinct positive values, counted on a log scale (0.1% apart counts as equal)."""
+    return len({round(math.log10(v), digits) for v in values if v > 0})
+
+
+def check_compute_fit(n_points: int, n_compute: int) -> None:
+    """Raise FitError unless ``n_points`` points at ``n_compute`` distinct compute values can fit
+    the 3-parameter compute law (at least 4 points, at least 3 distinct compute values)."""
+    if n_points < COMPUTE_PARAMETERS + 1:
+        raise FitError(f"{n_points} point(s): fitting L = E + A*C^-alpha ({COMPUTE_PARAMETERS} parameters) "
+                       f"needs at least {COMPUTE_PARAMETERS + 1}")
+    if n_compute < COMPUTE_PARAMETERS:
+        raise FitError(f"{n_compute} distinct compute value(s): fitting L = E + A*C^-alpha needs at least "
+                       f"{COMPUTE_PARAMETERS} (as many as it has parameters)")
+
+
+def r_squared(y: np.ndarray, predicted: np.ndarray) -> float:
+    ss_res, ss_tot = float(np.sum((y - predicted) ** 2)), float(np.sum((y - y.mean()) ** 2))
+    return 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+
+
+def _best_fit(f, x, y, starts, bounds) -> np.ndarray:
+    from scipy.optimize import curve_fit
+
+    best, best_err = None, math.inf
+    for p0 in starts:
+        try:
+            params, _ = curve_fit(f, x, y, p0=p0, bounds=bounds, maxfev=20000)
+        except (RuntimeError, ValueError):
+            continue
+        err = float(np.sum((f(x, *params) - y) ** 2))
+        if err < best_err:
+            best, best_err = params, err
+    if best is None:
+        raise FitError("the least-squares fit did not converge from any starting point")
+    return best
+
+
+def fit_compute_law(compute: Sequence[float], loss: Sequence[float]) -> dict[str, float]:
+    """L(C) = E + A * C^-alpha. Returns E, A, alpha, r2, points."""
+    C, L = np.asarray(compute, float), np.asarray(loss, float)
+    check_compute_fit(len(C), distinct(C))
+    ref = float(np.exp(np.mean(np.log(C))))
+    x = C / ref
+
+    def law(c, E, a, alpha):
+        return E + a * c ** (-alpha)
+
+    lo = float(L.min())
+    starts = [(e * lo, max(L.max() - e * lo, 1e-3), alpha) for e in (0.0, 0.5, 0.9) for alpha in (0.05, 0.3, 1.0)]
+    E, a, alpha = _best_fit(law, x, L, starts, ([0.0, 0.0, 0.0], [lo, np.inf, 3.0]))
+    return {"E": float(E), "A": float(a * ref**alpha), "alpha": float(alpha),
+            "r2": r_squared(L, law(x, E, a, alpha)), "points": len(C)}
+
+
+def compute_law(fit: dict[str, float], compute: float | np.ndarray):
+    return fit["E"] + fit["A"] * np.asarray(compute, float) ** (-fit["alpha"])
+
+
+def fit_chinchilla(params: Sequence[float], tokens: Sequence[float], loss: Sequence[float]) -> dict[str, float]:
+    """L(N, D) = E + A / N^a + B / D^b. Needs 6 points or more, 2 distinct N and 2 distinct D."""
+    N, D, L = (np.asarray(v, float) for v in (params, tokens, loss))
+    if len(L) < CHINCHILLA_PARAMETERS + 1:
+        raise FitError(f"{len(L)} point(s): fitting L = E + A/N^a + B/D^b ({CHINCHILLA_PARAMETERS} parameters) "
+                       f"needs at least {CHINCHILLA_PARAMETERS + 1}")
+    if distinct(N) < 2 or distinct(D) < 2:
+        raise FitError(f"{distinct(N)} distinct model size(s) and {distinct(D)} distinct token count(s): "
+                       "fitting L(N, D) needs at least 2 of each")
+    n_ref, d_ref = float(np.exp(np.mean(np.log(N)))), float(np.exp(np.mean(np.log(D))))
+    x = np.vstack([N / n_ref, D / d_ref])
+
+    def law(nd, E, A, a, B, b):
+        return E + A * nd[0] ** (-a) + B * nd[1] ** (-b)
+
+    lo, span = float(L.min()), float(L.max() - L.min()) + 1e-3
+    starts = [(e * lo, span, a, span, b) for e in (0.0, 0.7) for a in (0.1, 0.5) for b in (0.1, 0.5)]
+    E, A, a, B, b = _best_fit(law, x, L, starts, ([0.0, 0.0, 0.0, 0.0, 0.0], [lo, np.inf, 3.0, np.inf, 3.0]))
+    return {"E": float(E), "A": float(A * n_ref**a), "a": float(a), "B": float(B * d_ref**b), "b": float(b),
+            "r2": r_squared(L, law(x, E, A, a, B, b)), "points": len(L)}
+
+
+def chinchilla_law(fit: dict[str, float], params: float | np.ndarray, tokens: float | np.ndarray):
+    N, D = np.asarray(params, float), np.asarray(tokens, float)
+    return fit["E"] + fit["A"] * N ** (-fit["a"]) + fit["B"] * D ** (-fit["b"])
+
+
+EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.")
+
+
+def non_embedding_parameters(model) -> int:
+    """N of the Chinchilla law: parameters outside the token / position / type embeddings (a tied
+    decoder shares the token embedding and is not counted either)."""
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith(EMBEDDINGS))

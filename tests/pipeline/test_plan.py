@@ -1,0 +1,91 @@
+"""`cramlm plan`: the choice from a synthetic throughput table (no timing), the batch rule, the law
+file, and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.pipeline.plan import Candidate, batch_for, load_law, plan, rank
+from cramlm.pipeline.scaling import chinchilla_law
+
+LAW = {"E": 2.0, "A": 400.0, "a": 0.45, "B": 2000.0, "b": 0.45, "r2": 0.99}
+# a machine where bigger shapes are slower, as they are
+THROUGHPUT = {"64x2": 40000.0, "128x4": 9000.0, "256x4": 3000.0, "384x6": 900.0}
+
+
+@pytest.fixture
+def law_file(tmp_path):
+    path = tmp_path / "law.yaml"
+    path.write_text(yaml.safe_dump({"law": LAW, "command": "cramlm sweep ...", "data": {"vocab_size": 8192},
+                                    "points": [{"non_embedding_parameters": 1e5, "tokens": 5e5},
+                                               {"non_embedding_parameters": 2e6, "tokens": 1e8}]}))
+    return path
+
+
+def test_plan_picks_the_lowest_predicted_loss_for_the_budget(law_file):
+    lines = []
+    minute = plan("default", ["budget=1m"], law_path=str(law_file), throughput=THROUGHPUT, say=lines.append)
+    hour = plan("default", ["budget=1h"], law_path=str(law_file), throughput=THROUGHPUT, say=lambda *_: None)
+    by_size = {c["size"]: c for c in hour["candidates"]}
+    for result in (minute, hour):
+        losses = {c["size"]: c["predicted_loss"] for c in result["candidates"]}
+        assert result["choice"]["size"] == min(losses, key=losses.get)
+        c = {x["size"]: x for x in result["candidates"]}[result["choice"]["size"]]
+        assert c["predicted_loss"] == pytest.approx(float(chinchilla_law(LAW, c["non_embedding"], c["tokens"])))
+    assert by_size["128x4"]["tokens"] == pytest.approx(9000.0 * 3600)
+    # a longer budget buys a larger model
+    order = list(THROUGHPUT)
+    assert order.index(hour["choice"]["size"]) > order.index(minute["choice"]["size"])
+    text = "\n".join(lines)
+    assert all(size in text for size in THROUGHPUT) and "<- chosen" in text and "lowest predicted" in text
+    assert minute["command"].startswith("cramlm run default budget=")
+    assert f"arch.hidden_size={minute['hidden']}" in minute["command"] and "train.mlm_probability=0.25" in minute["command"]
+
+
+def test_extrapolated_shapes_are_flagged_and_not_chosen_while_others_remain():
+    law = {**LAW, "ranges": {"N": (1e5, 1e6), "D": (1e6, 1e7)}}
+    ranked = rank([Candidate("a", 0, 2e5, 1000.0), Candidate("b", 0, 5e7, 1000.0)], law, 3600)
+    flagged = {c.size: c.extrapolated for c in ranked}
+    assert flagged == {"a": False, "b": True}  # 5e7 parameters is 50x the largest fitted
+
+
+def test_batch_rule():
+    assert batch_for(44e6, 128) == 256  # an hour at 12k tokens/s: ~1,300 steps of 256 sequences
+    assert batch_for(1e6, 128) == 32  # a short budget: the floor
+    assert batch_for(1e12, 128) == 8192  # cramming's batch is the ceiling
+    assert batch_for(44e6, 128, min_updates=5000) == 64
+
+
+def test_law_from_a_sweep_json_and_clear_errors(tmp_path):
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"fit_nd": LAW, "points": [{"non_embedding_parameters": 1e5, "tokens": 1e6, "loss": 5.0}]}))
+    law = load_law(sweep)
+    assert law["E"] == 2.0 and law["ranges"] == {"N": (1e5, 1e5), "D": (1e6, 1e6)}
+    sweep.write_text(json.dumps({"fit": {"E": 1.0}, "points": []}))
+    with pytest.raises(ValueError, match="no fitted L\\(N, D\\)"):
+        load_law(sweep)
+
+
+def test_shipped_law_names_its_command_and_fits_its_points():
+    law = load_law()
+    assert law["command"].startswith("cramlm sweep") and law["E"] >= 0 and 0 < law["a"] < 3 and 0 < law["b"] < 3
+    assert law["ranges"]["N"][0] < law["ranges"]["N"][1] and law["ranges"]["D"][0] < law["ranges"]["D"][1]
+
+
+def test_plan_command(law_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    ok = runner.invoke(main, ["plan", "default", "budget=15m", "--law", str(law_file),
+                              "--throughput", "64x2=40000,128x4=9000,256x4=3000"])
+    assert ok.exit_code == 0, ok.output
+    assert "run it: cramlm run default budget=0.25 " in ok.output and "tokens/s" in ok.output
+    bad = runner.invoke(main, ["plan", "default", "budget=15m", "--throughput", "64x2:fast"])
+    assert bad.exit_code == 1 and bad.output.startswith("Error:") and "--throughput" in bad.output
+    missing = runner.invoke(main, ["plan", "default", "budget=15m", "--law", str(law_file), "--sizes", "64x2,96x3",
+                                   "--throughput", "64x2=40000"])
+    assert missing.exit_code == 1 and "no throughput given for shape 96x3" in missing.output

@@ -1,0 +1,173 @@
+"""impl.precision=auto and impl.threads=auto (train/hardware.py): the decisions from faked timings,
+affinity masks and cgroup quotas; the cache; the wiring into a run's summary and MFU peak."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cramlm.train import hardware
+from cramlm.train.hardware import (
+    auto_threads,
+    cgroup_cpu_limit,
+    choose_precision,
+    decide_precision,
+    free_cpus,
+    resolve_precision,
+    resolve_threads,
+    usable_cpus,
+)
+from cramlm.train.runtime import ImplConfig, autocast_dtype
+
+from .helpers import run_inprocess
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRAMLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "hardware.json"
+
+
+def test_precision_decision_from_timings():
+    assert decide_precision(fp32_seconds=1.0, bf16_seconds=0.5) == ("bf16", 2.0)  # AVX512-BF16: 2x
+    assert decide_precision(1.0, 5.0) == ("fp32", 0.2)  # a CPU where bf16 is emulated and slow
+    assert decide_precision(1.0, 0.95)[0] == "fp32"  # 5% is not worth bf16's rounding
+    assert decide_precision(1.0, 1 / 1.1)[0] == "bf16"  # the threshold itself counts
+
+
+@pytest.mark.parametrize("fp32,bf16,expected", [(0.2, 0.1, "bf16"), (0.1, 0.5, "fp32")])
+def test_probe_result_is_cached_per_machine(cache, monkeypatch, fp32, bf16, expected):
+    calls = []
+
+    def fake(device, hidden, intermediate):
+        calls.append((hidden, intermediate))
+        return fp32, bf16
+
+    monkeypatch.setattr(hardware, "time_precisions", fake)
+    cpu = torch.device("cpu")
+    first = choose_precision(cpu, 128, 512)
+    assert (first.precision, first.source, first.speedup) == (expected, "probe", round(fp32 / bf16, 3))
+    assert f"{fp32 / bf16:.2f}x fp32 at width 128x512" in first.reason
+    again = choose_precision(cpu, 128, 512)  # the second run of this machine does not measure
+    assert (again.precision, again.source) == (expected, "cache") and calls == [(128, 512)]
+    choose_precision(cpu, 768, 3072)  # other widths: measured once more
+    assert calls == [(128, 512), (768, 3072)]
+    stored = json.loads(cache.read_text())
+    assert len(stored) == 2 and all(torch.__version__ in key for key in stored)
+
+
+def test_precision_on_cuda_and_explicit_settings(monkeypatch, cache):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cuda = torch.device("cuda")
+    assert autocast_dtype(ImplConfig(), cuda) is torch.bfloat16  # no probe on a bf16 GPU
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert autocast_dtype(ImplConfig(), cuda) is torch.float16  # V100, T4: fp16 with loss scaling
+    assert autocast_dtype(ImplConfig(precision="fp32"), torch.device("cpu")) is None
+    explicit = resolve_precision("bf16", torch.device("cpu"))
+    assert (explicit.precision, explicit.reason, explicit.dtype) == ("bf16", "impl.precision=bf16", torch.bfloat16)
+    assert not cache.exists()  # nothing was measured
+
+
+def test_the_probe_really_times_both_precisions():
+    fp32, bf16 = hardware.time_precisions(torch.device("cpu"), 32, 64, seconds=0.01)
+    assert fp32 > 0 and bf16 > 0
+    assert hardware.probe_rows(768, 3072) % 128 == 0 and 128 <= hardware.probe_rows(32, 64) <= 8192
+
+
+def test_threads_from_affinity_and_quota(tmp_path):
+    assert usable_cpus(affinity={0, 1, 2, 3}) == 4
+    assert usable_cpus(affinity={0, 1, 2, 3}, quota=2.0) == 2  # a container's quota caps the mask
+    assert usable_cpus(affinity={0, 1, 2, 3}, quota=1.5) == 1  # two threads on 1.5 CPUs get throttled
+    assert usable_cpus(affinity={0, 1}, quota=0.5) == 1
+    assert usable_cpus(affinity={5}, quota=None) == 1  # taskset -c 5
+    # torchrun: the usable CPUs are shared among the node's processes
+    assert auto_threads(affinity=set(range(8)), quota=None, local_processes=2) == 4
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=2) == 1
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=4) == 1
+    # cgroup files, v2 and v1
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_limit(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(tmp_path / "v1") == 3.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_limit(tmp_path / "v1") is None
+    assert cgroup_cpu_limit(tmp_path / "none") is None
+
+
+STAT = """cpu  {busy} 0 0 {idle} 0 0 0 {steal} 0 0
+cpu0 0 0 0 0 0 0 0 0 0 0
+cpu1 0 0 0 0 0 0 0 0 0 0
+intr 1 2 3
+"""
+
+
+def test_free_cpus_from_proc_stat():
+    before = STAT.format(busy=1000, idle=1000, steal=0)
+    # 1 s on 2 CPUs = 200 ticks: others busy 180 ticks (1.8 CPUs) -> 0.2 free; our own 50 ticks are not others'
+    loaded = STAT.format(busy=1000 + 180 + 50, idle=1000 + 200 - 230, steal=0)
+    assert free_cpus(before, loaded, own_seconds=0.5) == pytest.approx(2 - 1.8, abs=1e-9)
+    idle = STAT.format(busy=1000 + 10, idle=1000 + 190, steal=0)
+    assert free_cpus(before, idle, own_seconds=0.0) == pytest.approx(1.9)  # others: 10 of 100 ticks per CPU
+    stolen = STAT.format(busy=1000, idle=1000 + 100, steal=100)  # the hypervisor ran another guest on one CPU
+    assert free_cpus(before, stolen, own_seconds=0.0) == pytest.approx(1.0)
+    # the thread count follows: a loaded 2-CPU machine gets 1 thread, an idle one 2
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=1, free=0.2) == 1
+    assert auto_threads(affinity={0, 1}, quota=None, local_processes=1, free=1.9) == 2
+    assert auto_threads(affinity=set(range(16)), quota=4.0, local_processes=1, free=40.0) == 4  # a busy host, our quota is free
+    assert auto_threads(affinity=set(range(8)), quota=None, local_processes=2, free=0.5) == 4  # torchrun ranks: not capped
+
+
+def test_threads_setting(monkeypatch):
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(hardware, "cgroup_cpu_limit", lambda root="/sys/fs/cgroup": None)
+    monkeypatch.setattr(hardware, "measure_free_cpus", lambda seconds=0.25: 3.0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert resolve_threads("auto") == 3
+    monkeypatch.setattr(hardware, "measure_free_cpus", lambda seconds=0.25: 1.2)  # others keep 1.8 CPUs busy
+    assert resolve_threads("auto") == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert resolve_threads("auto") == 1
+    assert resolve_threads(2) == 2 and resolve_threads(None) is None
+    assert ImplConfig().threads == "auto"
+
+
+def test_auto_precision_reaches_the_summary_and_the_peak(tmp_path, cache, monkeypatch):
+    """A run with precision=auto on a machine whose probe says bf16: it trains under bf16 autocast,
+    measures MFU against the bf16 GEMM peak, and its summary says what was chosen and why."""
+    monkeypatch.setattr(hardware, "time_precisions", lambda device, h, i: (0.3, 0.1))
+    peaks = []
+    from cramlm.train import monitor
+
+    real = monitor.cpu_peak_flops
+    monkeypatch.setattr(monitor, "cpu_peak_flops", lambda size=1024, seconds=0.5, dtype=None: peaks.append(dtype) or real(256, 0.01, dtype))
+    summary = run_inprocess(tmp_path, "auto", "budget=null", "train.budget.steps=2", "impl.precision=auto")
+    assert summary["precision"] == "bf16" and "3.00x fp32" in summary["precision_reason"]
+    assert peaks == [torch.bfloat16] and "bf16 GEMM" in summary["peak_source"]
+    on_disk = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert on_disk["precision"] == "bf16"
+
+
+def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
+    """The peak is timed in CPU time on one core, so other work on the machine cannot lower it
+    (and so hide its cost from MFU); the process's threads multiply it."""
+    from cramlm.train import monitor
+
+    before = torch.get_num_threads()
+    assert monitor.core_peak_flops(128, 0.01) > 0 and torch.get_num_threads() == before  # threads restored
+    monkeypatch.setattr(monitor, "core_peak_flops", lambda size=1024, seconds=0.5, dtype=None: 1e9 if dtype is None else 2e9)
+    try:
+        torch.set_num_threads(2)
+        assert monitor.cpu_peak_flops() == 2e9 and monitor.cpu_peak_flops(dtype=torch.bfloat16) == 4e9
+        peak, source = monitor.peak_flops(torch.device("cpu"), torch.bfloat16)
+        assert peak == 4e9 and source == "measured bf16 GEMM on one core (CPU time) x 2 threads"
+    finally:
+        torch.set_num_threads(before)
