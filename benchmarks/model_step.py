@@ -27,9 +27,10 @@ import time
 import torch
 
 from cramlm.config.loader import load_preset
-from cramlm.models import build_model, layers
+from cramlm.models import build_model
+from cramlm.models import model as modeling
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.train.monitor import cpu_peak_flops
+from cramlm.train.flops import cpu_peak_flops
 from cramlm.train.impl import PRECISION_DTYPES, autocast
 
 VOCAB = 32768
@@ -85,11 +86,11 @@ class DocumentAttention(torch.nn.Module):
         self.model, self.mode = model, mode
 
     def forward(self, **batch):
-        saved, layers.DOCUMENT_ATTENTION = layers.DOCUMENT_ATTENTION, self.mode
+        saved, modeling.DOCUMENT_ATTENTION = modeling.DOCUMENT_ATTENTION, self.mode
         try:
             return self.model(**batch)
         finally:
-            layers.DOCUMENT_ATTENTION = saved
+            modeling.DOCUMENT_ATTENTION = saved
 
 
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:

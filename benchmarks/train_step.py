@@ -37,7 +37,7 @@ from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
 from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
-from cramlm.train.monitor import cpu_peak_flops, measure_flops_per_token
+from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
 from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast, resolve_precision
 from cramlm.train.trainer import StepData, TrainConfig, Trainer

@@ -150,8 +150,8 @@ def test_torch_free_modules(module):
 
 
 def test_ignore_index_is_one_value():
-    """models/layers.py restates it (it is copied verbatim into remote-code exports)."""
+    """models/model.py restates it (it is copied verbatim into remote-code exports)."""
     from cramlm.constants import IGNORE_INDEX
-    from cramlm.models import layers
+    from cramlm.models import model
 
-    assert layers.IGNORE_INDEX == IGNORE_INDEX == -100
+    assert model.IGNORE_INDEX == IGNORE_INDEX == -100

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cramlm.models import layers
+from cramlm.models import model as modeling
 from cramlm.train.impl import autocast
 from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
@@ -67,15 +67,15 @@ def test_packed_documents_take_flex_attention_and_match_the_dense_mask(name, dev
     ids, docs, mask = packed(device)
     cpu = device.type == "cpu"
     if cpu:  # FlexAttention has no CPU backward: compare forwards there
-        monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", "flex")
+        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "flex")
         model.eval()
-    assert layers.use_block_mask(docs, model.cfg.hidden_size // model.cfg.num_heads, 0.0)
-    block, _ = layers.attention_mask_for(mask, docs, model.trunk.causal, docs.shape[1], block_mask=True)
-    assert isinstance(block, layers.BlockMask)
+    assert modeling.use_block_mask(docs, model.cfg.hidden_size // model.cfg.num_heads, 0.0)
+    block, _ = modeling.attention_mask_for(mask, docs, model.trunk.causal, docs.shape[1], block_mask=True)
+    assert isinstance(block, modeling.BlockMask)
     keep = mask.bool()
 
     def run(mode: str, dtype):
-        monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", mode)
+        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", mode)
         model.zero_grad(set_to_none=True)
         if cpu:
             with torch.no_grad(), autocast(device, dtype):

@@ -1,5 +1,5 @@
 """Packed documents without a dense mask: the FlexAttention block mask (the CUDA default, see
-layers.DOCUMENT_ATTENTION) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
+model.DOCUMENT_ATTENTION) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
 only (FlexAttention has no CPU backward); tests/gpu/test_attention.py checks forward, backward
 and the kernels on a GPU."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cramlm.models import layers
+from cramlm.models import model as modeling
 from tests.models.helpers import random_ids, tiny_model
 
-pytestmark = pytest.mark.skipif(layers.BlockMask is None, reason="torch without FlexAttention")
+pytestmark = pytest.mark.skipif(modeling.BlockMask is None, reason="torch without FlexAttention")
 WIDE = dict(hidden_size=64, num_heads=4, intermediate_size=128)  # head dim 16
 
 
@@ -27,7 +27,7 @@ def test_block_mask_gives_the_dense_masks_results(name, monkeypatch):
     ids, docs, mask = packed_batch()
     outputs = {}
     for mode in ("dense", "flex"):
-        monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", mode)
+        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", mode)
         with torch.no_grad():
             outputs[mode] = model.encode(ids, attention_mask=mask, document_ids=docs)
     keep = mask.bool()
@@ -39,9 +39,9 @@ def test_block_mask_gives_the_dense_masks_results(name, monkeypatch):
 def test_block_mask_is_the_dense_mask(causal):
     _, docs, mask = packed_batch()
     T = docs.shape[1]
-    dense, _ = layers.attention_mask_for(mask, docs, causal, T)
-    block, _ = layers.attention_mask_for(mask, docs, causal, T, block_mask=True)
-    assert isinstance(block, layers.BlockMask)
+    dense, _ = modeling.attention_mask_for(mask, docs, causal, T)
+    block, _ = modeling.attention_mask_for(mask, docs, causal, T, block_mask=True)
+    assert isinstance(block, modeling.BlockMask)
     q, kv = torch.arange(T)[:, None], torch.arange(T)[None, :]
     for b in range(2):
         expected = torch.stack([torch.stack([block.mask_mod(torch.tensor(b), 0, i, j) for j in kv[0]]) for i in q[:, 0]])
@@ -53,17 +53,17 @@ def test_every_query_sees_a_key():
     key, SDPA kernels may give NaN, and 0 * NaN spreads through the next layer. Each sees itself."""
     _, docs, mask = packed_batch()
     for causal in (False, True):
-        dense, _ = layers.attention_mask_for(mask, docs, causal, docs.shape[1])
+        dense, _ = modeling.attention_mask_for(mask, docs, causal, docs.shape[1])
         assert dense.any(dim=-1).all()
 
 
 def test_when_the_block_mask_is_used(monkeypatch):
     docs = torch.zeros(2, 8, dtype=torch.long)
-    assert not layers.use_block_mask(docs, 16, 0.0)  # auto: on CUDA only (here: the dense mask)
-    monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", "flex")
-    assert layers.use_block_mask(docs, 16, 0.0) and layers.use_block_mask(docs, 64, 0.0)
-    assert not layers.use_block_mask(None, 16, 0.0)
-    assert not layers.use_block_mask(docs, 8, 0.0) and not layers.use_block_mask(docs, 24, 0.0)  # torch 2.5's head dims
-    assert not layers.use_block_mask(docs, 16, 0.1)  # attention dropout: FlexAttention has none
-    monkeypatch.setattr(layers, "DOCUMENT_ATTENTION", "dense")
-    assert not layers.use_block_mask(docs, 16, 0.0)
+    assert not modeling.use_block_mask(docs, 16, 0.0)  # auto: on CUDA only (here: the dense mask)
+    monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "flex")
+    assert modeling.use_block_mask(docs, 16, 0.0) and modeling.use_block_mask(docs, 64, 0.0)
+    assert not modeling.use_block_mask(None, 16, 0.0)
+    assert not modeling.use_block_mask(docs, 8, 0.0) and not modeling.use_block_mask(docs, 24, 0.0)  # torch 2.5's head dims
+    assert not modeling.use_block_mask(docs, 16, 0.1)  # attention dropout: FlexAttention has none
+    monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "dense")
+    assert not modeling.use_block_mask(docs, 16, 0.0)

@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from cramlm.models.heads import SequenceClassifier, TokenClassifier
-from cramlm.models.layers import Rotary, apply_rotary, positions_from_documents
+from cramlm.models.model import Rotary, apply_rotary, positions_from_documents
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 
 ENCODERS = ["crammed-bert-tiny", "bert-original-tiny", "crammed-bert-modern"]
@@ -105,7 +105,7 @@ def test_sparse_prediction_loss_equals_dense(name):
 def test_fused_linear_cross_entropy_equals_the_plain_one(dtype, bias):
     """Loss and gradients of the fused, chunked decoder + loss equal F.linear + F.cross_entropy,
     with the decoder tied to an embedding (its gradient adds to the embedding's) and under autocast."""
-    from cramlm.models.layers import linear_cross_entropy
+    from cramlm.models.model import linear_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     M, H, V = 37, 16, 50

@@ -19,7 +19,7 @@ from cramlm.train.hardware import (
     resolve_threads,
     usable_cpus,
 )
-from cramlm.train.runtime import ImplConfig, autocast_dtype
+from cramlm.train.impl import ImplConfig, autocast_dtype
 
 from .helpers import run_inprocess
 
@@ -145,10 +145,10 @@ def test_auto_precision_reaches_the_summary_and_the_peak(tmp_path, cache, monkey
     measures MFU against the bf16 GEMM peak, and its summary says what was chosen and why."""
     monkeypatch.setattr(hardware, "time_precisions", lambda device, h, i: (0.3, 0.1))
     peaks = []
-    from cramlm.train import monitor
+    from cramlm.train import flops
 
-    real = monitor.cpu_peak_flops
-    monkeypatch.setattr(monitor, "cpu_peak_flops", lambda size=1024, seconds=0.5, dtype=None: peaks.append(dtype) or real(256, 0.01, dtype))
+    real = flops.cpu_peak_flops
+    monkeypatch.setattr(flops, "cpu_peak_flops", lambda size=1024, seconds=0.5, dtype=None: peaks.append(dtype) or real(256, 0.01, dtype))
     summary = run_inprocess(tmp_path, "auto", "budget=null", "train.budget.steps=2", "impl.precision=auto")
     assert summary["precision"] == "bf16" and "3.00x fp32" in summary["precision_reason"]
     assert peaks == [torch.bfloat16] and "bf16 GEMM" in summary["peak_source"]
@@ -159,15 +159,15 @@ def test_auto_precision_reaches_the_summary_and_the_peak(tmp_path, cache, monkey
 def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
     """The peak is timed in CPU time on one core, so other work on the machine cannot lower it
     (and so hide its cost from MFU); the process's threads multiply it."""
-    from cramlm.train import monitor
+    from cramlm.train import flops
 
     before = torch.get_num_threads()
-    assert monitor.core_peak_flops(128, 0.01) > 0 and torch.get_num_threads() == before  # threads restored
-    monkeypatch.setattr(monitor, "core_peak_flops", lambda size=1024, seconds=0.5, dtype=None: 1e9 if dtype is None else 2e9)
+    assert flops.core_peak_flops(128, 0.01) > 0 and torch.get_num_threads() == before  # threads restored
+    monkeypatch.setattr(flops, "core_peak_flops", lambda size=1024, seconds=0.5, dtype=None: 1e9 if dtype is None else 2e9)
     try:
         torch.set_num_threads(2)
-        assert monitor.cpu_peak_flops() == 2e9 and monitor.cpu_peak_flops(dtype=torch.bfloat16) == 4e9
-        peak, source = monitor.peak_flops(torch.device("cpu"), torch.bfloat16)
+        assert flops.cpu_peak_flops() == 2e9 and flops.cpu_peak_flops(dtype=torch.bfloat16) == 4e9
+        peak, source = flops.peak_flops(torch.device("cpu"), torch.bfloat16)
         assert peak == 4e9 and source == "measured bf16 GEMM on one core (CPU time) x 2 threads"
     finally:
         torch.set_num_threads(before)

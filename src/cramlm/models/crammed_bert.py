@@ -1,7 +1,8 @@
 """crammed-bert (Geiping & Goldstein, 2022): a pre-norm BERT without biases, with a GELU-GLU
 feed-forward, scaled sinusoidal positions and an MLM head evaluated only at masked positions.
 Every architectural choice is a config field, so the original BERT (``arch=bert-original``) and a
-ModernBERT-like encoder (``arch=crammed-bert-modern``) are presets of this same class."""
+ModernBERT-like encoder (``arch=crammed-bert-modern``) are presets of this same class. The layers
+are in model.py, the config in transformer.py; this file is the registered MLM wrapper."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.layers import IGNORE_INDEX, MLMHead, Trunk, init_weights
+from cramlm.models.model import IGNORE_INDEX, MLMHead, Trunk, init_weights
 from cramlm.models.transformer import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
 
 __all__ = ["CrammedBert", "CrammedBertConfig"]
 
 
 class CrammedBert(nn.Module):
-    """Encoder + MLM head. ``encode`` gives hidden states for downstream heads.
-
-    Batch keys: input_ids (B, T); optional attention_mask (B, T) 1 = token, 0 = padding;
-    labels (B, T) with -100 at unscored positions; token_type_ids (B, T) when type_vocab_size > 0;
-    position_ids / document_ids (B, T) for packed documents (see docs/models.md)."""
+    """Encoder (model.Trunk) + MLM head (model.MLMHead). ``encode`` gives hidden states for
+    downstream heads (heads.py). Forward arguments and outputs: see ``forward``."""
 
     def __init__(self, cfg: CrammedBertConfig, vocab_size: int):
         super().__init__()
@@ -42,28 +40,33 @@ class CrammedBert(nn.Module):
     def decoder(self) -> nn.Linear:
         return self.head.decoder
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **positions) -> torch.Tensor:
-        """(B, T) -> (B, T, H). ``positions``: position_ids, document_ids, token_type_ids."""
-        return self.trunk(input_ids, attention_mask, **positions)
+    def encode(self, input_ids, attention_mask=None, position_ids=None, document_ids=None, token_type_ids=None) -> torch.Tensor:
+        """(B, T) -> (B, T, H): the trunk's last hidden states."""
+        return self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)
 
     def forward(
         self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **positions,
-    ) -> dict[str, torch.Tensor]:
-        hidden = self.encode(input_ids, attention_mask, **positions)  # (B, T, H)
-        if labels is None:
-            return {"logits": self.head(hidden)}
-        if self.cfg.sparse_prediction:
-            # only the masked positions (about 25%) go through the head and the V-wide decoder
-            targets = labels.reshape(-1)
-            picked = targets != IGNORE_INDEX
-            # decoder and loss fused: the (M, V) logits are never materialised (layers.linear_cross_entropy)
-            return {"loss": self.head.loss(hidden.reshape(-1, self.hidden_size)[picked], targets[picked])}
+        input_ids: torch.Tensor,  # (B, T)
+        attention_mask: torch.Tensor | None = None,  # (B, T) 1 = token, 0 = padding
+        labels: torch.Tensor | None = None,  # (B, T) the original token where scored, -100 elsewhere
+        position_ids: torch.Tensor | None = None,  # (B, T); default: from document_ids, else 0..T-1
+        document_ids: torch.Tensor | None = None,  # (B, T) packed documents: attention stays inside one
+        token_type_ids: torch.Tensor | None = None,  # (B, T) when type_vocab_size > 0
+    ) -> dict[str, torch.Tensor | None]:
+        """{"loss", "logits"}, both keys always (the causal model's too):
+        loss: mean cross-entropy over the scored positions (labels != -100); None without labels.
+        logits: (B, T, V); None when sparse prediction computed the loss (labels given and
+        ``cfg.sparse_prediction``): then only the scored positions go through the head, and the
+        decoder and loss are fused (model.linear_cross_entropy), so no logits ever exist."""
+        hidden = self.encode(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        if labels is not None and self.cfg.sparse_prediction:
+            targets = labels.reshape(-1)  # (B*T,)
+            picked = targets != IGNORE_INDEX  # about 15-25% of positions
+            return {"loss": self.head.loss(hidden.reshape(-1, self.hidden_size)[picked], targets[picked]), "logits": None}
         logits = self.head(hidden)  # (B, T, V)
-        loss = F.cross_entropy(logits.float().view(-1, self.vocab_size), labels.view(-1), ignore_index=IGNORE_INDEX)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().view(-1, self.vocab_size), labels.view(-1), ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}
 
     def forward_flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:

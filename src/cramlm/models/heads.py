@@ -1,6 +1,6 @@
-"""Task heads on top of an encoder that exposes ``encode(input_ids, attention_mask, **positions)``
-and ``hidden_size``. (The pretraining heads live with their models: the MLM head in
-crammed_bert.py, the causal LM head in gpt.py.)"""
+"""Task heads on top of an encoder that exposes ``encode(input_ids, attention_mask, position_ids=,
+document_ids=, token_type_ids=)`` and ``hidden_size``. (The pretraining heads are not here: the
+MLM head is ``MLMHead`` in model.py, the causal LM head a linear layer in gpt.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramlm.models.layers import IGNORE_INDEX
+from cramlm.models.model import IGNORE_INDEX
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: str) -> torch.Tensor:

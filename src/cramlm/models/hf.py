@@ -3,7 +3,7 @@
 Export: a model whose choices match a stock transformers class exactly is written as that class
 (weights renamed and split, config.json in its terms): bert-original -> BertForMaskedLM, the
 ModernBERT-like crammed variant -> ModernBertForMaskedLM, GPT-2 -> GPT2LMHeadModel, llama-like ->
-LlamaForCausalLM. Any other variant becomes a remote-code package (our own layers.py beside the
+LlamaForCausalLM. Any other variant becomes a remote-code package (our own model.py beside the
 weights, loaded with ``trust_remote_code=True``). Import: an HF BERT folder -> bert-original.
 
 A name table per architecture lists (HF name, our name, how): ``None`` copies, ``("part", i, sizes)``

@@ -187,7 +187,7 @@ def plan(recipe: str, overrides: list[str], sizes: list[str] | None = None, law_
     if base.get("type") != "crammed-bert":
         raise ValueError(f"cramlm plan plans masked-LM runs (arch type crammed-bert), not '{base.get('type')}'")
     if throughput is None:
-        from cramlm.train.runtime import setup_device
+        from cramlm.train.impl import setup_device
 
         setup_device(cfg.impl)  # threads as the run will have them
     candidates = []

@@ -125,7 +125,7 @@ def measure_costs(model, seq_len: int, sample: dict | None, device, dtype=None) 
     """FLOPs per token (the model's own count, else counted on ``sample``) and the device's peak for
     the precision in use (``dtype``: the autocast dtype, None: fp32; a table on GPU, a short GEMM
     probe on CPU). Run on the plain model, before it is wrapped."""
-    from cramlm.train.monitor import flops_per_token, peak_flops
+    from cramlm.train.flops import flops_per_token, peak_flops
 
     if sample is not None:  # a small slice: its labels also give the scored fraction of MLM positions
         sample = {k: v[:8].to(device) for k, v in sample.items()}

@@ -50,7 +50,7 @@ from cramlm.train import checkpoint as ckpt
 from cramlm.train.budget import BatchPlan, Meter  # noqa: F401  (BatchPlan: moved to budget.py)
 from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
-from cramlm.train.monitor import MetricsLog
+from cramlm.train.metrics import MetricsLog
 from cramlm.train.optim import build_optimizer
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name

@@ -1,14 +1,12 @@
-"""What a run reports: FLOPs per token, the device's peak, MFU, and the metric sinks
-(JSONL always; TensorBoard and Weights & Biases when asked for)."""
+"""FLOPs and MFU: FLOPs per token (the model's own count, or FlopCounterMode on one step), the
+device's peak (the GPU data-sheet table, or a GEMM probe on one CPU core), and so the model FLOP
+utilisation a run reports. The metric sinks are in metrics.py."""
 
 from __future__ import annotations
 
 import inspect
-
-import json
 import time
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
@@ -109,46 +107,3 @@ def flops_per_token(model: torch.nn.Module, seq_len: int, sample: dict[str, torc
     if sample is not None:
         return measure_flops_per_token(model, sample), "FlopCounterMode"
     return 6.0 * sum(p.numel() for p in model.parameters()), "6 * parameters"
-
-
-class MetricsLog:
-    """One JSON line per record in ``metrics.jsonl``; optionally TensorBoard and W&B."""
-
-    def __init__(self, run_dir: Path, impl, config: dict, enabled: bool = True, append: bool = False):
-        self.enabled = enabled
-        self.file = self.tb = self.wandb = None
-        if not enabled:
-            return
-        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
-        if impl.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
-
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-        if impl.wandb:
-            import wandb  # optional extra: pip install cramlm[wandb]
-
-            self.wandb = wandb.init(
-                project=impl.wandb_project, name=run_dir.name, dir=str(run_dir), mode=impl.wandb_mode,
-                config=config, resume="allow", id=run_dir.name,
-            )
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        step = record.get("step", 0)
-        scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-        if self.tb:
-            for key, value in scalars.items():
-                self.tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
-        if self.wandb:
-            self.wandb.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
-        if self.tb:
-            self.tb.close()
-        if self.wandb:
-            self.wandb.finish()

@@ -1,9 +1,12 @@
-"""Building blocks shared by the models. Shapes: B batch, T tokens, H hidden, N query heads,
-K key/value heads, D head dim, V vocabulary.
+"""The transformer: one file, read top to bottom (config, trunk, block, attention, FFN, heads,
+init). crammed_bert.py and gpt.py wrap it into the registered models; heads.py adds task heads.
+
+Shapes: B batch, T tokens, H hidden, N query heads, K key/value heads, D head dim (H / N),
+I FFN inner width, V vocabulary, M scored positions.
 
 This file imports nothing from cramlm: `cramlm export hf` copies it verbatim into the remote-code
-package of variants that no stock transformers class matches, so exported and trained models run
-the very same code.
+package of variants that no stock transformers class matches (then hf_modeling.py's wrappers), so
+exported and trained models run the very same code.
 """
 
 from __future__ import annotations
@@ -30,253 +33,17 @@ IGNORE_INDEX = -100  # label value of positions that carry no target
 # torch's unfused reference: for tests, not for speed).
 DOCUMENT_ATTENTION = os.environ.get("CRAMLM_DOCUMENT_ATTENTION", "auto")
 
-ACTIVATIONS = {
-    "gelu": F.gelu,  # exact (erf) GELU: BERT, cramming, ModernBERT
-    "gelu-tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
-    "relu": F.relu,
-    "silu": F.silu,  # with ffn=glu: SwiGLU (llama)
-}
+
+# ---- config --------------------------------------------------------------------------------------
+# The config: ``cfg`` everywhere below is anything with the fields of
+# ``cramlm.models.transformer.TransformerConfig`` (the torch-free pydantic configs; in a remote-code
+# export a SimpleNamespace of the same fields). Every architectural choice is one of those fields.
 
 
-def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(dim, eps=eps)
-    raise ValueError(f"unknown norm '{kind}'")
-
-
-def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
-    """(length, dim) table of Vaswani et al.: sin on even, cos on odd channels."""
-    position = torch.arange(length, dtype=torch.float32)[:, None]
-    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(position * freq)
-    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
-    return table
-
-
-class PositionEmbedding(nn.Module):
-    """Absolute positions added to token embeddings: learned, sinusoidal, or scaled-sinusoidal
-    (cramming: a fixed sinusoidal table times one learned scalar, initialised to 1/sqrt(H))."""
-
-    def __init__(self, kind: str, max_length: int, dim: int):
-        super().__init__()
-        self.kind = kind
-        if kind == "learned":
-            self.table = nn.Parameter(torch.zeros(max_length, dim))
-        elif kind in ("sinusoidal", "scaled-sinusoidal"):
-            self.register_buffer("table", sinusoidal_table(max_length, dim), persistent=False)
-            if kind == "scaled-sinusoidal":
-                self.scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(dim)))
-        else:
-            raise ValueError(f"unknown positions '{kind}'")
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B or 1, T) -> (B or 1, T, H)
-        table = F.embedding(position_ids, self.table)
-        return table * self.scale if self.kind == "scaled-sinusoidal" else table
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Su et al.), the "rotate half" layout of GPT-NeoX, Llama and
-    ModernBERT: channel i is paired with channel i + D/2. Angles are computed in float32."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-        self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
-
-    def inverse_frequencies(self) -> torch.Tensor:  # (D/2,)
-        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-
-    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = position_ids[..., None].float() * self.inv_freq  # (B or 1, T, D/2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B or 1, 1, T, D)
-        return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x: (B, N, T, D)
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
-
-
-class SelfAttention(nn.Module):
-    """Multi-head (or grouped-query: fewer key/value heads) self-attention with a fused QKV
-    projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads]."""
-
-    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float):
-        super().__init__()
-        if dim % num_heads or num_heads % num_kv_heads:
-            raise ValueError(f"hidden size {dim}, {num_heads} heads and {num_kv_heads} key/value heads do not divide")
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
-        self.dropout = dropout
-        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
-        self.out = nn.Linear(dim, dim, bias=bias)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-        is_causal: bool = False,
-    ) -> torch.Tensor:
-        B, T, H = x.shape
-        N, K = self.num_heads, self.num_kv_heads
-        qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
-        q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        extra = {"enable_gqa": True} if K != N else {}
-        if BlockMask is not None and isinstance(attn_mask, BlockMask):  # packed documents (Trunk decides)
-            # autocast does not cover flex_attention: q, k, v must share one dtype (they do, unless
-            # something upcasts one of them; the cast is then what SDPA's autocast would do)
-            y = _flex(q.device)(q, k.to(q.dtype), v.to(q.dtype), block_mask=attn_mask, **extra)
-        else:
-            # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
-            if extra and attn_mask is not None and q.is_cuda:
-                # SDPA's grouped-query mode runs only in the flash and math kernels on CUDA (its docs), and
-                # flash takes no mask: repeating the key/value heads keeps a masked batch on the
-                # memory-efficient kernel instead of the math one (the same function: SDPA's reference)
-                k, v, extra = k.repeat_interleave(N // K, dim=1), v.repeat_interleave(N // K, dim=1), {}
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
-            )
-        return self.out(y.transpose(1, 2).reshape(B, T, H))
-
-
-@cache
-def _compiled_flex():
-    # flex_attention is fast only compiled (eagerly it materialises the scores); dynamic=False: one
-    # kernel per shape, as training has few shapes
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _flex(device: torch.device):
-    """flex_attention as it should be called here: traced as is inside a compiled model, compiled
-    on its own on CUDA, torch's unfused reference on a CPU (tests)."""
-    if device.type != "cuda" or torch.compiler.is_compiling():
-        return flex_attention
-    return _compiled_flex()
-
-
-class FeedForward(nn.Module):
-    """Plain MLP (H -> I -> H) or gated (H -> I, split in halves, act(a) * b, I/2 -> H): cramming's
-    GELU-GLU, ModernBERT's GeGLU and llama's SwiGLU (a = gate_proj, b = up_proj) alike."""
-
-    def __init__(self, dim: int, inner: int, kind: str, activation: str, bias: bool):
-        super().__init__()
-        self.gated = kind == "glu"
-        self.act = ACTIVATIONS[activation]
-        self.up = nn.Linear(dim, inner, bias=bias)
-        self.down = nn.Linear(inner // 2 if self.gated else inner, dim, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        if self.gated:
-            gate, value = h.chunk(2, dim=-1)
-            h = self.act(gate) * value
-        else:
-            h = self.act(h)
-        return self.down(h)
-
-
-class Block(nn.Module):
-    """One transformer layer. Pre-norm: x + f(norm(x)); post-norm (original BERT): norm(x + f(x))."""
-
-    def __init__(self, cfg, index: int):
-        super().__init__()
-        self.pre_norm = cfg.norm_scheme == "pre"
-        # ModernBERT leaves out the first layer's attention norm: the embedding norm precedes it
-        skip = index == 0 and not cfg.first_attn_norm
-        self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
-        kv_heads = cfg.num_kv_heads or cfg.num_heads
-        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout)
-        self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
-        self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-
-    def forward(self, x, attn_mask=None, rotary=None, is_causal=False) -> torch.Tensor:
-        if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rotary, is_causal))
-            return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rotary, is_causal)))
-        return self.norm2(x + self.dropout(self.ffn(x)))
-
-
-def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T) document ids -> (B, T) position of each token inside its document (restarts at 0
-    wherever the id changes)."""
-    T = document_ids.shape[1]
-    index = torch.arange(T, device=document_ids.device).expand_as(document_ids)
-    starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return index - first
-
-
-def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float) -> bool:
-    """Whether packed documents go through FlexAttention (see DOCUMENT_ATTENTION): it has no
-    attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
-    if document_ids is None or BlockMask is None or dropout > 0 or DOCUMENT_ATTENTION == "dense":
-        return False
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        return False
-    return DOCUMENT_ATTENTION == "flex" or document_ids.device.type == "cuda"
-
-
-def document_block_mask(
-    attention_mask: torch.Tensor | None, document_ids: torch.Tensor, causal: bool, T: int
-) -> BlockMask:
-    """The block mask of exactly the dense mask ``attention_mask_for`` builds (same document, key
-    not padding, causal; each query sees itself), for FlexAttention. Built once per forward and
-    shared by all layers; whole blocks between documents are skipped by the kernel."""
-    docs = document_ids
-    keys = attention_mask.bool() if attention_mask is not None else None
-
-    def mask_mod(b, h, q, kv):
-        allowed = docs[b, q] == docs[b, kv]
-        if keys is not None:
-            allowed = allowed & keys[b, kv]
-        if causal:
-            allowed = allowed & (q >= kv)
-        return allowed | (q == kv)  # as the dense mask: no query without a key
-
-    return create_block_mask(mask_mod, docs.shape[0], None, T, T, device=docs.device)
-
-
-def attention_mask_for(
-    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool, T: int,
-    block_mask: bool = False,
-) -> tuple[torch.Tensor | BlockMask | None, bool]:
-    """(bool mask for SDPA, a FlexAttention BlockMask or None; is_causal). Padding mask (B, T)
-    1 = token, 0 = padding; document ids (B, T) confine attention to the own document
-    (``block_mask``: as a BlockMask, see ``use_block_mask``). None + is_causal when nothing but
-    causality applies, so SDPA keeps its fastest kernels."""
-    if attention_mask is None and document_ids is None:
-        return None, causal
-    if block_mask and document_ids is not None:
-        return document_block_mask(attention_mask, document_ids, causal, T), False
-    mask = None
-    if attention_mask is not None:
-        mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T) keys
-    if document_ids is not None:
-        same = document_ids[:, None, :, None] == document_ids[:, None, None, :]  # (B, 1, T, T)
-        mask = same if mask is None else mask & same
-    if causal:
-        mask = mask & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
-    if causal or document_ids is not None:
-        # with left padding (causal) or a padding document (packed blocks) a padding query may see
-        # no key at all; SDPA before torch 2.5 (and some kernels) give NaN there, and 0 * NaN
-        # spreads it through later layers. Letting each query see itself changes only padding rows
-        # (real tokens already see themselves).
-        mask = mask | torch.eye(T, dtype=torch.bool, device=mask.device)
-    return mask, False
-
+# ---- trunk: embeddings -> blocks -> final norm ---------------------------------------------------
 
 class Trunk(nn.Module):
-    """Embeddings -> blocks -> final norm, for encoders (bidirectional) and decoders (causal).
-    ``cfg`` is anything with the fields of ``cramlm.models.transformer.TransformerConfig``."""
+    """Embeddings -> blocks -> final norm, for encoders (bidirectional) and decoders (causal)."""
 
     def __init__(self, cfg, vocab_size: int, causal: bool):
         super().__init__()
@@ -323,6 +90,258 @@ class Trunk(nn.Module):
         return self.final_norm(x)
 
 
+class PositionEmbedding(nn.Module):
+    """Absolute positions added to token embeddings: learned, sinusoidal, or scaled-sinusoidal
+    (cramming: a fixed sinusoidal table times one learned scalar, initialised to 1/sqrt(H))."""
+
+    def __init__(self, kind: str, max_length: int, dim: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "learned":
+            self.table = nn.Parameter(torch.zeros(max_length, dim))
+        elif kind in ("sinusoidal", "scaled-sinusoidal"):
+            self.register_buffer("table", sinusoidal_table(max_length, dim), persistent=False)
+            if kind == "scaled-sinusoidal":
+                self.scale = nn.Parameter(torch.tensor(1.0 / math.sqrt(dim)))
+        else:
+            raise ValueError(f"unknown positions '{kind}'")
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B or 1, T) -> (B or 1, T, H)
+        table = F.embedding(position_ids, self.table)
+        return table * self.scale if self.kind == "scaled-sinusoidal" else table
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """(length, dim) table of Vaswani et al.: sin on even, cos on odd channels."""
+    position = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table
+
+
+def positions_from_documents(document_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) document ids -> (B, T) position of each token inside its document (restarts at 0
+    wherever the id changes)."""
+    T = document_ids.shape[1]
+    index = torch.arange(T, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+def attention_mask_for(
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None, causal: bool, T: int,
+    block_mask: bool = False,
+) -> tuple[torch.Tensor | BlockMask | None, bool]:
+    """(bool mask for SDPA, a FlexAttention BlockMask or None; is_causal). Padding mask (B, T)
+    1 = token, 0 = padding; document ids (B, T) confine attention to the own document
+    (``block_mask``: as a BlockMask, see ``use_block_mask``). None + is_causal when nothing but
+    causality applies, so SDPA keeps its fastest kernels."""
+    if attention_mask is None and document_ids is None:
+        return None, causal
+    if block_mask and document_ids is not None:
+        return document_block_mask(attention_mask, document_ids, causal, T), False
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T) keys
+    if document_ids is not None:
+        same = document_ids[:, None, :, None] == document_ids[:, None, None, :]  # (B, 1, T, T)
+        mask = same if mask is None else mask & same
+    if causal:
+        mask = mask & torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    if causal or document_ids is not None:
+        # with left padding (causal) or a padding document (packed blocks) a padding query may see
+        # no key at all; SDPA before torch 2.5 (and some kernels) give NaN there, and 0 * NaN
+        # spreads it through later layers. Letting each query see itself changes only padding rows
+        # (real tokens already see themselves).
+        mask = mask | torch.eye(T, dtype=torch.bool, device=mask.device)
+    return mask, False
+
+
+def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float) -> bool:
+    """Whether packed documents go through FlexAttention (see DOCUMENT_ATTENTION): it has no
+    attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
+    if document_ids is None or BlockMask is None or dropout > 0 or DOCUMENT_ATTENTION == "dense":
+        return False
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return False
+    return DOCUMENT_ATTENTION == "flex" or document_ids.device.type == "cuda"
+
+
+def document_block_mask(
+    attention_mask: torch.Tensor | None, document_ids: torch.Tensor, causal: bool, T: int
+) -> BlockMask:
+    """The block mask of exactly the dense mask ``attention_mask_for`` builds (same document, key
+    not padding, causal; each query sees itself), for FlexAttention. Built once per forward and
+    shared by all layers; whole blocks between documents are skipped by the kernel."""
+    docs = document_ids
+    keys = attention_mask.bool() if attention_mask is not None else None
+
+    def mask_mod(b, h, q, kv):
+        allowed = docs[b, q] == docs[b, kv]
+        if keys is not None:
+            allowed = allowed & keys[b, kv]
+        if causal:
+            allowed = allowed & (q >= kv)
+        return allowed | (q == kv)  # as the dense mask: no query without a key
+
+    return create_block_mask(mask_mod, docs.shape[0], None, T, T, device=docs.device)
+
+
+# ---- block ---------------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    """One transformer layer. Pre-norm: x + f(norm(x)); post-norm (original BERT): norm(x + f(x))."""
+
+    def __init__(self, cfg, index: int):
+        super().__init__()
+        self.pre_norm = cfg.norm_scheme == "pre"
+        # ModernBERT leaves out the first layer's attention norm: the embedding norm precedes it
+        skip = index == 0 and not cfg.first_attn_norm
+        self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        kv_heads = cfg.num_kv_heads or cfg.num_heads
+        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout)
+        self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
+        self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, attn_mask=None, rotary=None, is_causal=False) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
+        if self.pre_norm:
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rotary, is_causal))
+            return x + self.dropout(self.ffn(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rotary, is_causal)))
+        return self.norm2(x + self.dropout(self.ffn(x)))
+
+
+def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=eps, bias=bias)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(dim, eps=eps)
+    raise ValueError(f"unknown norm '{kind}'")
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+class SelfAttention(nn.Module):
+    """Multi-head (or grouped-query: fewer key/value heads) self-attention with a fused QKV
+    projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads]."""
+
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float):
+        super().__init__()
+        if dim % num_heads or num_heads % num_kv_heads:
+            raise ValueError(f"hidden size {dim}, {num_heads} heads and {num_kv_heads} key/value heads do not divide")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
+        self.out = nn.Linear(dim, dim, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        is_causal: bool = False,
+    ) -> torch.Tensor:
+        B, T, H = x.shape
+        N, K = self.num_heads, self.num_kv_heads
+        qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
+        q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        extra = {"enable_gqa": True} if K != N else {}
+        if BlockMask is not None and isinstance(attn_mask, BlockMask):  # packed documents (Trunk decides)
+            # autocast does not cover flex_attention: q, k, v must share one dtype (they do, unless
+            # something upcasts one of them; the cast is then what SDPA's autocast would do)
+            y = _flex(q.device)(q, k.to(q.dtype), v.to(q.dtype), block_mask=attn_mask, **extra)
+        else:
+            # attn_mask: (B, 1, 1 or T, T) bool, True = may attend; None + is_causal keeps the fast path
+            if extra and attn_mask is not None and q.is_cuda:
+                # SDPA's grouped-query mode runs only in the flash and math kernels on CUDA (its docs), and
+                # flash takes no mask: repeating the key/value heads keeps a masked batch on the
+                # memory-efficient kernel instead of the math one (the same function: SDPA's reference)
+                k, v, extra = k.repeat_interleave(N // K, dim=1), v.repeat_interleave(N // K, dim=1), {}
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0, **extra
+            )
+        return self.out(y.transpose(1, 2).reshape(B, T, H))  # (B, N, T, D) -> (B, T, H)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al.), the "rotate half" layout of GPT-NeoX, Llama and
+    ModernBERT: channel i is paired with channel i + D/2. Angles are computed in float32."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
+
+    def inverse_frequencies(self) -> torch.Tensor:  # (D/2,)
+        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = position_ids[..., None].float() * self.inv_freq  # (B or 1, T, D/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B or 1, 1, T, D)
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:  # x: (B, N, T, D)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+
+
+@cache
+def _compiled_flex():
+    # flex_attention is fast only compiled (eagerly it materialises the scores); dynamic=False: one
+    # kernel per shape, as training has few shapes
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(device: torch.device):
+    """flex_attention as it should be called here: traced as is inside a compiled model, compiled
+    on its own on CUDA, torch's unfused reference on a CPU (tests)."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention
+    return _compiled_flex()
+
+
+# ---- feed-forward --------------------------------------------------------------------------------
+
+ACTIVATIONS = {
+    "gelu": F.gelu,  # exact (erf) GELU: BERT, cramming, ModernBERT
+    "gelu-tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
+    "relu": F.relu,
+    "silu": F.silu,  # with ffn=glu: SwiGLU (llama)
+}
+
+
+class FeedForward(nn.Module):
+    """Plain MLP (H -> I -> H) or gated (H -> I, split in halves, act(a) * b, I/2 -> H): cramming's
+    GELU-GLU, ModernBERT's GeGLU and llama's SwiGLU (a = gate_proj, b = up_proj) alike."""
+
+    def __init__(self, dim: int, inner: int, kind: str, activation: str, bias: bool):
+        super().__init__()
+        self.gated = kind == "glu"
+        self.act = ACTIVATIONS[activation]
+        self.up = nn.Linear(dim, inner, bias=bias)
+        self.down = nn.Linear(inner // 2 if self.gated else inner, dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
+        h = self.up(x)  # (B, T, I)
+        if self.gated:
+            gate, value = h.chunk(2, dim=-1)
+            h = self.act(gate) * value  # (B, T, I/2)
+        else:
+            h = self.act(h)
+        return self.down(h)
+
+
+# ---- heads: MLM (the causal LM head is one nn.Linear, in gpt.py) ---------------------------------
+
 class MLMHead(nn.Module):
     """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
     brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
@@ -362,7 +381,7 @@ def linear_cross_entropy(
     model (hidden 128, vocab 32768) about a third of its head time; the matmuls are the same three
     (FLOPs unchanged). Under autocast the matmuls run in the autocast dtype and the softmax in fp32,
     as F.linear + logits.float() would."""
-    M, V = hidden.shape[0], weight.shape[0]
+    V = weight.shape[0]
     rows = rows or max(16, min(1024, (1 << 22) // V))  # a chunk of logits is about 16 MB in fp32
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows, wants_grad)
@@ -420,6 +439,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None, None, None,
         )
 
+
+# ---- init ----------------------------------------------------------------------------------------
 
 def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:
     """normal(0, std) for linear and embedding weights (learned position tables too), zeros for
