@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import inspect
 import json
 from importlib.resources import files
 
@@ -12,6 +13,7 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+from cramlm.models import model as modeling
 from cramlm.models.hf import TIED_OUTPUT, export_hf, import_hf_bert, stock_architecture
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 
@@ -105,6 +107,13 @@ def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokeniz
     assert stock_architecture(model.cfg) is None
     cls = export_hf(model, tokenizer, tmp_path)
     assert cls.startswith("Cramlm") and (tmp_path / "modeling_cramlm.py").is_file()
+    # the very code that was trained: model.py verbatim, then the wrappers, no cramlm import left
+    from cramlm.models import hf_configuration  # imports transformers
+
+    exported = (tmp_path / "modeling_cramlm.py").read_text()
+    assert exported.startswith(inspect.getsource(modeling)) and "class CramlmForMaskedLM" in exported
+    assert not [line for line in exported.splitlines() if line.lstrip().startswith(("from cramlm", "import cramlm"))]
+    assert (tmp_path / "configuration_cramlm.py").read_text() == inspect.getsource(hf_configuration)
     hf = getattr(transformers, auto).from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert type(hf).__name__ == cls
     ids = random_ids()

@@ -1,9 +1,10 @@
-"""The configs of cramlm's transformers, and their exact FLOP count.
+"""The transformer's configs (TransformerConfig; CrammedBertConfig, GPT2Config, LlamaConfig) and
+its exact FLOP count (``trunk_flops_per_token``); no layers: those are in model.py.
 
 Each architectural choice is one field, so crammed-bert, the original BERT, a ModernBERT-like
 encoder, GPT-2 and a llama-like decoder are presets of the same few classes (recipes/arch/).
-The configs live here, without torch, so that validating a config imports no torch; the models
-(crammed_bert.py, gpt.py) register their builders for the types declared here.
+The configs live here, without torch, so that validating a config (and so the CLI) imports no
+torch; the wrappers (crammed_bert.py, gpt.py) register their builders for the types declared here.
 """
 
 from __future__ import annotations
