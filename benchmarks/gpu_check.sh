@@ -138,7 +138,7 @@ if want pretrain && run pretrain "$PRETRAIN_TIMEOUT" "" "$PY" -m cramlm pretrain
   cp "$RUN/metrics.jsonl" "$RES/pretrain_metrics.jsonl"
   "${REPORT[@]}" pretrain "$RES" "$RUN"
   # --- eval on the shipped task (GLUE-sane's lr 4e-5 suits a base-size model)
-  if [ $DRY = 1 ]; then EVAL=(eval.epochs=1 eval.max_train_examples=32 eval.max_dev_examples=32 eval.lm_max_sequences=8)
+  if [ $DRY = 1 ]; then EVAL=(eval.epochs=1 eval.max_train_examples=32 eval.max_dev_examples=32)
   else EVAL=(eval.lr=4e-5 eval.epochs=2); fi
   want eval && run eval 60 "$RUN/eval.json" "$PY" -m cramlm eval "checkpoint=$RUN" impl.progress=false "${EVAL[@]}"
   cp "$RUN/eval.json" "$RES/eval.json" 2>/dev/null

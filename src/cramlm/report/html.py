@@ -189,7 +189,7 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Train loss, first → last logged", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
      if is_number(r.summary.get("first_loss")) and is_number(r.summary.get("last_loss")) else None),
     ("Held-out loss at the end of training", lambda r: _val_loss(r)),
-    ("Held-out loss, evaluation (fixed masks)", lambda r: _lm_loss(r.eval.get("lm"))),
+    ("Held-out loss, evaluation", lambda r: _lm_loss(r.eval.get("lm"))),
     ("Held-out loss, untrained twin", lambda r: _lm_loss(r.eval_untrained.get("lm"))),
     ("Non-finite steps skipped", lambda r: r.summary.get("nonfinite_steps") or None),
     ("Rollbacks", lambda r: r.summary.get("rollbacks") or None),
@@ -216,16 +216,16 @@ def facts_table(runs: list[RunData]) -> str:
     facts = [run_facts(run) for run in runs]
     keys = [label for label, _ in FACTS if any(label in f for f in facts)]
     table = _table([""] + [run.name for run in runs], [[k] + [f.get(k, "") for f in facts] for k in keys])
-    notes = ['<p class="note">"Held-out loss at the end of training" is the trainer\'s validation '
-             "(<code>train.validate_batches</code> microbatches, masks drawn as in training); the evaluation's held-out loss "
-             "scores up to <code>eval.lm_max_sequences</code> sequences of the same split with masks fixed by "
-             "<code>eval.seed</code>, the same for the run and its untrained twin. They differ by the sample and the masks.</p>"]
+    notes = ['<p class="note">Every held-out loss here is one definition (eval/lm.py): the first '
+             "<code>train.validate_batches</code> microbatches of the run's validation split, masked with a seed fixed "
+             "by the run, so the evaluation's value equals the one at the end of training and the untrained twin is "
+             "scored on the very same tokens and masks.</p>"]
     raw = "".join(
         f"<details><summary>summary.json{'' if len(runs) == 1 else ' of ' + html.escape(run.name)} (raw)</summary>"
         f"<pre>{html.escape(json.dumps(run.summary, indent=2))}</pre></details>"
         for run in runs if run.summary
     )
-    return table + (notes[0] if any("Held-out loss, evaluation (fixed masks)" in f for f in facts) else "") + raw
+    return table + (notes[0] if any("Held-out loss, evaluation" in f for f in facts) else "") + raw
 
 
 # -------------------------------------------------------------------------------- eval table
