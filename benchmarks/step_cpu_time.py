@@ -3,12 +3,12 @@ work on a shared machine hardly moves (wall-clock MFU there measures the neighbo
 train_step.py's (Trainer.train_step: batch draw, masking, forward, backward, clipping, AdamW); the
 peak is the best GEMM rate of the same thread in the same CPU-time units, per precision.
 
-``--unfused`` puts back the MLM loss as it was before the fused decoder + cross-entropy
-(``F.cross_entropy(decoder(hidden).float(), targets)`` over materialised logits), so that one
-command shows before and after.
+``--unfused`` also times the MLM loss as it was before the fused decoder + cross-entropy
+(``F.cross_entropy(decoder(hidden).float(), targets)`` over materialised logits), steps of the two
+interleaved in the same process, so that one run shows before and after.
 
     python benchmarks/step_cpu_time.py                                   # crammed-bert-tiny, microbatch 16, fp32 and bf16
-    python benchmarks/step_cpu_time.py --unfused                         # the same, before the fused loss
+    python benchmarks/step_cpu_time.py --unfused                         # and before the fused loss, interleaved
     python benchmarks/step_cpu_time.py --arch crammed-bert --microbatch 4 --precision fp32 bf16
 """
 
@@ -52,15 +52,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "auto"])
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=7)
-    ap.add_argument("--unfused", action="store_true", help="the MLM loss over materialised logits (before the fused one)")
+    ap.add_argument("--unfused", action="store_true", help="also the MLM loss over materialised logits (before the fused one)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    import torch.nn.functional as F
+
+    from cramlm.models.model import MLMHead
+
+    fused_loss = MLMHead.loss
+    variants = {True: fused_loss}
     if args.unfused:
-        import torch.nn.functional as F
-
-        from cramlm.models.model import MLMHead
-
-        MLMHead.loss = lambda self, hidden, targets: F.cross_entropy(self(hidden).float(), targets)
+        variants[False] = lambda self, hidden, targets: F.cross_entropy(self(hidden).float(), targets)
     arch = load_preset("arch", args.arch)
     rows, peaks = [], {}
     for precision in args.precision:
@@ -70,20 +72,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 chosen = step.precision.precision
                 if chosen not in peaks:
                     peaks[chosen] = gemm_peak(PRECISION_DTYPES[chosen])
-                for _ in range(2):
-                    step()
-                seconds = []
-                for _ in range(args.steps):
-                    start = time.process_time()
-                    step()
-                    seconds.append(time.process_time() - start)
-            cpu = statistics.median(seconds)
-            tps = micro * train_step.SEQ / cpu
-            rows.append({"arch": args.arch, "precision": chosen, "microbatch": micro, "fused_loss": not args.unfused,
-                         "parameters": params, "cpu_seconds_per_step": round(cpu, 4), "tokens_per_cpu_second": round(tps, 1),
-                         "flops_per_token": fpt, "peak_flops_per_cpu_second": peaks[chosen],
-                         "mfu": round(tps * fpt / peaks[chosen], 4), "mfu_vs_fp32_peak": round(tps * fpt / peaks.setdefault("fp32", gemm_peak(None)), 4)})
-            print(json.dumps(rows[-1]), flush=True)
+                seconds = {fused: [] for fused in variants}
+                for i in range(2 + args.steps):  # the variants' steps interleaved (the model trains on through both)
+                    for fused, loss in variants.items():
+                        MLMHead.loss = loss
+                        start = time.process_time()
+                        step()
+                        if i >= 2:
+                            seconds[fused].append(time.process_time() - start)
+                MLMHead.loss = fused_loss
+            for fused in variants:
+                cpu = statistics.median(seconds[fused])
+                tps = micro * train_step.SEQ / cpu
+                rows.append({"arch": args.arch, "precision": chosen, "microbatch": micro, "fused_loss": fused,
+                             "parameters": params, "cpu_seconds_per_step": round(cpu, 4), "tokens_per_cpu_second": round(tps, 1),
+                             "flops_per_token": fpt, "peak_flops_per_cpu_second": peaks[chosen],
+                             "mfu": round(tps * fpt / peaks[chosen], 4),
+                             "mfu_vs_fp32_peak": round(tps * fpt / peaks.setdefault("fp32", gemm_peak(None)), 4)})
+                print(json.dumps(rows[-1]), flush=True)
     print("| arch | precision | microbatch | fused loss | tokens per CPU-second | MFU (its precision's peak) | MFU (fp32 peak) |")
     print("|---|---|---:|---|---:|---:|---:|")
     for r in rows:

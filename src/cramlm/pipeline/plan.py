@@ -102,7 +102,7 @@ def rank(candidates: list[Candidate], law: dict[str, Any], seconds: float) -> li
 
 
 def table(ranked: list[Candidate], chosen: Candidate) -> str:
-    header = ["shape", "params", "non-emb", "tokens/s", "tokens in budget", "tokens/param", "predicted loss", ""]
+    header = ["shape", "params", "non-emb", "tokens/s", "tokens in budget", "tokens/param", "predicted loss", "note"]
     rows = [[c.size, f"{c.parameters / 1e6:.2f}M", f"{c.non_embedding / 1e6:.3f}M", f"{c.tokens_per_second:,.0f}",
              f"{c.tokens / 1e6:,.1f}M", f"{c.tokens / max(c.non_embedding, 1):,.0f}", f"{c.predicted_loss:.3f}",
              ("<- chosen" if c is chosen else "") + (" (extrapolated)" if c.extrapolated else "")] for c in ranked]
