@@ -47,20 +47,3 @@ class MLMCollator:
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
 
-
-class CLMCollator:
-    """Causal-LM batches: labels are the input ids (the model shifts them), -100 where the input
-    is padding (``pad_id``; with document-aware packing, where ``attention_mask`` is 0)."""
-
-    def __init__(self, pad_id: int | None = None):
-        self.pad_id = pad_id
-
-    def __call__(self, batch) -> dict[str, torch.Tensor]:
-        out = dict(batch) if isinstance(batch, dict) else {"input_ids": batch}
-        labels = out["input_ids"].clone()
-        if "attention_mask" in out:
-            labels[out["attention_mask"] == 0] = IGNORE_INDEX
-        elif self.pad_id is not None:
-            labels[labels == self.pad_id] = IGNORE_INDEX
-        out["labels"] = labels
-        return out

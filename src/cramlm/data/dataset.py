@@ -1,4 +1,4 @@
-"""Datasets over packed tokens, and a resumable, rank-sharded shuffled sample stream.
+"""Datasets over packed tokens, and a resumable shuffled sample stream.
 
 - :class:`BlockDataset`: fixed blocks cut across documents (cramming / Modalities "continuous").
 - :class:`DocumentPackedDataset`: whole documents packed greedily into blocks, padded, never cut
@@ -130,19 +130,16 @@ class DocumentPackedDataset:
 
 class ShuffledStream:
     """Endless stream of sample indices: a fresh seeded permutation each epoch, computed on demand
-    (a Feistel permutation: O(1) memory, whatever the dataset size), split over ranks.
+    (a Feistel permutation: O(1) memory, whatever the dataset size).
 
-    The stream is one global sequence (epoch after epoch); rank r of W takes its elements
-    r, r+W, r+2W, ... so ranks never overlap and together leave no gaps. Its whole state is how
-    many rounds were taken (``state_dict``), so a checkpoint can save it and resume exactly, also
-    with another world size (resuming at the same global position, rounded up to a whole round).
+    The stream is one global sequence (epoch after epoch), identical on every process (the trainer
+    splits each global batch over ranks). Its whole state is how many indices were taken
+    (``state_dict``), so a checkpoint can save it and resume exactly.
     """
 
-    def __init__(self, num_samples: int, seed: int, rank: int = 0, world_size: int = 1):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} not in [0, {world_size})")
-        self.num_samples, self.seed, self.rank, self.world_size = num_samples, seed, rank, world_size
-        self.step = 0  # rounds taken: this rank's next global position is step * world_size + rank
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples, self.seed = num_samples, seed
+        self.step = 0  # indices taken: the next global position
         self._perms: dict[int, Permutation] = {}
 
     def _perm(self, epoch: int) -> Permutation:
@@ -151,7 +148,7 @@ class ShuffledStream:
         return self._perms[epoch]
 
     def take(self, count: int) -> np.ndarray:
-        g = (self.step + np.arange(count, dtype=np.int64)) * self.world_size + self.rank
+        g = self.step + np.arange(count, dtype=np.int64)
         self.step += count
         epochs, positions = g // self.num_samples, g % self.num_samples
         out = np.empty(count, np.int64)
@@ -162,19 +159,19 @@ class ShuffledStream:
 
     @property
     def epoch(self) -> int:
-        return self.step * self.world_size // self.num_samples
+        return self.step // self.num_samples
 
     @property
     def position(self) -> int:
-        return self.step * self.world_size % self.num_samples
+        return self.step % self.num_samples
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "world_size": self.world_size, "seed": self.seed,
+        # world_size stays in the state (always 1) so older checkpoints and readers keep working
+        return {"step": self.step, "world_size": 1, "seed": self.seed,
                 "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        if "step" in state:
-            consumed = int(state["step"]) * int(state.get("world_size", 1))
+        if "step" in state:  # states saved by a rank-sharded stream count rounds of world_size
+            self.step = int(state["step"]) * int(state.get("world_size", 1))
         else:  # older (epoch, position) states
-            consumed = int(state["epoch"]) * self.num_samples + int(state["position"])
-        self.step = -(-consumed // self.world_size)
+            self.step = int(state["epoch"]) * self.num_samples + int(state["position"])

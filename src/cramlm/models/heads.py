@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramlm.models.model import IGNORE_INDEX
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: str) -> torch.Tensor:
@@ -69,33 +68,4 @@ class SequenceClassifier(nn.Module):
                 out["loss"] = F.mse_loss(logits.squeeze(-1).float(), labels.float())
             else:
                 out["loss"] = F.cross_entropy(logits.float(), labels)
-        return out
-
-
-class TokenClassifier(nn.Module):
-    """One label per token (tagging, NER): dropout -> linear on every hidden state. Labels (B, T)
-    with -100 at positions that are not scored (padding, special tokens, word-piece tails)."""
-
-    def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1, init_std: float = 0.02):
-        super().__init__()
-        self.encoder = encoder
-        self.num_labels = num_labels
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(encoder.hidden_size, num_labels)
-        nn.init.normal_(self.classifier.weight, std=init_std)
-        nn.init.zeros_(self.classifier.bias)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        **inputs,
-    ) -> dict[str, torch.Tensor]:
-        hidden = self.encoder.encode(input_ids, attention_mask, **inputs)  # (B, T, H)
-        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
-        out = {"logits": logits}
-        if labels is not None:
-            flat = logits.float().reshape(-1, self.num_labels)
-            out["loss"] = F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX)
         return out
