@@ -51,9 +51,12 @@ DEFAULTS: dict[str, Any] = {
 RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
 
 
-def causal_batch(input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """CLM batches: labels = input_ids (the model shifts). The data stage may bring a richer one."""
-    return {"input_ids": input_ids, "labels": input_ids}
+def causal_batch(batch) -> dict[str, torch.Tensor]:
+    """CLM batches: labels = input_ids (the model shifts). ``batch``: int64 (B, T) ids, or a dict
+    with ``input_ids`` and the blocks' document boundaries (train.document_attention), passed through."""
+    out = dict(batch) if isinstance(batch, dict) else {"input_ids": batch}
+    out["labels"] = out["input_ids"]
+    return out
 
 
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
@@ -249,7 +252,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
-    steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed)
+    steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
 
     run_dir = cfg.run_dir
     resume_from = broadcast_object(find_resume(cfg) if dist.main else None, dist)  # rank 0 checks (and sets aside)

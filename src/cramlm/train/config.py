@@ -103,3 +103,7 @@ class TrainConfig(Config):
         "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop"
     )
     max_nonfinite: NonNegativeInt = Field(20, description="consecutive non-finite steps before the run gives up")
+    document_attention: bool = Field(
+        False, description="tokens attend only within their own document of a packed block (document_ids per "
+        "token, positions reset at each document); off: across the whole block, as cramming does"
+    )

@@ -61,16 +61,19 @@ from cramlm.train.step import OptimizerStep
 
 class StepData:
     """Global batches: ``take(n)`` returns the next n sequences, collated (masked), identical on
-    every process. Its state is the stream position and the collator's generator."""
+    every process. Its state is the stream position and the collator's generator.
+    ``documents=True`` (train.document_attention): blocks carry ``document_ids`` and
+    ``position_ids`` (``dataset.batch_with_boundaries``), so the model keeps documents apart."""
 
-    def __init__(self, dataset, collate, seed: int):
+    def __init__(self, dataset, collate, seed: int, documents: bool = False):
         self.dataset = dataset
         self.collate = collate
         self.order = ShuffledStream(len(dataset), seed)
         self.seq_len = getattr(dataset, "seq_length", None) or len(dataset.batch([0])[0])
+        self.draw = dataset.batch_with_boundaries if documents else dataset.batch
 
     def take(self, n: int) -> dict[str, torch.Tensor]:
-        return self.collate(self.dataset.batch(self.order.take(n)))
+        return self.collate(self.draw(self.order.take(n)))
 
     def state_dict(self) -> dict:
         collator = self.collate.state_dict() if hasattr(self.collate, "state_dict") else None
