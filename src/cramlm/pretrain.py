@@ -59,6 +59,14 @@ def causal_batch(batch) -> dict[str, torch.Tensor]:
     return out
 
 
+def takes_document_ids(model: torch.nn.Module) -> bool:
+    """Whether the model's forward accepts ``document_ids`` (cramlm's models do; a plugin may not)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "document_ids" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
     from cramlm.data.collate import MLMCollator
 
@@ -251,6 +259,9 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     vocab_size = data.tokenizer.get_vocab_size()
     model = build_model(cfg.arch, vocab_size).to(device)
     n_params = sum(p.numel() for p in model.parameters())
+    if cfg.train.document_attention and not takes_document_ids(model):
+        raise ValueError(f"train.document_attention=true: arch.type={cfg.arch.type} takes no document_ids "
+                         "(its forward has no such argument); set train.document_attention=false")
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
 

@@ -7,6 +7,7 @@ import json
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from cramlm.data.collate import MLMCollator
@@ -15,7 +16,7 @@ from cramlm.data.dataset import BlockDataset
 from cramlm.pretrain import causal_batch
 from cramlm.train.trainer import StepData
 
-from .helpers import losses, run_inprocess
+from .helpers import CAUSAL, losses, run_inprocess
 
 
 def blocks(tmp_path, cls_id):
@@ -63,3 +64,10 @@ def test_pretrain_with_document_attention(tmp_path, monkeypatch):
     assert run_inprocess(tmp_path, "plain", *steps)["steps"] == 3
     # the same batches, masked differently: the model saw the boundaries
     assert losses(tmp_path / "docs")[1] != losses(tmp_path / "plain")[1]
+
+
+def test_a_model_without_document_ids_is_refused_before_training(tmp_path):
+    # the test plugin's TinyCausal.forward takes no document_ids: one clear line, not a TypeError mid-step
+    with pytest.raises(ValueError, match="train.document_attention=true: arch.type=.* takes no document_ids"):
+        run_inprocess(tmp_path, "plugin", *CAUSAL, "budget=null", "train.budget.steps=1", "train.document_attention=true")
+    assert not (tmp_path / "plugin").exists()
