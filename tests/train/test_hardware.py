@@ -171,3 +171,17 @@ def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
         assert peak == 4e9 and source == "measured bf16 GEMM on one core (CPU time) x 2 threads"
     finally:
         torch.set_num_threads(before)
+
+
+def test_unwritable_or_damaged_cache_still_decides(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "time_precisions", lambda device, h, i: (0.1, 0.5))
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CRAMLM_CACHE_DIR", str(blocked / "cache"))  # cannot be created
+    assert choose_precision(torch.device("cpu"), 64, 256).precision == "fp32"
+    monkeypatch.setenv("CRAMLM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    key = hardware.machine_key(torch.device("cpu"), 64, 256)
+    (tmp_path / "cache" / "hardware.json").write_text(json.dumps({key: {"precision": "bf16"}}))  # an entry missing fields
+    choice = choose_precision(torch.device("cpu"), 64, 256)
+    assert (choice.precision, choice.source) == ("fp32", "probe")

@@ -229,6 +229,14 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
+def _cached(path: Path, key: str) -> PrecisionChoice | None:
+    hit = _read_cache(path).get(key)
+    try:
+        return PrecisionChoice(hit["precision"], hit["reason"] + " (cached)", hit["speedup"], "cache") if hit else None
+    except (KeyError, TypeError):  # an entry this version does not understand: measure again
+        return None
+
+
 def choose_precision(device: torch.device, hidden: int = 768, intermediate: int | None = None, use_cache: bool = True) -> PrecisionChoice:
     """impl.precision=auto: bf16 autocast where it is measurably faster for these widths, else fp32."""
     intermediate = intermediate or 4 * hidden
@@ -240,22 +248,21 @@ def choose_precision(device: torch.device, hidden: int = 768, intermediate: int 
         return PrecisionChoice("fp32", f"{device.type}: no probe, fp32", None, "config")
     key = machine_key(device, hidden, intermediate)
     path = cache_dir() / "hardware.json"
-    if use_cache:
-        hit = _read_cache(path).get(key)
-        if hit:
-            return PrecisionChoice(hit["precision"], hit["reason"] + " (cached)", hit["speedup"], "cache")
+    if use_cache and (hit := _cached(path, key)):
+        return hit
     lock = None
     if use_cache:
         from filelock import FileLock  # processes of one node probe one after the other, the others read the cache
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(path) + ".lock")
-        lock.acquire()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(path) + ".lock")
+            lock.acquire()
+        except OSError:  # no writable cache (read-only home): measure every time
+            use_cache, lock = False, None
     try:
-        if use_cache:
-            hit = _read_cache(path).get(key)
-            if hit:
-                return PrecisionChoice(hit["precision"], hit["reason"] + " (cached)", hit["speedup"], "cache")
+        if use_cache and (hit := _cached(path, key)):
+            return hit
         fp32, bf16 = time_precisions(device, hidden, intermediate)
         precision, speedup = decide_precision(fp32, bf16)
         verdict = "faster" if precision == "bf16" else f"below the {BF16_MIN_SPEEDUP}x needed"
@@ -266,8 +273,11 @@ def choose_precision(device: torch.device, hidden: int = 768, intermediate: int 
             data[key] = {"precision": precision, "reason": reason, "speedup": round(speedup, 3),
                          "fp32_seconds": fp32, "bf16_seconds": bf16, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(data, indent=1) + "\n")
-            tmp.replace(path)
+            try:
+                tmp.write_text(json.dumps(data, indent=1) + "\n")
+                tmp.replace(path)
+            except OSError:
+                pass  # the answer stands; the next run measures again
         return choice
     finally:
         if lock is not None:
