@@ -177,9 +177,9 @@ def test_unwritable_or_damaged_cache_still_decides(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "time_precisions", lambda device, h, i: (0.1, 0.5))
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
-    monkeypatch.setenv("CRAMLM_CACHE_DIR", str(blocked / "cache"))  # cannot be created
+    monkeypatch.setenv("CRAMLM_CACHE", str(blocked / "cache"))  # cannot be created
     assert choose_precision(torch.device("cpu"), 64, 256).precision == "fp32"
-    monkeypatch.setenv("CRAMLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CRAMLM_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     key = hardware.machine_key(torch.device("cpu"), 64, 256)
     (tmp_path / "cache" / "hardware.json").write_text(json.dumps({key: {"precision": "bf16"}}))  # an entry missing fields
