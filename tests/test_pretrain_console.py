@@ -55,6 +55,13 @@ def test_pretrain_help_keeps_examples_on_their_own_lines():
     assert "\n    cramlm pretrain dryrun=true\n" in out
 
 
+@pytest.mark.parametrize("command,example", [("run", "cramlm run cpu-1h"), ("sweep", "cramlm sweep --sizes 64x2,128x4,256x4"),
+                                             ("plan", "cramlm plan budget=1h")])
+def test_pipeline_help_keeps_examples_on_their_own_lines(command, example):
+    lines = [line.strip() for line in _cli(command, "--help").output.splitlines()]
+    assert any(line.startswith(example) for line in lines), lines
+
+
 @pytest.mark.parametrize("budget,shown", [("1m", "1m"), ("90s", "1.5m"), ("24", "24h"), ("1.5h", "1.5h"), ("7s", "7s")])
 def test_config_show_prints_budgets_in_their_units_and_they_parse_back(budget, shown):
     out = _cli("config", "show", "pretrain", f"budget={budget}").output

@@ -36,7 +36,11 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
     ARGS: an optional RECIPE (a shipped name or a YAML path; default: `default`, the one-minute demo)
     then key=value overrides. Finished stages are skipped on a re-run (force=[eval] redoes one).
 
-    Examples: cramlm run | cramlm run cpu-1h | cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
+    \b
+    Examples:
+      cramlm run
+      cramlm run cpu-1h
+      cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
     """
     from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, results_summary, run_pipeline
 
@@ -71,7 +75,9 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     finished points are skipped. A grid with fewer than 4 points or 3 distinct compute values is
     refused before anything runs.
 
-    Example: cramlm sweep --sizes 64x2,128x4,256x4 --budgets 1m,4m,16m impl.threads=2
+    \b
+    Example:
+      cramlm sweep --sizes 64x2,128x4,256x4 --budgets 250ktok,1Mtok,4Mtok impl.threads=2
     """
     from cramlm.pipeline.run import DEFAULT_RECIPE
     from cramlm.pipeline.sweep import sweep
@@ -93,7 +99,10 @@ def plan_command(sizes: str | None, law: str | None, throughput: str | None, arg
     loss from a scaling law fitted to this project's sweeps, prints the table it chose from, why,
     and the `cramlm run` command. ARGS: an optional RECIPE (default: cpu-1h) then overrides.
 
-    Example: cramlm plan budget=1h | cramlm plan default budget=15m --sizes 64x2,128x4
+    \b
+    Examples:
+      cramlm plan budget=1h
+      cramlm plan default budget=15m --sizes 64x2,128x4
     """
     from cramlm.pipeline.plan import plan
 
