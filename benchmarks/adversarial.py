@@ -490,26 +490,17 @@ class Replay:
                 s.write_text("not cramlm's: must survive\n")
             return f"deleted files outside the run: {gone}" if gone else None
 
-        cases: list[tuple[str, list[str], tuple[str, ...]]] = [
-            ("train.grad_clip=-1", ["train.grad_clip=-1"], ("grad_clip",)),
-            ("train.optim.lr=.inf", ["train.optim.lr=.inf"], ("lr",)),
-            ("impl.microbatch_size=0", ["impl.microbatch_size=0"], ("microbatch_size",)),
-            ("train.batch_size=0", ["train.batch_size=0"], ("batch_size",)),
-            ("data.sources.0.txt_key=text", ["data.sources.0.txt_key=text"], ("text_key",)),
-            ("name=..", ["name=.."], ("name",)),
-        ]
+        def case(override: str, *words: str, name: str | None = None) -> tuple[str, list[str], tuple[str, ...]]:
+            return name or override, [override], words  # (label, overrides, words the Error must name)
+
+        cases = [case("train.grad_clip=-1", "grad_clip"), case("train.optim.lr=.inf", "lr"),
+                 case("impl.microbatch_size=0", "microbatch_size"), case("train.batch_size=0", "batch_size"),
+                 case("data.sources.0.txt_key=text", "text_key"), case("name=..", "name")]
         if not self.quick:
-            cases += [
-                ("data.name=[1,", ["data.name=[1,"], ("data.name",)),
-                ("impl.microbatch_size=-8", ["impl.microbatch_size=-8"], ("microbatch_size",)),
-                ("data.seq_length=0", ["data.seq_length=0"], ("seq_length",)),
-                ("arch.hidden_size=0", ["arch.hidden_size=0"], ("hidden_size",)),
-                ("data.validation_fraction=1.5", ["data.validation_fraction=1.5"], ("validation_fraction",)),
-                ("train.optim.lr=nan", ["train.optim.lr=nan"], ("lr",)),
-                ("name= (empty)", ["name="], ("name",)),
-                ("name=../escape", ["name=../escape"], ("name",)),
-                ("name=a/b", ["name=a/b"], ("name",)),
-            ]
+            cases += [case("data.name=[1,", "data.name"), case("impl.microbatch_size=-8", "microbatch_size"),
+                      case("data.seq_length=0", "seq_length"), case("arch.hidden_size=0", "hidden_size"),
+                      case("data.validation_fraction=1.5", "validation_fraction"), case("train.optim.lr=nan", "lr"),
+                      case("name=", "name", name="name= (empty)"), case("name=../escape", "name"), case("name=a/b", "name")]
             if not cuda_available():
                 cases.append(("impl.device=cuda without CUDA", ["impl.device=cuda"], ("cuda",)))
             if importlib.util.find_spec("tensorboard") is None:

@@ -53,7 +53,7 @@ def budget_overrides(spec: str) -> tuple[list[str], str, float]:
         if tokens <= 0:
             raise ValueError(f"budget '{spec}': the token count must be positive")
         return ["budget=null", f"train.budget.tokens={int(tokens)}"], "tokens", tokens
-    from cramlm.pretrain import parse_hours
+    from cramlm.runs import parse_hours
 
     hours = parse_hours(spec)
     if not isinstance(hours, float) or hours <= 0:
@@ -124,7 +124,7 @@ def non_embedding_parameters(run_dir: Path) -> int:
 
     from cramlm.config.loader import load_yaml, validate
     from cramlm.models.base import build_model
-    from cramlm.pretrain import PretrainConfig
+    from cramlm.runs import PretrainConfig
 
     cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
     vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()

@@ -35,7 +35,8 @@ def batch_curve(config: dict[str, Any], world: int = 1, grid: np.ndarray = GRID)
     The plan's other part, the cap that keeps ``train.min_updates`` steps in the remaining budget,
     depends on the throughput measured while training, so it is not part of this curve: the logged
     batch sizes show where it applied. None when the config cannot be read."""
-    from cramlm.train.trainer import BatchPlan, TrainConfig  # imports torch; the report runs after training anyway
+    from cramlm.train.budget import BatchPlan  # torch-free, like the config
+    from cramlm.train.config import TrainConfig
 
     train, impl = config.get("train") or {}, config.get("impl") or {}
     micro = impl.get("microbatch_size")
