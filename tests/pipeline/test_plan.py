@@ -89,3 +89,14 @@ def test_plan_command(law_file, tmp_path, monkeypatch):
     missing = runner.invoke(main, ["plan", "default", "budget=15m", "--law", str(law_file), "--sizes", "64x2,96x3",
                                    "--throughput", "64x2=40000"])
     assert missing.exit_code == 1 and "no throughput given for shape 96x3" in missing.output
+
+
+def test_measure_throughput_runs_real_training_steps():
+    """The measuring path (a few Trainer steps on random tokens) is exercised, not only the synthetic table."""
+    from cramlm.pipeline.plan import measure_throughput
+    from cramlm.pipeline.run import resolve_recipe
+
+    cfg = resolve_recipe("default", ["impl.precision=fp32", "data.seq_length=32", "data.tokenizer.vocab_size=512"])
+    arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    tokens_per_second = measure_throughput(cfg, arch, 512, micro=2, warmup=1, steps=1)
+    assert tokens_per_second > 0

@@ -134,7 +134,10 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     from cramlm.data.collate import MLMCollator
     from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
     from cramlm.models.base import build_model
+    from cramlm.train.budget import Budget, Meter, measure_costs
     from cramlm.train.distributed import Dist
+    from cramlm.train.impl import resolve_precision
+    from cramlm.train.parallelize import parallelize
     from cramlm.train.trainer import StepData, Trainer
 
     seq = cfg.data.seq_length
@@ -157,8 +160,11 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
                                          "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
     impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
     sample = collate(RandomBlocks(2, 1).batch([0, 1]))
+    device = torch.device("cpu")
+    costs = measure_costs(model, seq, sample, device, resolve_precision(impl, device, model).dtype)
+    meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(model, data, train, impl, Dist(), torch.device("cpu"), None, Path(tmp), seq, val_batches=[sample])
+        trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, Path(tmp), val_batches=[sample])
         trainer.model.train()
         seconds = []
         for i in range(warmup + steps):
