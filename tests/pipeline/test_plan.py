@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.pipeline.plan import Candidate, batch_for, load_law, plan, rank
+from cramlm.pipeline.run import resolve_recipe
 from cramlm.pipeline.scaling import chinchilla_law
 
 LAW = {"E": 2.0, "A": 400.0, "a": 0.45, "B": 2000.0, "b": 0.45, "r2": 0.99}
@@ -29,8 +30,8 @@ def law_file(tmp_path):
 
 def test_plan_picks_the_lowest_predicted_loss_for_the_budget(law_file):
     lines = []
-    minute = plan("default", ["budget=1m"], law_path=str(law_file), throughput=THROUGHPUT, say=lines.append)
-    hour = plan("default", ["budget=1h"], law_path=str(law_file), throughput=THROUGHPUT, say=lambda *_: None)
+    minute = plan(resolve_recipe("default", ["budget=1m"]), "default", law_path=str(law_file), throughput=THROUGHPUT, say=lines.append)
+    hour = plan(resolve_recipe("default", ["budget=1h"]), "default", law_path=str(law_file), throughput=THROUGHPUT, say=lambda *_: None)
     by_size = {c["size"]: c for c in hour["candidates"]}
     for result in (minute, hour):
         losses = {c["size"]: c["predicted_loss"] for c in result["candidates"]}
@@ -94,9 +95,34 @@ def test_plan_command(law_file, tmp_path, monkeypatch):
 def test_measure_throughput_runs_real_training_steps():
     """The measuring path (a few Trainer steps on random tokens) is exercised, not only the synthetic table."""
     from cramlm.pipeline.plan import measure_throughput
-    from cramlm.pipeline.run import resolve_recipe
 
     cfg = resolve_recipe("default", ["impl.precision=fp32", "data.seq_length=32", "data.tokenizer.vocab_size=512"])
     arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
     tokens_per_second = measure_throughput(cfg, arch, 512, micro=2, warmup=1, steps=1)
     assert tokens_per_second > 0
+
+
+def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
+    from cramlm.pipeline.run import AUTO_ARCH
+
+    overrides = [f"base_dir={tmp_path}", "budget=15m", "arch=auto"]
+    said: list[str] = []
+    # without planning (as `cramlm plan` resolves it): the planner's starting shape
+    assert resolve_recipe("default", overrides).arch.hidden_size == resolve_recipe("default", [f"arch={AUTO_ARCH}"]).arch.hidden_size
+    planned = resolve_recipe("default", overrides, {"throughput": THROUGHPUT, "law_path": str(law_file), "say": said.append})
+    expected = plan(resolve_recipe("default", overrides), "default", law_path=str(law_file), throughput=THROUGHPUT, say=lambda _: None)
+    hidden, layers = expected["hidden"], expected["layers"]
+    assert (planned.arch.hidden_size, planned.arch.num_layers) == (hidden, layers)
+    assert planned.train.batch_size == expected["choice"]["batch_size"]
+    record = json.loads((planned.run_dir / "plan.json").read_text())
+    assert record["choice"]["size"] == f"{hidden}x{layers}" and "<- chosen" in "\n".join(said)
+    # a re-run reuses the recorded plan even where a new measurement would choose otherwise
+    said.clear()
+    again = resolve_recipe("default", overrides, {"throughput": {"64x2": 1e9, "128x4": 1.0, "256x4": 1.0, "384x6": 1.0},
+                                                  "law_path": str(law_file), "say": said.append})
+    assert again.arch.hidden_size == hidden and "the plan in" in said[0]
+    # explicit overrides win over the plan
+    assert resolve_recipe("default", [*overrides, "arch.num_layers=1"], {"throughput": THROUGHPUT, "law_path": str(law_file),
+                                                                          "say": said.append}).arch.num_layers == 1
+    with pytest.raises(ValueError, match="budget"):
+        resolve_recipe("default", [f"base_dir={tmp_path}", "budget=null", "arch=auto", "name=x"], {"throughput": THROUGHPUT})

@@ -16,13 +16,13 @@ def split_recipe(args: tuple[str, ...], default: str) -> tuple[str, list[str]]:
     return default, list(args)
 
 
-def resolve_recipe_or_exit(recipe: str, overrides: list[str]):
+def resolve_recipe_or_exit(recipe: str, overrides: list[str], plan_arch: dict | None = None):
     from cramlm.config.loader import ConfigError
     from cramlm.pipeline.run import resolve_recipe
 
     try:
-        return resolve_recipe(recipe, overrides)
-    except ConfigError as e:
+        return resolve_recipe(recipe, overrides, plan_arch)
+    except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
 
 
@@ -40,6 +40,7 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
     Examples:
       cramlm run
       cramlm run cpu-1h
+      cramlm run cpu-1h budget=15m arch=auto
       cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
     """
     from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, results_summary, run_pipeline
@@ -49,7 +50,7 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
             click.echo(f"{name:20s} {text}")
         return
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
-    cfg = resolve_recipe_or_exit(recipe, overrides)
+    cfg = resolve_recipe_or_exit(recipe, overrides, plan_arch={"say": click.echo})  # arch=auto plans here
     if show:
         sys.stdout.write(describe(cfg))
         return
@@ -107,11 +108,11 @@ def plan_command(sizes: str | None, law: str | None, throughput: str | None, arg
     from cramlm.pipeline.plan import plan
 
     recipe, overrides = split_recipe(args, "cpu-1h")
-    resolve_recipe_or_exit(recipe, overrides)
+    cfg = resolve_recipe_or_exit(recipe, overrides)  # arch=auto stays the planner's starting shape here
     table = None
     if throughput:
         try:
             table = {k.strip(): float(v) for k, v in (item.split("=") for item in throughput.split(",") if item)}
         except ValueError:
             raise click.ClickException(f"--throughput '{throughput}': expected SHAPE=TOKENS_PER_S,...") from None
-    run_or_exit(plan, recipe, overrides, [s for s in sizes.split(",") if s] if sizes else None, law, table)
+    run_or_exit(plan, cfg, recipe, [s for s in sizes.split(",") if s] if sizes else None, law, table)

@@ -74,7 +74,7 @@ def load_law(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def shape(spec: str) -> tuple[int, int]:
-    from cramlm.pipeline.sweep import size_overrides
+    from cramlm.pipeline.scaling import size_overrides
 
     size_overrides(spec)  # validates
     hidden, layers = spec.split("x")
@@ -176,13 +176,12 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     return micro * seq / seconds[len(seconds) // 2]
 
 
-def plan(recipe: str, overrides: list[str], sizes: list[str] | None = None, law_path: str | None = None,
+def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None = None,
          throughput: dict[str, float] | None = None, say=print) -> dict[str, Any]:
-    """Measure (unless ``throughput`` is given), rank, print; returns the choice and the table."""
-    from cramlm.pipeline.run import resolve_recipe
-    from cramlm.pipeline.sweep import size_overrides
+    """Measure (unless ``throughput`` is given), rank, print; returns the choice and the table.
+    ``cfg`` is the resolved run config (``resolve_recipe``), ``recipe`` its name for the command."""
+    from cramlm.pipeline.scaling import size_overrides
 
-    cfg = resolve_recipe(recipe, overrides)
     if not cfg.budget:
         raise ValueError("cramlm plan needs a wall-clock budget, e.g. budget=1h or budget=15m")
     seconds = cfg.budget * 3600

@@ -14,6 +14,12 @@ Each finished stage is recorded in ``<run>/pipeline.json`` with a key (a hash of
 depends on); a re-run skips a stage when its record, its key and its output files all match, and
 re-runs every stage after one that ran -- except ``eval-untrained``, which does not depend on the
 training: its result is reused while the architecture, data, evaluation and seed are unchanged.
+
+``arch=auto`` (in a recipe or on the command line) lets ``cramlm plan`` choose the model shape, batch,
+learning rate and masking rate for the run's budget on this machine (see pipeline/plan.py): it
+measures, prints the table it chose from, and records the choice in ``<run>/plan.json``, which a
+re-run with the same settings reuses (so finished stages stay finished). Explicit overrides on the
+command line (``arch.hidden_size=...``) still win over the plan.
 """
 
 from __future__ import annotations
@@ -81,9 +87,65 @@ def recipe_tree(recipe: str) -> tuple[dict[str, Any], list[str]]:
     return tree, [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
 
 
-def resolve_recipe(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
+def resolve_recipe(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[str, ...] = (),
+                   plan_arch: dict[str, Any] | None = None) -> PipelineConfig:
+    """The recipe's config with ``overrides``. With ``arch=auto``, ``plan_arch`` (keyword arguments
+    for :func:`cramlm.pipeline.plan.plan`, e.g. ``{"say": print}``) plans the shape; without it the
+    config keeps the planner's starting shape (``AUTO_ARCH``), as ``cramlm plan`` itself resolves it."""
     tree, recipe_overrides = recipe_tree(recipe)
-    return resolve(PipelineConfig, tree, recipe_overrides + list(overrides))  # type: ignore[return-value]
+    user = list(overrides)
+    auto = tree.get("arch") == "auto"
+    for i, override in enumerate(user):
+        key, _, value = override.partition("=")
+        if key.strip() == "arch":
+            auto = value.strip().strip("'\"") == "auto"
+            if auto:
+                user[i] = f"arch={AUTO_ARCH}"
+    if not auto:
+        return resolve(PipelineConfig, tree, recipe_overrides + user)  # type: ignore[return-value]
+    tree["arch"] = AUTO_ARCH
+    cfg = resolve(PipelineConfig, tree, recipe_overrides + user)
+    if plan_arch is None:
+        return cfg  # type: ignore[return-value]
+    return resolve(PipelineConfig, tree, recipe_overrides + planned_overrides(cfg, recipe, user, plan_arch) + user)  # type: ignore[return-value]
+
+
+AUTO_ARCH = "crammed-bert-tiny"  # arch=auto: the preset the planner resizes
+PLAN = "plan.json"
+
+
+def planned_overrides(cfg: PipelineConfig, recipe: str, user: list[str], plan_args: dict[str, Any]) -> list[str]:
+    """arch=auto: the planner's choice as overrides, from ``<run>/plan.json`` when it was planned
+    with the same settings (a re-run must not re-measure into another shape and retrain)."""
+    from cramlm.pipeline.plan import plan as plan_budget
+    from cramlm.pipeline.scaling import size_overrides
+
+    say = plan_args.get("say", print)
+    if not cfg.budget:
+        from cramlm.config.loader import ConfigError
+
+        raise ConfigError("arch=auto plans the model for a wall-clock budget: set one, e.g. budget=1h")
+    settings = cfg.pretrain_config().model_dump(mode="json")
+    settings["impl"].pop("progress", None)
+    key = _hash([settings, plan_args.get("law_path")])
+    path = cfg.run_dir / PLAN
+    if path.is_file():
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            record = {}
+        if record.get("key") == key and isinstance(record.get("overrides"), list):
+            say(f"cramlm run: arch=auto: the plan in {path}: " + " ".join(record["overrides"]))
+            return [str(o) for o in record["overrides"]]
+    say(f"cramlm run: arch=auto: planning the model for {cfg.budget:g} h on this machine (cramlm plan) ...")
+    result = plan_budget(cfg, recipe, **plan_args)
+    choice = result["choice"]
+    overrides = [*size_overrides(choice["size"]), f"train.batch_size={choice['batch_size']}",
+                 f"impl.microbatch_size={choice['microbatch_size']}", f"train.optim.lr={choice['lr']:g}",
+                 f"train.mlm_probability={choice['mlm_probability']}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"key": key, "overrides": overrides, **{k: result[k] for k in ("choice", "why", "candidates", "law")}})
+    return overrides
 
 
 def list_recipes() -> list[tuple[str, str]]:

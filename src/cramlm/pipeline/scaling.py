@@ -13,6 +13,7 @@ are returned in the original units.
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 import numpy as np
@@ -118,3 +119,15 @@ def non_embedding_parameters(model) -> int:
     """N of the Chinchilla law: parameters outside the token / position / type embeddings (a tied
     decoder shares the token embedding and is not counted either)."""
     return sum(p.numel() for name, p in model.named_parameters() if not name.startswith(EMBEDDINGS))
+
+
+def size_overrides(spec: str) -> list[str]:
+    """'HxL' (hidden x layers) -> crammed-bert width/depth overrides; heads of width 32 below
+    hidden 256 and 64 from there (cramming's base: 768 / 12), feed-forward 4x hidden."""
+    match = re.fullmatch(r"(\d+)x(\d+)", spec.strip())
+    if not match:
+        raise ValueError(f"size '{spec}' must look like HIDDENxLAYERS, e.g. 128x4")
+    hidden, layers = int(match.group(1)), int(match.group(2))
+    heads = max(1, hidden // (32 if hidden < 256 else 64))
+    return [f"arch.hidden_size={hidden}", f"arch.num_layers={layers}", f"arch.num_heads={heads}",
+            f"arch.intermediate_size={4 * hidden}"]

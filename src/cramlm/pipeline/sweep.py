@@ -22,22 +22,10 @@ from typing import Any
 import numpy as np
 
 from cramlm.pipeline import scaling
-from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law
+from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law, size_overrides
 from cramlm.pipeline.run import resolve_recipe, run_pipeline
 from cramlm.report.runs import is_number, load_run_data
 from cramlm.io import write_json
-
-
-def size_overrides(spec: str) -> list[str]:
-    """'HxL' (hidden x layers) -> crammed-bert width/depth overrides; heads of width 32 below
-    hidden 256 and 64 from there (cramming's base: 768 / 12), feed-forward 4x hidden."""
-    match = re.fullmatch(r"(\d+)x(\d+)", spec.strip())
-    if not match:
-        raise ValueError(f"size '{spec}' must look like HIDDENxLAYERS, e.g. 128x4")
-    hidden, layers = int(match.group(1)), int(match.group(2))
-    heads = max(1, hidden // (32 if hidden < 256 else 64))
-    return [f"arch.hidden_size={hidden}", f"arch.num_layers={layers}", f"arch.num_heads={heads}",
-            f"arch.intermediate_size={4 * hidden}"]
 
 
 TOKEN_BUDGET = re.compile(r"\s*([0-9.]+)\s*([kMG]?)\s*tok(?:ens)?\s*")
