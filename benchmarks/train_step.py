@@ -14,6 +14,7 @@ runs under the first one's autocast.
     python benchmarks/train_step.py                      # tiny and base, JSON + table
     python benchmarks/train_step.py --sizes base --steps 5 --microbatch 16 --out results.json
     python benchmarks/train_step.py --sizes base --precision fp32 auto   # auto's speed-up over fp32
+    python benchmarks/train_step.py --sizes base --precision fp32 auto --microbatch 16 --accumulate 4  # as a run: batch 64
     python benchmarks/train_step.py --device cuda --microbatch 128 128   # on a GPU (the default there)
 """
 
@@ -62,14 +63,15 @@ class RandomBlocks:
         return torch.from_numpy(self.blocks[np.asarray(indices)])
 
 
-def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, device: torch.device, precision: str) -> tuple:
+def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, device: torch.device, precision: str,
+         accumulate: int = 1) -> tuple:
     cfg = config_class("model", arch["type"]).model_validate(arch)
     torch.manual_seed(0)
     model = build_model(cfg, vocab).to(device)
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
-    train = TrainConfig(batch_size=micro, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
+    train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
     costs = measure_costs(model, SEQ, sample, device, resolve_precision(impl, device, model).dtype)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
@@ -80,13 +82,13 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     def step():
         for group in trainer.optimizer.param_groups:
             group["lr"] = 1e-4
-        trainer.train_step(1)
+        trainer.train_step(accumulate)
 
     step.precision = trainer.precision  # what impl.precision resolved to, and why
     return step, costs.flops_per_token, params
 
 
-def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str) -> tuple:
+def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str, accumulate: int = 1) -> tuple:
     from transformers import BertConfig, BertForMaskedLM
 
     size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
@@ -104,12 +106,13 @@ def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision:
     position = [0]
 
     def step():  # the plain loop people write around HF models
-        idx = np.arange(position[0], position[0] + micro) % len(blocks)
-        position[0] += micro
-        batch = {k: v.to(device) for k, v in collate(blocks.batch(idx)).items()}
-        with autocast(device, dtype):
-            loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-        loss.backward()
+        for _ in range(accumulate):
+            idx = np.arange(position[0], position[0] + micro) % len(blocks)
+            position[0] += micro
+            batch = {k: v.to(device) for k, v in collate(blocks.batch(idx)).items()}
+            with autocast(device, dtype):
+                loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+            (loss / accumulate).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -157,6 +160,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--microbatch", type=int, nargs="+", default=[64, 16, 16], help="per size, in order")
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--accumulate", type=int, default=1,
+                    help="microbatches per optimizer step (a real base run has many: its optimizer step, the same in "
+                         "every precision, is then paid once per batch rather than per microbatch)")
     ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--precision", nargs="+", choices=["auto", *sorted(PRECISION_DTYPES)],
@@ -191,11 +197,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             contenders, fpts, params, chosen = {}, {}, {}, {}
             for p in settings:
                 name = "cramlm" if len(settings) == 1 else f"cramlm-{p}"
-                contenders[name], fpts[name], params[name] = ours(arch, args.vocab, micro, Path(tmp) / p, args.compile, device, p)
+                contenders[name], fpts[name], params[name] = ours(arch, args.vocab, micro, Path(tmp) / p, args.compile, device, p,
+                                                                    args.accumulate)
                 chosen[name] = contenders[name].precision
             first = next(iter(chosen.values())).precision
             if size != "gpt":  # the plain HF loop under the same autocast as the first contender
-                contenders["hf"], fpts["hf"], params["hf"] = hf_bert(arch, args.vocab, micro, device, first)
+                contenders["hf"], fpts["hf"], params["hf"] = hf_bert(arch, args.vocab, micro, device, first, args.accumulate)
                 chosen["hf"] = None
             in_use = sorted({c.precision for c in chosen.values() if c} | {first})
             for p in in_use:  # the peak of each precision in use: before the run, and between steps
@@ -210,13 +217,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for p in in_use:
                 contenders.pop(f"gemm-{p}")
                 times.pop(f"gemm-{p}", None)
-        tokens = micro * SEQ
+        tokens = micro * args.accumulate * SEQ
         for name in contenders:
             seconds = statistics.median(times[name])
             tps = tokens / seconds
             p = chosen[name].precision if chosen[name] else first
             rows.append({
-                "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "seq": SEQ,
+                "size": size, "engine": name, "parameters": params[name], "microbatch": micro, "accumulate": args.accumulate, "seq": SEQ,
                 "device": what, "precision": p,
                 "precision_reason": chosen[name].reason if chosen[name] else f"plain loop, same autocast as {next(iter(chosen))}",
                 "vocab": args.vocab, "step_seconds": round(seconds, 4), "tokens_per_second": round(tps, 1),
@@ -238,7 +245,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if "skipped" in r:
             print(f"| {r['size']} | - | - | - | - | - | - | - | skipped: {r['skipped']} |")
             continue
-        print(f"| {r['size']} | {r['engine']} | {r['precision']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']} | {r['tokens_per_second']:,.0f} | "
+        print(f"| {r['size']} | {r['engine']} | {r['precision']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']}{'' if r.get('accumulate', 1) == 1 else ' x' + str(r['accumulate'])} | {r['tokens_per_second']:,.0f} | "
               f"{r['flops_per_token'] / 1e9:.3f} | {100 * r['mfu_vs_gemm_peak']:.1f}% | {r.get('speedup_vs_hf', '')} |")
     for r in rows:
         if r.get("precision_reason", "").startswith("measured"):
