@@ -120,3 +120,30 @@ def test_majority_class_floor():
     assert rows[0]["majority"] == 0.5 and "| 50.00 |" in markdown(rows, means(rows), "x")
     reg = Task("r", [], ["pearson"], [Example("a", None, 1.0)], {"dev": [Example("b", None, 2.0), Example("c", None, 3.0)]})
     assert majority_scores(reg) == {"dev": 0.0}
+
+
+def _scored(task: str, score: float, seeds: list[float]) -> dict:
+    return {"task": task, "metric": "accuracy", "score": score,
+            "seeds": [{"seed": i, "last": {"accuracy": s}} for i, s in enumerate(seeds)]}
+
+
+def test_verdict_counts_gains_losses_and_seed_noise():
+    from cramlm.eval.tables import verdict
+
+    lm = {"objective": "mlm", "loss": 5.1}
+    twin_lm = {"objective": "mlm", "loss": 9.0}
+    twin = {"results": [_scored("a", 0.70, [0.69, 0.70, 0.71]), _scored("b", 0.80, [0.80, 0.80, 0.80]),
+                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "lm": twin_lm}
+    paid = {"results": [_scored("a", 0.75, [0.74, 0.75, 0.76]), _scored("b", 0.83, [0.83, 0.83, 0.83]),
+                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "lm": lm}
+    said = verdict(paid, twin)
+    assert said.startswith("pretraining paid: ahead of the untrained twin by >= 2 points on 2 of 3 tasks (a, b), behind by more than 1 point on 0")
+    assert "5.10 against the twin's 9.00" in said and "within the fine-tuning seeds' spread on 1" in said
+    # level within the seeds' spread on one task, behind on another: did not pay, and says where
+    lost = {"results": [_scored("a", 0.71, [0.60, 0.71, 0.80]), _scored("b", 0.70, [0.70, 0.70, 0.70]),
+                        _scored("c", 0.61, [0.61, 0.61, 0.61])], "lm": lm}
+    said = verdict(lost, twin)
+    assert said.startswith("pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 3 tasks, "
+                           "behind by more than 1 point on 1 (b)")
+    assert "not yet features these tasks need" in said
+    assert verdict(paid, None) is None

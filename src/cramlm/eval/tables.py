@@ -128,6 +128,43 @@ def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
     return out
 
 
+AHEAD, BEHIND = 0.02, 0.01  # a margin that counts as a gain (2 points) and as a loss (1 point)
+
+
+def _seed_spread(row: dict | None) -> float:
+    scores = [s["last"][row["metric"]] for s in (row or {}).get("seeds", []) if row["metric"] in s.get("last", {})]
+    return max(scores) - min(scores) if len(scores) > 1 else 0.0
+
+
+def verdict(pretrained: dict, untrained: dict | None) -> str | None:
+    """One sentence on whether pretraining paid: per task, ahead of the untrained twin by >= 2
+    points, behind by > 1 point, or level (and whether a margin lies within the seeds' spread),
+    with the held-out MLM loss of both as the evidence of what pretraining learnt."""
+    rows = [r for r in versus(pretrained, untrained) if r["margin"] is not None]
+    if not rows:
+        return None
+    ahead = [r["task"] for r in rows if r["margin"] >= AHEAD]
+    behind = [r["task"] for r in rows if r["margin"] < -BEHIND]
+    by_task = {r["task"]: r for r in pretrained.get("results", [])}
+    twin = {r["task"]: r for r in (untrained or {}).get("results", [])}
+    noise = [r["task"] for r in rows if abs(r["margin"]) <= max(_seed_spread(by_task.get(r["task"])), _seed_spread(twin.get(r["task"])))]
+    paid = len(ahead) > len(rows) / 2 and not behind
+    text = (f"pretraining {'paid' if paid else 'did not pay (yet)'}: ahead of the untrained twin by >= 2 points on "
+            f"{len(ahead)} of {len(rows)} task{'s' if len(rows) > 1 else ''}"
+            + (f" ({', '.join(ahead)})" if ahead and len(ahead) < len(rows) else "")
+            + f", behind by more than 1 point on {len(behind)}" + (f" ({', '.join(behind)})" if behind else ""))
+    if noise:
+        text += f"; the margin is within the fine-tuning seeds' spread on {len(noise)}"
+    lm_a, lm_b = pretrained.get("lm"), (untrained or {}).get("lm")
+    if lm_a and lm_b:
+        text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
+                 + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
+        if not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
+            text += (", but not yet features these tasks need beyond what fine-tuning from random weights finds "
+                     "(a longer budget or a task closer to the corpus; see the README's results)")
+    return text + "."
+
+
 def versus_text(pretrained: dict, untrained: dict | None) -> str:
     """A plain-text table of :func:`versus` for the console (scores in %, margin in points)."""
     rows = versus(pretrained, untrained)
@@ -146,5 +183,6 @@ def versus_text(pretrained: dict, untrained: dict | None) -> str:
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])
     widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
     fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
-    return "\n".join([fmt(header), *(fmt(c) for c in cells)]) + "\n"
+    said = verdict(pretrained, untrained)
+    return "\n".join([fmt(header), *(fmt(c) for c in cells)]) + "\n" + (f"{said}\n" if said else "")
 

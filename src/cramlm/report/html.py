@@ -354,6 +354,12 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
             parts.append('<p class="note">The untrained twin has the same architecture and tokenizer and is fine-tuned '
                          "the same way, from random weights: the margin (points) is what pretraining bought. "
                          "The majority class always predicts the most frequent training label.</p>")
+            from cramlm.eval.tables import verdict
+
+            for run in runs:
+                if run.untrained_results and (said := verdict(run.eval, run.eval_untrained)):
+                    who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
+                    parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     parts.append("<h2>Plots</h2>")
     parts += [_img(name, title, path, NOTES.get(name, "")) for name, (title, path) in figures.items()]
     if len(runs) == 1:
