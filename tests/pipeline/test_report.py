@@ -175,6 +175,8 @@ def test_eval_table_in_percent_with_untrained_twin_and_margin(tmp_path):
     assert re.search(r"<td>sst</td><td>accuracy</td><td>60.8</td><td>73.4</td><td class=\"neg\">-12.6</td><td>55.6</td>", evaluation)
     assert re.search(r"<td>cola</td><td>matthews</td><td>20.0</td><td>10.0</td><td class=\"pos\">\+10.0</td><td>0.0</td>", evaluation)
     assert "0.556" not in evaluation  # the majority column in the same unit as the scores
+    assert ("Pretraining did not pay (yet): ahead of the untrained twin by &gt;= 2 points on 1 of 2 tasks (cola), "
+            "behind by more than 1 point on 1 (sst)") in evaluation
 
 
 @pytest.mark.parametrize("cola", [0.0, -0.05])
