@@ -55,3 +55,21 @@ def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
     cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(20)]))}])
     tok = get_tokenizer(cfg, tmp_path, wait_s=5)
     assert tok.get_vocab_size() > 5 and not (tmp_path / "tokenizer.lock.owner").exists()  # released
+
+
+def test_merge_with_a_corrupt_shard_record_names_the_file(tmp_path):
+    import pytest
+
+    from cramlm.data.merge import read_shard_info
+
+    folder = tmp_path / "shard-00000-of-00002"
+    folder.mkdir()
+    (folder / "shard.json").write_text('{"shard": [0, 2], "read": ')  # cut short
+    with pytest.raises(ValueError, match=r"shard-00000-of-00002/shard.json: unreadable .*prepare it again"):
+        read_shard_info(folder)
+    (folder / "shard.json").write_text('{"shard": [0, 2]}')
+    with pytest.raises(ValueError, match=r"shard.json: not a finished shard record \(missing read, skipped"):
+        read_shard_info(folder)
+    (folder / "shard.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no shard.json"):
+        read_shard_info(folder)

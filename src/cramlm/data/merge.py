@@ -111,13 +111,29 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
             "tokens": int(lengths[sequence].sum())}
 
 
+SHARD_KEYS = ("shard", "read", "skipped", "skipped_examples", "seconds")
+
+
+def read_shard_info(folder: Path) -> dict:
+    """A finished shard's ``shard.json``; a missing, unreadable or incomplete one is an error naming the file."""
+    path = folder / "shard.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: shard not finished (no shard.json); run its prepare first")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); delete the shard folder and prepare it again") from None
+    missing = [k for k in SHARD_KEYS if not isinstance(info, dict) or k not in info]
+    if missing:
+        raise ValueError(f"{path}: not a finished shard record (missing {', '.join(missing)}); delete the shard folder and prepare it again")
+    return info
+
+
 def merge_shards(cfg, shard_folders: list[Path], out_folder: Path, vocab_size: int, fp: bytes) -> dict:
     """Merge shard folders into ``out_folder``/{train,val}.cramtok; returns the manifest counts."""
     infos = []
     for folder in shard_folders:
-        if not (folder / "shard.json").is_file():
-            raise FileNotFoundError(f"{folder}: shard not finished (no shard.json); run its prepare first")
-        infos.append(json.loads((folder / "shard.json").read_text()))
+        infos.append(read_shard_info(folder))
     shards = sorted(tuple(i["shard"]) for i in infos)
     count = shards[0][1] if shards else 0
     if shards != [(i, count) for i in range(count)]:

@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 from cramlm.config.base import Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.merge import merge_shards
+from cramlm.data.merge import merge_shards, read_shard_info
 from cramlm.data.packing import pack_shard
 from cramlm.data.cramtok import VERSION as FORMAT_VERSION
 from cramlm.data.cramtok import PackedTokens, read_packed
@@ -208,7 +208,7 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
         "special_ids": special_ids(tok),
         **counts,
         "shards": num_shards,
-        "shard_seconds": [json.loads((f / "shard.json").read_text())["seconds"] for f in shard_folders],
+        "shard_seconds": [read_shard_info(f)["seconds"] for f in shard_folders],
         "merge_seconds": round(time.perf_counter() - start, 3),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
