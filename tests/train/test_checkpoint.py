@@ -45,6 +45,10 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # the loss of every step is the same too (resumed steps append to metrics.jsonl)
     assert {s: l for s, l in losses(tmp_path / "killed").items()} == losses(tmp_path / "ref")
     assert any(r["event"] == "resumed" for r in records(tmp_path / "killed", "event"))
+    import json  # the thread count is recorded, so impl.threads=auto can resume with the same one
+
+    state = json.loads((latest_checkpoint(tmp_path / "killed" / "checkpoints") / "state.json").read_text())
+    assert isinstance(state["threads"], int) and state["threads"] >= 1
 
 
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path):

@@ -120,6 +120,17 @@ def auto_threads(
     return threads
 
 
+def resume_threads(setting: int | str | None, written_with: int | None, now: int, usable: int) -> int | None:
+    """The thread count to switch to when resuming a checkpoint written with ``written_with`` threads
+    (None: keep ``now``). With impl.threads=auto a resumed run takes the count the checkpoint was
+    written with, where this process may use that many CPUs: CPU kernels split their sums by thread,
+    so the same count keeps a resumed run bitwise on the course of an uninterrupted one. A number in
+    the config is the user's word and is kept."""
+    if setting != "auto" or not written_with or written_with == now or written_with > usable:
+        return None
+    return int(written_with)
+
+
 def resolve_threads(setting: int | str | None) -> int | None:
     """impl.threads -> a thread count to set (None: leave torch's default)."""
     if setting == "auto":
