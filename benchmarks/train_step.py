@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--peak-flops", type=float, help="peak FLOP/s for MFU (default: the GEMM rate measured here)")
     ap.add_argument("--out", default="benchmarks/results/train_step.json")
     args = ap.parse_args(argv)
+    if args.accumulate < 1:
+        ap.error("--accumulate must be >= 1")
     device = torch.device(args.device)
     settings = args.precision or (["bf16"] if device.type == "cuda" else ["auto"])
     n = 4096 if device.type == "cuda" else 1024  # GPU: large enough to fill the chip

@@ -235,6 +235,27 @@ def resume_trainer(trainer: Trainer, folder: Path) -> None:
         ) from None
 
 
+def adopt_checkpoint_threads(impl, folder: Path, world: int, say) -> None:
+    """impl.threads=auto: resume with the thread count the checkpoint was written with (bitwise
+    resume; train/hardware.py ``resume_threads``)."""
+    import json
+
+    import torch
+
+    from cramlm.train.hardware import auto_threads, resume_threads
+
+    try:
+        written = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # check_resumable has vetted it; an older layout simply keeps auto's count
+    threads = resume_threads(impl.threads, written if isinstance(written, dict) else {}, torch.get_num_threads(), world,
+                             auto_threads(free=None))
+    if threads:
+        say(f"cramlm: impl.threads=auto: {torch.get_num_threads()} -> {threads} threads, as {folder.name} was written "
+            "(a resumed run stays bitwise on course)")
+        torch.set_num_threads(threads)
+
+
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     import torch
 
@@ -269,6 +290,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     resume_from = broadcast_object(find_resume(cfg) if dist.main else None, dist)  # rank 0 checks (and sets aside)
     if resume_from is not None:
         check_resumable(resume_from, model, vocab_size)
+        if device.type == "cpu":  # before anything is measured with the thread count
+            adopt_checkpoint_threads(cfg.impl, resume_from, dist.world, say)
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume_from is None:  # a fresh run replaces the checkpoints an earlier run of this name left

@@ -60,7 +60,7 @@ def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
 def test_merge_with_a_corrupt_shard_record_names_the_file(tmp_path):
     import pytest
 
-    from cramlm.data.merge import read_shard_info
+    from cramlm.data.packing import read_shard_info
 
     folder = tmp_path / "shard-00000-of-00002"
     folder.mkdir()

@@ -147,3 +147,9 @@ def test_verdict_counts_gains_losses_and_seed_noise():
                            "behind by more than 1 point on 1 (b)")
     assert "not yet features these tasks need" in said
     assert verdict(paid, None) is None
+    # one seed: no spread to be within; a row without a score (hand-made eval.json) is left out
+    one = {"results": [_scored("a", 0.70, [0.70]), {"task": "b", "metric": "accuracy", "median": 0.8, "seeds": 3}]}
+    said = verdict(one, {"results": [_scored("a", 0.70, [0.70]), _scored("b", 0.7, [0.7])]})
+    assert said == "pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 1 task, behind by more than 1 point on 0."
+    assert verdict({"results": [_scored("a", 0.82, [0.82])]}, {"results": [_scored("a", 0.80, [0.80])]}).startswith(
+        "pretraining paid: ahead of the untrained twin by >= 2 points on 1 of 1 task")  # 0.82 - 0.80 counts as 2 points

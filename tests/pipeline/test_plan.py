@@ -126,3 +126,26 @@ def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
                                                                           "say": said.append}).arch.num_layers == 1
     with pytest.raises(ValueError, match="budget"):
         resolve_recipe("default", [f"base_dir={tmp_path}", "budget=null", "arch=auto", "name=x"], {"throughput": THROUGHPUT})
+
+
+def test_arch_auto_never_measures_when_it_must_not(law_file, tmp_path, monkeypatch):
+    import cramlm.pipeline.plan as plan_module
+    from cramlm.config.loader import ConfigError
+    from cramlm.pipeline.run import AUTO_ARCH
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(plan_module, "measure_throughput", no_measuring)
+    base = resolve_recipe("default", [f"arch={AUTO_ARCH}"]).arch.hidden_size
+    said: list[str] = []
+    args = {"law_path": str(law_file), "say": said.append}
+    overrides = [f"base_dir={tmp_path}", "budget=15m", "+arch=auto"]
+    # --show and a dry run: the starting shape, said so
+    assert resolve_recipe("default", overrides, {**args, "reuse_only": True}).arch.hidden_size == base
+    assert resolve_recipe("default", [*overrides, "dryrun=true"], args).arch.hidden_size == base
+    assert "no plan recorded" in said[-1] and not (tmp_path / "default" / "plan.json").exists()
+    # under torchrun with no recorded plan: one clear error, not N processes measuring at once
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="arch=auto under torchrun: plan once first"):
+        resolve_recipe("default", overrides, args)

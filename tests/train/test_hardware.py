@@ -190,8 +190,10 @@ def test_unwritable_or_damaged_cache_still_decides(tmp_path, monkeypatch):
 def test_resume_keeps_the_thread_count_the_checkpoint_was_written_with():
     from cramlm.train.hardware import resume_threads
 
-    assert resume_threads("auto", 2, now=1, usable=2) == 2  # auto measured a busy machine: back to 2
-    assert resume_threads("auto", 2, now=2, usable=2) is None  # already the same
-    assert resume_threads("auto", 4, now=2, usable=2) is None  # cannot have 4 CPUs here: keep auto's count
-    assert resume_threads(1, 2, now=1, usable=2) is None  # a number in the config is kept
-    assert resume_threads("auto", None, now=2, usable=2) is None  # an older checkpoint without the count
+    written = {"threads": 2, "world_size": 1}
+    assert resume_threads("auto", written, now=1, world=1, usable=2) == 2  # auto measured a busy machine: back to 2
+    assert resume_threads("auto", written, now=2, world=1, usable=2) is None  # already the same
+    assert resume_threads("auto", {"threads": 4, "world_size": 1}, now=2, world=1, usable=2) is None  # not 4 CPUs here
+    assert resume_threads("auto", written, now=1, world=2, usable=2) is None  # written by another number of processes
+    assert resume_threads(1, written, now=1, world=1, usable=2) is None  # a number in the config is kept
+    assert resume_threads("auto", {}, now=2, world=1, usable=2) is None  # an older checkpoint without the count

@@ -7,7 +7,6 @@ number, so ``N`` shards merge to exactly what one shard gives.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from cramlm.data.clean import first_occurrences, near_duplicates
-from cramlm.data.packing import DOC_RECORD, SPLITS
+from cramlm.data.packing import DOC_RECORD, SPLITS, read_shard_info
 from cramlm.data.cramtok import PackedFormatError, PackedTokens, PackedWriter, read_packed
 from cramlm.data.permute import Permutation, uniform
 
@@ -109,24 +108,6 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
             write_documents(parts, part_of[sequence], local[sequence], writer)
     return {"documents": int(keep.sum()), "copies_written": len(sequence), "capped_copies": capped,
             "tokens": int(lengths[sequence].sum())}
-
-
-SHARD_KEYS = ("shard", "read", "skipped", "skipped_examples", "seconds")
-
-
-def read_shard_info(folder: Path) -> dict:
-    """A finished shard's ``shard.json``; a missing, unreadable or incomplete one is an error naming the file."""
-    path = folder / "shard.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder}: shard not finished (no shard.json); run its prepare first")
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable ({e}); delete the shard folder and prepare it again") from None
-    missing = [k for k in SHARD_KEYS if not isinstance(info, dict) or k not in info]
-    if missing:
-        raise ValueError(f"{path}: not a finished shard record (missing {', '.join(missing)}); delete the shard folder and prepare it again")
-    return info
 
 
 def merge_shards(cfg, shard_folders: list[Path], out_folder: Path, vocab_size: int, fp: bytes) -> dict:

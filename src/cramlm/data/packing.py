@@ -172,12 +172,30 @@ class ShardWriter:
             self.minhash.close()
 
 
+SHARD_KEYS = ("shard", "read", "skipped", "skipped_examples", "seconds")
+
+
+def read_shard_info(folder: Path) -> dict:
+    """A finished shard's ``shard.json``; a missing, unreadable or incomplete one is an error naming the file."""
+    path = folder / "shard.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: shard not finished (no shard.json); run its prepare first")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable ({e}); delete the shard folder and prepare it again") from None
+    missing = [k for k in SHARD_KEYS if not isinstance(info, dict) or k not in info]
+    if missing:
+        raise ValueError(f"{path}: not a finished shard record (missing {', '.join(missing)}); delete the shard folder and prepare it again")
+    return info
+
+
 def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[int, int] = (0, 1),
                batch_chars: int = 2_000_000, progress: bool = True) -> dict:
     """Write shard ``shard=(index, count)`` of ``cfg`` into ``folder`` (skipped if already done)."""
     done_marker = folder / "shard.json"
     if done_marker.is_file():
-        return json.loads(done_marker.read_text())
+        return read_shard_info(folder)
     start = time.perf_counter()
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

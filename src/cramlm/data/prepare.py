@@ -27,8 +27,8 @@ from tokenizers import Tokenizer
 from cramlm.config.base import Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.merge import merge_shards, read_shard_info
-from cramlm.data.packing import pack_shard
+from cramlm.data.merge import merge_shards
+from cramlm.data.packing import pack_shard, read_shard_info
 from cramlm.data.cramtok import VERSION as FORMAT_VERSION
 from cramlm.data.cramtok import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig

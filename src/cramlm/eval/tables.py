@@ -118,12 +118,15 @@ def to_csv(rows: list[dict], mean: dict) -> str:
 def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
     """Per task of ``pretrained`` (an ``eval.json``): its headline score, the untrained twin's, the
     margin (pretrained - untrained; None where the twin lacks the task) and the majority-class floor."""
-    twin = {row["task"]: row for row in (untrained or {}).get("results", [])}
+    twin = {row.get("task"): row for row in (untrained or {}).get("results", []) if isinstance(row, dict)}
     out = []
     for row in pretrained.get("results", []):
-        other = twin.get(row["task"])
-        base = other["score"] if other and other.get("metric") == row["metric"] else None
-        out.append({"task": row["task"], "metric": row["metric"], "pretrained": row["score"], "untrained": base,
+        if not isinstance(row, dict) or not isinstance(row.get("score"), (int, float)):
+            continue  # a row without a headline score (an older or hand-made eval.json)
+        other = twin.get(row.get("task"))
+        base = other.get("score") if other and other.get("metric") == row.get("metric") else None
+        base = base if isinstance(base, (int, float)) else None
+        out.append({"task": row.get("task"), "metric": row.get("metric"), "pretrained": row["score"], "untrained": base,
                     "margin": None if base is None else row["score"] - base, "majority": row.get("majority")})
     return out
 
@@ -131,9 +134,14 @@ def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
 AHEAD, BEHIND = 0.02, 0.01  # a margin that counts as a gain (2 points) and as a loss (1 point)
 
 
-def _seed_spread(row: dict | None) -> float:
-    scores = [s["last"][row["metric"]] for s in (row or {}).get("seeds", []) if row["metric"] in s.get("last", {})]
-    return max(scores) - min(scores) if len(scores) > 1 else 0.0
+def _seed_spread(row: dict | None) -> float | None:
+    """Max - min of the per-seed headline scores; None with fewer than two seeds."""
+    seeds = (row or {}).get("seeds")
+    if not isinstance(seeds, list):
+        return None
+    scores = [s["last"][row["metric"]] for s in seeds
+              if isinstance(s, dict) and isinstance(s.get("last"), dict) and isinstance(s["last"].get(row.get("metric")), (int, float))]
+    return max(scores) - min(scores) if len(scores) > 1 else None
 
 
 def verdict(pretrained: dict, untrained: dict | None) -> str | None:
@@ -143,11 +151,16 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     rows = [r for r in versus(pretrained, untrained) if r["margin"] is not None]
     if not rows:
         return None
-    ahead = [r["task"] for r in rows if r["margin"] >= AHEAD]
-    behind = [r["task"] for r in rows if r["margin"] < -BEHIND]
-    by_task = {r["task"]: r for r in pretrained.get("results", [])}
-    twin = {r["task"]: r for r in (untrained or {}).get("results", [])}
-    noise = [r["task"] for r in rows if abs(r["margin"]) <= max(_seed_spread(by_task.get(r["task"])), _seed_spread(twin.get(r["task"])))]
+    margin = {r["task"]: round(r["margin"], 9) for r in rows}  # 0.82 - 0.80 is a gain of 2 points
+    ahead = [t for t, m in margin.items() if m >= AHEAD]
+    behind = [t for t, m in margin.items() if m < -BEHIND]
+    by_task = {r.get("task"): r for r in pretrained.get("results", []) if isinstance(r, dict)}
+    twin = {r.get("task"): r for r in (untrained or {}).get("results", []) if isinstance(r, dict)}
+    noise = []
+    for t, m in margin.items():
+        spreads = [x for x in (_seed_spread(by_task.get(t)), _seed_spread(twin.get(t))) if x is not None]
+        if spreads and abs(m) <= max(spreads):
+            noise.append(t)
     paid = len(ahead) > len(rows) / 2 and not behind
     text = (f"pretraining {'paid' if paid else 'did not pay (yet)'}: ahead of the untrained twin by >= 2 points on "
             f"{len(ahead)} of {len(rows)} task{'s' if len(rows) > 1 else ''}"
@@ -156,7 +169,7 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     if noise:
         text += f"; the margin is within the fine-tuning seeds' spread on {len(noise)}"
     lm_a, lm_b = pretrained.get("lm"), (untrained or {}).get("lm")
-    if lm_a and lm_b:
+    if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
         text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
         if not paid and lm_a["loss"] < lm_b["loss"] - 0.5:

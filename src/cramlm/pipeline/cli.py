@@ -50,7 +50,8 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
             click.echo(f"{name:20s} {text}")
         return
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
-    cfg = resolve_recipe_or_exit(recipe, overrides, plan_arch={"say": click.echo})  # arch=auto plans here
+    # arch=auto plans here (--show applies a recorded plan only: showing must not take minutes)
+    cfg = resolve_recipe_or_exit(recipe, overrides, plan_arch={"say": click.echo, "reuse_only": show})
     if show:
         sys.stdout.write(describe(cfg))
         return

@@ -125,8 +125,9 @@ def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), non_embedding_parameters(model)
 
 
-def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2) -> float:
-    """Tokens/s of a few real training steps (median) of ``arch`` on random tokens."""
+def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2, device=None) -> float:
+    """Tokens/s of a few real training steps (median) of ``arch`` on random tokens, on ``device``
+    (default: the CPU)."""
     import numpy as np
     import torch
 
@@ -153,14 +154,15 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
             return torch.from_numpy(self.blocks[np.asarray(indices)])
 
     torch.manual_seed(0)
-    model = build_model(config_class("model", arch["type"]).model_validate(arch), vocab)
+    device = torch.device(device or "cpu")
+    model = build_model(config_class("model", arch["type"]).model_validate(arch), vocab).to(device)
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, 0)
     data = StepData(RandomBlocks(micro * (warmup + steps), 0), collate, 0)
     train = cfg.train.model_copy(update={"batch_size": micro, "batch_ramp": 0.0, "min_updates": 0,
                                          "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
     impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
-    sample = collate(RandomBlocks(2, 1).batch([0, 1]))
-    device = torch.device("cpu")
+    sample = {k: v.to(device) for k, v in collate(RandomBlocks(2, 1).batch([0, 1])).items()}
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     costs = measure_costs(model, seq, sample, device, resolve_precision(impl, device, model).dtype)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,8 +170,10 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
         trainer.model.train()
         seconds = []
         for i in range(warmup + steps):
+            sync()
             start = time.perf_counter()
             trainer.train_step(1)
+            sync()
             if i >= warmup:
                 seconds.append(time.perf_counter() - start)
     seconds.sort()
@@ -191,10 +195,11 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     base = cfg.arch.model_dump(mode="json")
     if base.get("type") != "crammed-bert":
         raise ValueError(f"cramlm plan plans masked-LM runs (arch type crammed-bert), not '{base.get('type')}'")
+    device = None
     if throughput is None:
         from cramlm.train.impl import setup_device
 
-        setup_device(cfg.impl)  # threads as the run will have them
+        device = setup_device(cfg.impl)  # the run's device, and threads as the run will have them
     candidates = []
     for size in sizes:
         shape(size)
@@ -209,7 +214,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
             tps = throughput[size]
         else:
             say(f"cramlm plan: measuring {size} ...")
-            tps = measure_throughput(cfg, arch, vocab)
+            tps = measure_throughput(cfg, arch, vocab, device=device)
         candidates.append(Candidate(size, total, non_embedding, tps))
     ranked = rank(candidates, law, seconds)
     fitted = [c for c in ranked if not c.extrapolated]

@@ -95,50 +95,67 @@ def resolve_recipe(recipe: str = DEFAULT_RECIPE, overrides: list[str] | tuple[st
     tree, recipe_overrides = recipe_tree(recipe)
     user = list(overrides)
     auto = tree.get("arch") == "auto"
-    for i, override in enumerate(user):
-        key, _, value = override.partition("=")
-        if key.strip() == "arch":
-            auto = value.strip().strip("'\"") == "auto"
-            if auto:
-                user[i] = f"arch={AUTO_ARCH}"
+    for overrides_list in (recipe_overrides, user):  # a later arch= selection wins
+        for i, override in enumerate(overrides_list):
+            key, _, value = override.partition("=")
+            if key.strip().lstrip("+") == "arch":
+                auto = value.strip().strip("'\"") == "auto"
+                if auto:
+                    overrides_list[i] = f"arch={AUTO_ARCH}"
     if not auto:
         return resolve(PipelineConfig, tree, recipe_overrides + user)  # type: ignore[return-value]
     tree["arch"] = AUTO_ARCH
     cfg = resolve(PipelineConfig, tree, recipe_overrides + user)
     if plan_arch is None:
         return cfg  # type: ignore[return-value]
-    return resolve(PipelineConfig, tree, recipe_overrides + planned_overrides(cfg, recipe, user, plan_arch) + user)  # type: ignore[return-value]
+    return resolve(PipelineConfig, tree, recipe_overrides + planned_overrides(cfg, recipe, plan_arch) + user)  # type: ignore[return-value]
 
 
 AUTO_ARCH = "crammed-bert-tiny"  # arch=auto: the preset the planner resizes
 PLAN = "plan.json"
 
 
-def planned_overrides(cfg: PipelineConfig, recipe: str, user: list[str], plan_args: dict[str, Any]) -> list[str]:
+def plan_key(cfg: PipelineConfig, law_path: str | None = None) -> str:
+    """What a plan depends on: the budget, the starting arch, sequence length and vocabulary, the
+    implementation it was measured with and the law (not the run's name, resume or dryrun flags,
+    checkpoint or logging settings)."""
+    impl = cfg.impl
+    return _hash([cfg.budget, cfg.arch.model_dump(mode="json"), cfg.data.seq_length, cfg.data.tokenizer.vocab_size,
+                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], cfg.train.mlm_probability, law_path])
+
+
+def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any]) -> list[str]:
     """arch=auto: the planner's choice as overrides, from ``<run>/plan.json`` when it was planned
-    with the same settings (a re-run must not re-measure into another shape and retrain)."""
+    with the same settings (a re-run or a resume must not re-measure into another shape).
+    ``plan_args``: keyword arguments for :func:`cramlm.pipeline.plan.plan`, plus ``reuse_only``
+    (``--show``: apply a recorded plan, never measure). A dry run and a torchrun process never
+    measure either: they take a recorded plan or, with none, the starting shape (dry run) or an error."""
+    from cramlm.config.loader import ConfigError
     from cramlm.pipeline.plan import plan as plan_budget
     from cramlm.pipeline.scaling import size_overrides
 
-    say = plan_args.get("say", print)
+    args = dict(plan_args)
+    say, reuse_only = args.get("say", print), args.pop("reuse_only", False)
     if not cfg.budget:
-        from cramlm.config.loader import ConfigError
-
         raise ConfigError("arch=auto plans the model for a wall-clock budget: set one, e.g. budget=1h")
-    settings = cfg.pretrain_config().model_dump(mode="json")
-    settings["impl"].pop("progress", None)
-    key = _hash([settings, plan_args.get("law_path")])
+    key = plan_key(cfg, args.get("law_path"))
     path = cfg.run_dir / PLAN
-    if path.is_file():
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            record = {}
-        if record.get("key") == key and isinstance(record.get("overrides"), list):
-            say(f"cramlm run: arch=auto: the plan in {path}: " + " ".join(record["overrides"]))
-            return [str(o) for o in record["overrides"]]
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        record = {}
+    if record.get("key") == key and isinstance(record.get("overrides"), list):
+        say(f"cramlm run: arch=auto: the plan in {path}: " + " ".join(record["overrides"]))
+        return [str(o) for o in record["overrides"]]
+    if reuse_only or cfg.dryrun:
+        say(f"cramlm run: arch=auto: no plan recorded in {path}; {'a dry run' if cfg.dryrun else 'shown'} with the "
+            f"planner's starting shape ({AUTO_ARCH}); `cramlm run` measures and plans")
+        return []
+    if launcher_env()[2] > 1:
+        raise ConfigError(f"arch=auto under torchrun: plan once first, without torchrun (`cramlm run {recipe} ... "
+                          "arch=auto stages=[data]` records the plan in <run>/plan.json), then every process reuses it")
     say(f"cramlm run: arch=auto: planning the model for {cfg.budget:g} h on this machine (cramlm plan) ...")
-    result = plan_budget(cfg, recipe, **plan_args)
+    result = plan_budget(cfg, recipe, **args)
     choice = result["choice"]
     overrides = [*size_overrides(choice["size"]), f"train.batch_size={choice['batch_size']}",
                  f"impl.microbatch_size={choice['microbatch_size']}", f"train.optim.lr={choice['lr']:g}",

@@ -120,15 +120,19 @@ def auto_threads(
     return threads
 
 
-def resume_threads(setting: int | str | None, written_with: int | None, now: int, usable: int) -> int | None:
-    """The thread count to switch to when resuming a checkpoint written with ``written_with`` threads
+def resume_threads(setting: int | str | None, written: dict, now: int, world: int, usable: int) -> int | None:
+    """The thread count to switch to when resuming a checkpoint whose state.json is ``written``
     (None: keep ``now``). With impl.threads=auto a resumed run takes the count the checkpoint was
-    written with, where this process may use that many CPUs: CPU kernels split their sums by thread,
-    so the same count keeps a resumed run bitwise on the course of an uninterrupted one. A number in
-    the config is the user's word and is kept."""
-    if setting != "auto" or not written_with or written_with == now or written_with > usable:
+    written with (``threads``), where the same number of processes wrote it (``world_size``) and
+    each process may use that many CPUs (``usable``: affinity and quota shared among the local
+    processes): CPU kernels split their sums by thread, so the same count keeps a resumed run
+    bitwise on the course of an uninterrupted one. A number in the config is the user's word and is kept."""
+    count = written.get("threads")
+    if setting != "auto" or not isinstance(count, int) or count < 1 or count == now or count > usable:
         return None
-    return int(written_with)
+    if written.get("world_size", 1) != world:
+        return None
+    return count
 
 
 def resolve_threads(setting: int | str | None) -> int | None:

@@ -476,13 +476,7 @@ class Trainer:
         self.first_loss = state.get("first_loss")
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
                              "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size")}
-        if self.device.type == "cpu":
-            from cramlm.train.hardware import resume_threads, usable_cpus
 
-            threads = resume_threads(self.impl.threads, state.get("threads"), torch.get_num_threads(), usable_cpus())
-            if threads:
-                self.resumed_from["threads"] = f"{torch.get_num_threads()} -> {threads}, as the checkpoint was written"
-                torch.set_num_threads(threads)
 
     def _summary(self, val_loss: float | None, final: Path) -> dict:
         meter, used, costs = self.meter, self.used, self.meter.costs
