@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--microbatch", type=int, nargs="+", default=[64, 16, 16], help="per size, in order")
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--no-hf", action="store_true", help="leave out the Hugging Face contender (precision ratios only)")
     ap.add_argument("--accumulate", type=int, default=1,
                     help="microbatches per optimizer step (a real base run has many: its optimizer step, the same in "
                          "every precision, is then paid once per batch rather than per microbatch)")
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                                     args.accumulate)
                 chosen[name] = contenders[name].precision
             first = next(iter(chosen.values())).precision
-            if size != "gpt":  # the plain HF loop under the same autocast as the first contender
+            if size != "gpt" and not args.no_hf:  # the plain HF loop under the same autocast as the first contender
                 contenders["hf"], fpts["hf"], params["hf"] = hf_bert(arch, args.vocab, micro, device, first, args.accumulate)
                 chosen["hf"] = None
             in_use = sorted({c.precision for c in chosen.values() if c} | {first})
