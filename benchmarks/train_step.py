@@ -237,6 +237,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if "hf" in contenders:
             for row in rows[-len(contenders):-1]:
                 row["speedup_vs_hf"] = round(row["tokens_per_second"] / rows[-1]["tokens_per_second"], 3)
+        fp32 = next((r for r in rows[-len(contenders):] if r["engine"] == "cramlm-fp32"), None)
+        if fp32:  # the same run, interleaved: the ratio the load does not bend
+            for row in rows[-len(contenders):]:
+                if row["engine"].startswith("cramlm-") and row is not fp32:
+                    row["speedup_vs_fp32"] = round(row["tokens_per_second"] / fp32["tokens_per_second"], 3)
         print(json.dumps(rows[-len(contenders):]), flush=True)
         write(args.out, peaks, rows)  # after each size: a run cut short keeps what it measured
     write(args.out, peaks, rows)
@@ -250,6 +255,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             continue
         print(f"| {r['size']} | {r['engine']} | {r['precision']} | {r['parameters'] / 1e6:.1f}M | {r['microbatch']}{'' if r.get('accumulate', 1) == 1 else ' x' + str(r['accumulate'])} | {r['tokens_per_second']:,.0f} | "
               f"{r['flops_per_token'] / 1e9:.3f} | {100 * r['mfu_vs_gemm_peak']:.1f}% | {r.get('speedup_vs_hf', '')} |")
+    for r in rows:
+        if "speedup_vs_fp32" in r:
+            print(f"{r['size']} {r['engine']} ({r['precision']}): {r['speedup_vs_fp32']:.2f}x the fp32 contender's tokens/s, same run")
     for r in rows:
         if r.get("precision_reason", "").startswith("measured"):
             print(f"{r['size']} {r['engine']}: precision auto -> {r['precision']}: {r['precision_reason']}")
