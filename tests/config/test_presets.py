@@ -164,7 +164,7 @@ def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypat
         """)
     cfg, base = resolve_recipe(str(mine)), resolve_recipe("cpu-1h")
     assert cfg.budget == 2 and cfg.train.batch_size == 128 and cfg.name == "cpu-1h"  # name comes from the base
-    assert cfg.impl.threads == base.impl.threads == 2 and cfg.data.name == "shared-corpus"  # the base's overrides kept
+    assert cfg.eval.max_train_examples == base.eval.max_train_examples == 4000 and cfg.data.name == "shared-corpus"  # the base's overrides kept
 
 
 if __name__ == "__main__":  # regenerate the snapshot
