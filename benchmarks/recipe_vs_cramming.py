@@ -1,0 +1,156 @@
+"""Quality at equal compute: the `cpu-1h` recipe against cramming's recipe (`train=bert-o4`: its
+batch ramp to 8192 sequences, budget-keyed triangle schedule) on the same model, data, tokenizer,
+implementation and wall-clock budget, and both against their untrained twin (same architecture and
+tokenizer, random weights). Issue 13's check (a) and (b).
+
+Three `cramlm run` pipelines into ``--out``: ``recipe`` (cpu-1h as shipped), ``bert-o4`` (the same
+with ``train=bert-o4``; cramlm's bert-o4 caps the ramp so the budget gives at least 1,000 updates,
+kinder than cramming's original), and the twin's evaluation (through the bert-o4 run:
+``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the
+recipe's twin too). Fine-tuning: the five shared tasks, 3 seeds, median. The held-out MLM loss is
+taken again on one common split (the runs share the data config, so ``val.cramtok`` is the same file)
+with fixed masking, by benchmarks/val_mlm_loss.py. Both runs get the same wall clock, and since they
+train the same model with the same implementation, also (within a fraction of a percent, printed)
+the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.
+
+``--parallel`` runs the two pretrainings side by side, each pinned to one core with one thread
+(``taskset``): two hours of a 2-core machine in one, each run a 1-core hour. Evaluation follows.
+
+    CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_vs_cramming.py --parallel --out /tmp/rvc
+    python benchmarks/recipe_vs_cramming.py --summarize /tmp/rvc      # the tables from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
+BERT_O4 = ["train=bert-o4", "train.batch_size=8192", "train.batch_ramp=0.6", "train.min_updates=1000"]
+
+
+def commands(out: Path, budget: str, parallel: bool, data_dir: str) -> dict[str, list[list[str]]]:
+    common = [f"base_dir={out}", f"impl.data_cache={out / 'data'}", "impl.progress=false", f"budget={budget}",
+              "eval.seeds=3", "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]"]
+    if parallel:
+        common.append("impl.threads=1")
+    run = ["cramlm", "run", "cpu-1h"]
+    return {
+        "pretrain": [[*run, "name=recipe", "stages=[data,pretrain]", *common],
+                     [*run, "name=bert-o4", "stages=[data,pretrain]", *BERT_O4, *common]],
+        "eval": [[*run, "name=recipe", "stages=[eval]", "untrained_twin=false", *common],
+                 [*run, "name=bert-o4", "stages=[eval]", "untrained_twin=false", *BERT_O4, *common],
+                 [*run, "name=bert-o4", "stages=[eval-untrained]", *BERT_O4, *common]],
+    }
+
+
+def run_pinned(cmds: list[list[str]]) -> None:
+    """Each command pinned to a free core of two (taskset), the next as soon as one is free."""
+    pending, running = list(cmds), {}
+    while pending or running:
+        for core in (0, 1):
+            if core not in running and pending:
+                cmd = ["taskset", "-c", str(core), *pending.pop(0)]
+                print("+", shlex.join(cmd), flush=True)
+                running[core] = subprocess.Popen(cmd)
+        time.sleep(2)
+        for core, proc in list(running.items()):
+            if proc.poll() is not None:
+                if proc.returncode:
+                    sys.exit(f"failed ({proc.returncode}): {shlex.join(proc.args)}")
+                del running[core]
+
+
+def run_all(out: Path, budget: str, parallel: bool, data_dir: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    plan = commands(out, budget, parallel, data_dir)
+    data = [c for c in plan["pretrain"][0] if not c.startswith("stages=")] + ["stages=[data]"]
+    subprocess.run(data, check=True)  # once, before two processes want it
+    for phase in ("pretrain", "eval"):
+        if parallel:
+            run_pinned(plan[phase])
+        else:
+            for cmd in plan[phase]:
+                print("+", shlex.join(cmd), flush=True)
+                subprocess.run(cmd, check=True)
+
+
+def summarize(out: Path) -> dict:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from val_mlm_loss import val_loss
+
+    def load(path: Path):
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    runs = {"recipe": out / "recipe", "bert-o4": out / "bert-o4"}
+    evals = {"recipe": load(runs["recipe"] / "eval.json"), "bert-o4": load(runs["bert-o4"] / "eval.json"),
+             "untrained twin": load(runs["bert-o4"] / "eval-untrained.json")}
+    result: dict = {"runs": {}, "tasks": {}, "means": {}}
+    for name, folder in runs.items():
+        s = load(folder / "summary.json") or {}
+        result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
+                                                      "mfu", "precision", "val_loss")}
+        result["runs"][name]["common_split"] = val_loss(str(folder), 10**9)
+    for name, ev in evals.items():
+        if not ev:
+            continue
+        result["means"][name] = ev["mean"]["last"]["arithmetic"]
+        for row in ev["results"]:
+            entry = result["tasks"].setdefault(row["task"], {"metric": row["metric"], "majority": row.get("majority")})
+            entry[name] = {"median": row["score"], "seeds": [s["last"][row["metric"]] for s in row["seeds"]]}
+    return result
+
+
+def table(result: dict) -> str:
+    names = ["recipe", "bert-o4", "untrained twin"]
+    lines = ["| task (metric, majority) | cpu-1h recipe | bert-o4 (cramming) | untrained twin | recipe - twin |",
+             "|---|---:|---:|---:|---:|"]
+    for task, entry in result["tasks"].items():
+        cells = []
+        for n in names:
+            e = entry.get(n)
+            cells.append("-" if not e else f"{100 * e['median']:.1f} ({' '.join(f'{100 * v:.1f}' for v in e['seeds'])})")
+        margin = (f"{100 * (entry['recipe']['median'] - entry['untrained twin']['median']):+.1f}"
+                  if "recipe" in entry and "untrained twin" in entry else "-")
+        majority = "" if entry.get("majority") is None else f", {100 * entry['majority']:.1f}"
+        lines.append(f"| {task} ({entry['metric']}{majority}) | " + " | ".join(cells) + f" | {margin} |")
+    lines.append("| mean | " + " | ".join(f"{100 * result['means'][n]:.1f}" if n in result["means"] else "-" for n in names)
+                 + " | " + (f"{100 * (result['means']['recipe'] - result['means']['untrained twin']):+.1f}"
+                            if {"recipe", "untrained twin"} <= set(result["means"]) else "-") + " |")
+    runs = result["runs"]
+    lines.append("| held-out MLM loss, common split | " + " | ".join(
+        f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if n in runs else "-" for n in names) + " | |")
+    lines.append("")
+    for n, r in runs.items():
+        lines.append(f"{n}: {r['steps']:,} steps, {r['tokens'] / 1e6:.2f}M tokens, {r['flops']:.3g} FLOPs in {r['train_seconds']:.0f} s "
+                     f"({r['tokens_per_second']:,.0f} tokens/s, {r['precision']}, MFU {100 * r['mfu']:.1f}%)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="outputs/recipe-vs-cramming")
+    ap.add_argument("--budget", default="1h")
+    ap.add_argument("--parallel", action="store_true", help="both pretrainings at once, one pinned core and thread each")
+    ap.add_argument("--summarize", metavar="DIR", help="only the tables, from the finished runs in DIR")
+    ap.add_argument("--json", help="also write the result here")
+    args = ap.parse_args(argv)
+    out = Path(args.summarize or args.out)
+    if not args.summarize:
+        run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"))
+    result = summarize(out)
+    print(json.dumps(result))
+    print(table(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
