@@ -91,7 +91,7 @@ def summarize(out: Path) -> dict:
     runs = {"recipe": out / "recipe", "bert-o4": out / "bert-o4"}
     evals = {"recipe": load(runs["recipe"] / "eval.json"), "bert-o4": load(runs["bert-o4"] / "eval.json"),
              "untrained twin": load(runs["bert-o4"] / "eval-untrained.json")}
-    result: dict = {"runs": {}, "tasks": {}, "means": {}}
+    result: dict = {"runs": {}, "tasks": {}, "means": {}, "lm": {}}
     for name, folder in runs.items():
         s = load(folder / "summary.json") or {}
         result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
@@ -101,6 +101,7 @@ def summarize(out: Path) -> dict:
         if not ev:
             continue
         result["means"][name] = ev["mean"]["last"]["arithmetic"]
+        result["lm"][name] = (ev.get("lm") or {}).get("loss")
         for row in ev["results"]:
             entry = result["tasks"].setdefault(row["task"], {"metric": row["metric"], "majority": row.get("majority")})
             entry[name] = {"median": row["score"], "seeds": [s["last"][row["metric"]] for s in row["seeds"]]}
@@ -126,6 +127,8 @@ def table(result: dict) -> str:
     runs = result["runs"]
     lines.append("| held-out MLM loss, common split | " + " | ".join(
         f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if n in runs else "-" for n in names) + " | |")
+    lines.append("| held-out MLM loss, the run's own validation batches | " + " | ".join(
+        f"{result['lm'][n]:.3f}" if result["lm"].get(n) is not None else "-" for n in names) + " | |")
     lines.append("")
     for n, r in runs.items():
         lines.append(f"{n}: {r['steps']:,} steps, {r['tokens'] / 1e6:.2f}M tokens, {r['flops']:.3g} FLOPs in {r['train_seconds']:.0f} s "
