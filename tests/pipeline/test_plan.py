@@ -4,6 +4,7 @@ file, and the command line."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -149,3 +150,16 @@ def test_arch_auto_never_measures_when_it_must_not(law_file, tmp_path, monkeypat
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="arch=auto under torchrun: plan once first"):
         resolve_recipe("default", overrides, args)
+
+
+def test_predictions_within_the_laws_error_go_to_the_shape_nearest_the_fitted_runs():
+    from cramlm.pipeline.plan import choose
+
+    law = {**LAW, "ranges": {"N": (1e5, 1e6), "D": (1e6, 1e7)}, "residual": 0.02}
+    inside = Candidate("128x4", 0, 8e5, 0.0, tokens=5e6, predicted_loss=4.05)  # N and D inside the fitted runs
+    outside = Candidate("256x6", 0, 3e6, 0.0, tokens=3e6, predicted_loss=4.00, outside=math.log(3))  # N 3x beyond
+    far = Candidate("64x2", 0, 1e5, 0.0, tokens=9e6, predicted_loss=4.20)  # 5% worse: not tied
+    chosen, tied = choose([outside, inside, far], law)
+    assert chosen is inside and tied == [outside, inside]
+    # a law that knows no error of its own: the lowest prediction, as before
+    assert choose([outside, inside, far], {**law, "residual": None})[0] is outside

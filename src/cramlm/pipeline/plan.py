@@ -8,7 +8,8 @@
    L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
    ``cramlm sweep`` to this project's own runs and shipped as ``recipes/plan/scaling-cpu.yaml``
    (which records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
-3. Pick the lowest predicted loss; print the table it chose from, why, and the command to run it.
+3. Pick the lowest predicted loss; where several are predicted closer to it than the law's own error
+   on its points, the one nearest the fitted runs. Print the table it chose from, why, and the command.
 
 Batch, learning rate and masking rate are not fitted (the sweep held them fixed): the batch is the
 largest power of two that still gives about ``MIN_UPDATES`` optimizer steps (cramming's failure on
@@ -44,6 +45,7 @@ class Candidate:
     tokens: float = 0.0  # trained in the budget
     predicted_loss: float = math.nan
     extrapolated: bool = False
+    outside: float = 0.0  # how far N and D lie outside the fitted runs (sum of log-distances; 0 inside)
 
 
 def load_law(path: str | Path | None = None) -> dict[str, Any]:
@@ -70,7 +72,13 @@ def load_law(path: str | Path | None = None) -> dict[str, Any]:
             values = [p[field] for p in points if field in p]
             if values:
                 ranges[key] = (min(values), max(values))
-    return {**fit, "source": source, "ranges": ranges, "data": data.get("data"), "command": data.get("command")}
+    residual = None  # the law's RMS relative error on its own points: differences below it are noise
+    usable = [p for p in points if all(k in p for k in ("non_embedding_parameters", "tokens", "loss"))]
+    if len(usable) >= 2:
+        errors = [(p["loss"] - float(chinchilla_law(fit, p["non_embedding_parameters"], p["tokens"]))) / p["loss"] for p in usable]
+        residual = math.sqrt(sum(e * e for e in errors) / len(errors))
+    return {**fit, "source": source, "ranges": ranges, "data": data.get("data"), "command": data.get("command"),
+            "residual": residual}
 
 
 def shape(spec: str) -> tuple[int, int]:
@@ -98,7 +106,20 @@ def rank(candidates: list[Candidate], law: dict[str, Any], seconds: float) -> li
             key in ranges and not (ranges[key][0] / EXTRAPOLATION <= value <= ranges[key][1] * EXTRAPOLATION)
             for key, value in (("N", c.non_embedding), ("D", c.tokens))
         )
+        c.outside = sum(max(0.0, math.log(ranges[key][0] / value), math.log(value / ranges[key][1]))
+                        for key, value in (("N", c.non_embedding), ("D", c.tokens)) if key in ranges and value > 0)
     return sorted(candidates, key=lambda c: c.predicted_loss)
+
+
+def choose(ranked: list[Candidate], law: dict[str, Any]) -> tuple[Candidate, list[Candidate]]:
+    """The pick and the candidates it was picked among. Predictions closer to the best than the
+    law's own error on its points (``residual``) cannot be told apart, so among those the shape
+    nearest the fitted runs wins (its prediction is interpolated, not extrapolated), then the lower
+    prediction. Flagged extrapolations only when nothing else is left."""
+    pool = [c for c in ranked if not c.extrapolated] or ranked
+    best = pool[0].predicted_loss
+    tied = [c for c in pool if c.predicted_loss <= best * (1 + (law.get("residual") or 0.0))]
+    return min(tied, key=lambda c: (round(c.outside, 6), c.predicted_loss)), tied
 
 
 def table(ranked: list[Candidate], chosen: Candidate) -> str:
@@ -217,8 +238,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
             tps = measure_throughput(cfg, arch, vocab, device=device)
         candidates.append(Candidate(size, total, non_embedding, tps))
     ranked = rank(candidates, law, seconds)
-    fitted = [c for c in ranked if not c.extrapolated]
-    chosen = fitted[0] if fitted else ranked[0]
+    chosen, tied = choose(ranked, law)
     hidden, layers = shape(chosen.size)
     batch = batch_for(chosen.tokens, cfg.data.seq_length)
     micro = min(batch, cfg.impl.microbatch_size)
@@ -230,8 +250,12 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         f"budget {seconds / 3600:g} h; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
         f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
         + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
-        f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
-        + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
+        (f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
+         + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
+         if len(tied) == 1 else
+         f"{', '.join(c.size for c in tied)} are predicted within the law's error on its own points "
+         f"({100 * (law.get('residual') or 0):.1f}% RMS) of the best ({tied[0].predicted_loss:.3f}), so no prediction "
+         f"tells them apart; {chosen.size} ({chosen.predicted_loss:.3f}) lies nearest the runs the law was fitted to")
         + f": {chosen.tokens / 1e6:,.1f}M tokens at {chosen.tokens_per_second:,.0f} tokens/s, "
         f"{chosen.tokens / max(chosen.non_embedding, 1):,.0f} per non-embedding parameter",
         f"batch {batch} sequences: the largest power of two giving about {MIN_UPDATES} optimizer steps "
