@@ -54,7 +54,9 @@ def test_grid_check_before_running():
         check_grid(["64x2", "128x2"], ["1m", "1Mtok"])
     with pytest.raises(ValueError, match="duration .* or a token count"):
         check_grid(["64x2", "128x2"], ["soon", "1Mtok"])
-    check_grid(["64x2", "128x2"], ["250ktok", "1Mtok"])  # token budgets: four distinct compute values
+    assert check_grid(["64x2", "128x2"], ["250ktok", "1Mtok"]) is True  # token budgets: four distinct compute values
+    # one clock budget, several shapes: which shape the budget buys (ranked, not fitted)
+    assert check_grid(["64x2", "128x2", "256x4"], ["15m"]) is False
     check_grid(["64x2"], ["1m", "2m", "4m", "8m"])
     assert budget_overrides("250ktok") == (["budget=null", "train.budget.tokens=250000"], "tokens", 250000.0)
     assert budget_overrides("1.5Mtokens")[0][1] == "train.budget.tokens=1500000"

@@ -55,16 +55,19 @@ def size_flops(spec: str) -> float:
     return 6.0 * 12 * layers * hidden**2
 
 
-def check_grid(sizes: list[str], budgets: list[str]) -> None:
+def check_grid(sizes: list[str], budgets: list[str]) -> bool:
     """Refuse a grid the compute law cannot be fitted to, before anything runs. A clock budget gives
     every size about the same compute (this machine's FLOP/s x seconds); a token budget gives each
-    size its own."""
+    size its own. One clock budget and two sizes or more is a comparison of shapes at equal compute
+    (which shape does this budget buy?): allowed, ranked, not fitted. Returns whether to fit."""
     for size in sizes:
         size_overrides(size)
     parsed = [budget_overrides(b) for b in budgets]
     kinds = {kind for _, kind, _ in parsed}
     if len(kinds) > 1:
         raise ValueError("--budgets mixes wall-clock and token budgets; use one kind per sweep")
+    if kinds == {"clock"} and len(budgets) == 1 and len(sizes) >= 2:
+        return False
     if "clock" in kinds:
         estimates = [amount for _, _, amount in parsed]
     else:
@@ -74,6 +77,7 @@ def check_grid(sizes: list[str], budgets: list[str]) -> None:
     except FitError as e:
         hint = "add budgets" if "clock" in kinds else "add sizes or budgets"
         raise ValueError(f"grid {len(sizes)} size(s) x {len(budgets)} budget(s): {e}; {hint}") from None
+    return True
 
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
@@ -171,7 +175,7 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     ``report``) report.html comparing the runs' curves."""
     from cramlm.report import write_report
 
-    check_grid(sizes, budgets)  # before anything runs
+    fitting = check_grid(sizes, budgets)  # before anything runs
     base = resolve_recipe(recipe, overrides)
     folder = Path(base.base_dir) / name
     points = []
@@ -192,8 +196,14 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     if not points:
         raise ValueError("the sweep produced no losses")
     fit, fit_nd, errors = None, None, {}
+    if not fitting:
+        errors["fit"] = "one wall-clock budget: a comparison of shapes at equal compute, not fitted"
+        best = min(points, key=lambda p: p["loss"])
+        for p in points:
+            p["vs_best"] = round(p["loss"] / best["loss"] - 1, 4)
     try:
-        fit = fit_compute_law([p["flops"] for p in points], [p["loss"] for p in points])
+        if fitting:
+            fit = fit_compute_law([p["flops"] for p in points], [p["loss"] for p in points])
     except FitError as e:
         errors["fit"] = str(e)
     try:
@@ -216,6 +226,10 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
         print(f"fit: L(N, D) = {fit_nd['E']:.4g} + {fit_nd['A']:.4g} / N^{fit_nd['a']:.4f} + {fit_nd['B']:.4g} / D^{fit_nd['b']:.4f}"
               f"  (R^2 {fit_nd['r2']:.3f})")
     print(f"written: {folder / 'sweep.json'}, {folder / 'sweep.png'}" + (f", {folder / 'report.html'}" if report else ""))
-    if fit is None:
+    if not fitting:
+        best = min(points, key=lambda p: p["loss"])
+        print(f"best for {budgets[0]}: {best['size']} (loss {best['loss']:.4f}); "
+              + ", ".join(f"{p['size']} {100 * p['vs_best']:+.1f}%" for p in sorted(points, key=lambda p: p["loss"])[1:]))
+    elif fit is None:
         raise FitError(f"no fit: {errors['fit']} (the points are in {folder / 'sweep.json'})")
     return result
