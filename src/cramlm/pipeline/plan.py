@@ -266,11 +266,12 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")
     if law.get("data") and isinstance(law["data"], dict) and law["data"].get("vocab_size") not in (None, vocab):
         why.append(f"note: the law was fitted at vocab {law['data']['vocab_size']}, this plan is for vocab {vocab}")
-    command = (f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(size_overrides(chosen.size))
-               + f" train.batch_size={batch} impl.microbatch_size={micro} train.optim.lr={LR:g} train.mlm_probability={MASKING}")
+    overrides = [*size_overrides(chosen.size), f"train.batch_size={batch}", f"impl.microbatch_size={micro}",
+                 f"train.optim.lr={LR:g}", f"train.mlm_probability={MASKING}"]
+    command = f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(overrides)
     say(table(ranked, chosen))
     for line in why:
         say("- " + line)
     say(f"run it: {command}")
-    return {"choice": choice, "command": command, "why": why, "law": {k: law[k] for k in ("E", "A", "a", "B", "b", "source")},
+    return {"choice": choice, "overrides": overrides, "command": command, "why": why, "law": {k: law[k] for k in ("E", "A", "a", "B", "b", "source")},
             "candidates": [asdict(c) for c in ranked], "hidden": hidden, "layers": layers}

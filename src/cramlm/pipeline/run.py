@@ -132,7 +132,6 @@ def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any
     measure either: they take a recorded plan or, with none, the starting shape (dry run) or an error."""
     from cramlm.config.loader import ConfigError
     from cramlm.pipeline.plan import plan as plan_budget
-    from cramlm.pipeline.scaling import size_overrides
 
     args = dict(plan_args)
     say, reuse_only = args.get("say", print), args.pop("reuse_only", False)
@@ -156,10 +155,7 @@ def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any
                           "arch=auto stages=[data]` records the plan in <run>/plan.json), then every process reuses it")
     say(f"cramlm run: arch=auto: planning the model for {cfg.budget:g} h on this machine (cramlm plan) ...")
     result = plan_budget(cfg, recipe, **args)
-    choice = result["choice"]
-    overrides = [*size_overrides(choice["size"]), f"train.batch_size={choice['batch_size']}",
-                 f"impl.microbatch_size={choice['microbatch_size']}", f"train.optim.lr={choice['lr']:g}",
-                 f"train.mlm_probability={choice['mlm_probability']}"]
+    overrides = result["overrides"]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"key": key, "overrides": overrides, **{k: result[k] for k in ("choice", "why", "candidates", "law")}})
     return overrides

@@ -196,9 +196,9 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     if not points:
         raise ValueError("the sweep produced no losses")
     fit, fit_nd, errors = None, None, {}
+    best = min(points, key=lambda p: p["loss"])
     if not fitting:
         errors["fit"] = "one wall-clock budget: a comparison of shapes at equal compute, not fitted"
-        best = min(points, key=lambda p: p["loss"])
         for p in points:
             p["vs_best"] = round(p["loss"] / best["loss"] - 1, 4)
     try:
@@ -227,7 +227,6 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
               f"  (R^2 {fit_nd['r2']:.3f})")
     print(f"written: {folder / 'sweep.json'}, {folder / 'sweep.png'}" + (f", {folder / 'report.html'}" if report else ""))
     if not fitting:
-        best = min(points, key=lambda p: p["loss"])
         print(f"best for {budgets[0]}: {best['size']} (loss {best['loss']:.4f}); "
               + ", ".join(f"{p['size']} {100 * p['vs_best']:+.1f}%" for p in sorted(points, key=lambda p: p["loss"])[1:]))
     elif fit is None:
