@@ -11,8 +11,10 @@ The order (a module may import its own stage and the stages above it, never one 
     runs        cramlm.runs: a run folder read back (PretrainConfig, load_run)
     eval        tasks, fine-tuning, held-out loss, metrics
     report      plots and report.html from run folders
-    entry       the commands: cli.py, cli_common.py, */cli.py, pretrain.py, eval/run.py, pipeline/,
-                __main__.py. They import libraries (and each other), never the reverse.
+    pipeline    whole runs: cramlm.pretrain (data -> model -> train), pipeline/ (recipes, sweeps, the planner)
+    cli         the command line, cramlm/cli/ and __main__.py: the only click code; nothing imports it
+
+A module's stage is its folder (cramlm/<stage>/...); the few top-level modules are named above.
 
 Function-level imports count for the order (a lazy import is still a dependency) and for the
 cycle check over every import; module-level imports alone must not form a cycle either (that is an
@@ -30,20 +32,23 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "cramlm"
 
-STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "report", "entry"]
-FOUNDATION = {"cramlm", "cramlm.constants", "cramlm.io", "cramlm.progress", "cramlm.locks"}
-ENTRY = {"cramlm.cli", "cramlm.cli_common", "cramlm.__main__", "cramlm.pretrain", "cramlm.eval.run"}
+STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "report", "pipeline", "cli"]
+FOLDERS = {"config", "data", "models", "train", "eval", "report", "pipeline", "cli"}  # a package per stage
+TOP_LEVEL = {"cramlm": "foundation", "cramlm.constants": "foundation", "cramlm.io": "foundation",
+             "cramlm.progress": "foundation", "cramlm.locks": "foundation", "cramlm.runs": "runs",
+             "cramlm.pretrain": "pipeline", "cramlm.__main__": "cli"}
 
 
 def stage(module: str) -> str:
+    """The stage of a module: its folder, or for a top-level module the table above."""
     parts = module.split(".")
-    if module in ENTRY or parts[-1] == "cli" or parts[:2] == ["cramlm", "pipeline"]:
-        return "entry"
-    if module in FOUNDATION:
-        return "foundation"
-    if len(parts) >= 2 and parts[1] in STAGES:
-        return parts[1]
-    raise AssertionError(f"{module}: no stage; add it to tests/test_architecture.py (STAGES)")
+    if len(parts) >= 3 or (len(parts) == 2 and parts[1] in FOLDERS):
+        if parts[1] in FOLDERS:
+            return parts[1]
+        raise AssertionError(f"{module}: folder {parts[1]}/ has no stage; add it to tests/test_architecture.py (STAGES)")
+    if module in TOP_LEVEL:
+        return TOP_LEVEL[module]
+    raise AssertionError(f"{module}: a top-level module with no stage; add it to TOP_LEVEL in tests/test_architecture.py")
 
 
 def module_name(path: Path) -> str:
@@ -137,7 +142,10 @@ def test_the_checker_sees_violations():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert STAGES.index(stage("cramlm.pretrain")) > STAGES.index(stage("cramlm.eval.checkpoints"))
-    assert stage("cramlm.data.cli") == stage("cramlm.pipeline.run") == stage("cramlm.eval.run") == "entry"
+    assert stage("cramlm.cli.data") == stage("cramlm.cli") == "cli" and stage("cramlm.pipeline.run") == "pipeline"
+    assert stage("cramlm.eval.run") == "eval" and stage("cramlm.data.prepare") == "data"
+    with pytest.raises(AssertionError):
+        stage("cramlm.newfolder.module")
     assert stage("cramlm.io") == "foundation" and stage("cramlm.runs") == "runs"
 
 

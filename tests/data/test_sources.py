@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from cramlm.cli_common import resolve_or_exit
+from cramlm.cli.common import resolve_or_exit
 from cramlm.config.registry import build
 from cramlm.data.prepare import DataConfig, prepare_data
 from cramlm.data.sources import DataError, SkipReport

@@ -141,7 +141,7 @@ def test_pooling_setting_reaches_the_classifier(pooling, learns):
 
 
 def test_demo_and_cpu_presets_mean_pool_glue_keeps_crammings_first_token():
-    from cramlm.cli_common import resolve_or_exit
+    from cramlm.cli.common import resolve_or_exit
 
     assert EvalConfig().pooling == "first"  # the field's default is cramming's pooler
     for preset, how in [("default", "mean"), ("cpu-quick", "mean"), ("glue-sane", "first"), ("glue", "first")]:

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-from cramlm.cli_common import resolve_or_exit
+from cramlm.cli.common import resolve_or_exit
 from cramlm.eval.glue import GLUE, GLUE_SANE
 from cramlm.eval.tasks import TaskError, load_task
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from cramlm.cli_common import resolve_or_exit
+from cramlm.cli.common import resolve_or_exit
 from cramlm.pretrain import pretrain
 from cramlm.train.distributed import close_process_group
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cramlm.cli_common import resolve_or_exit
+from cramlm.cli.common import resolve_or_exit
 from cramlm.pretrain import pretrain
 
 REPO = Path(__file__).resolve().parents[2]

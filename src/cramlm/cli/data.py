@@ -13,30 +13,18 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import time
 from pathlib import Path
 
 import click
 
-from cramlm.cli_common import OVERRIDES, resolve_or_exit
-from cramlm.cli_common import run_or_exit as _run_or_exit
+from cramlm.cli.common import OVERRIDES, resolve_or_exit, run_or_exit
 
 
 def _echo(obj: dict) -> None:
     click.echo(json.dumps(obj))
 
-
-def run_or_exit(fn, *args):
-    """:func:`cramlm.cli_common.run_or_exit`, and a file the system refuses (missing folder, no
-    permission, disk full, a folder where a file should be) is one clear line too."""
-    try:
-        return _run_or_exit(fn, *args)
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
-        raise click.ClickException(f"{where}{full}{e.strerror or e}") from None
 
 
 def _writable(out: str) -> str:
@@ -47,12 +35,12 @@ def _writable(out: str) -> str:
     return out
 
 
-@click.group()
-def data() -> None:
+@click.group("data")
+def data_command() -> None:
     """The data stage on its own: prepare, shard and merge, index, tokenizer, dedup, pack, inspect."""
 
 
-@data.command("prepare", context_settings=OVERRIDES)
+@data_command.command("prepare", context_settings=OVERRIDES)
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, help="Split the records into N shards (N machines).")
 @click.option("--shard-index", type=click.IntRange(min=0), default=None, help="Prepare only this shard (then run `merge`).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -84,7 +72,7 @@ def _summary(prepared) -> None:
            "val_tokens": m["val"]["tokens"], "skipped_reasons": m["skipped"]})
 
 
-@data.command("merge", context_settings=OVERRIDES)
+@data_command.command("merge", context_settings=OVERRIDES)
 @click.option("--num-shards", type=click.IntRange(min=1), required=True)
 @click.option("--keep-shards", is_flag=True, help="Keep the shard folders after merging.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
@@ -96,7 +84,7 @@ def merge(num_shards: int, keep_shards: bool, overrides: tuple[str, ...]) -> Non
     _summary(run_or_exit(merge_prepared, cfg.data, cfg.cache, num_shards, keep_shards))
 
 
-@data.command("tokenizer", context_settings=OVERRIDES)
+@data_command.command("tokenizer", context_settings=OVERRIDES)
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Where to write tokenizer.json.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
@@ -112,7 +100,7 @@ def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
            "seconds": round(time.perf_counter() - start, 2)})
 
 
-@data.command("index")
+@data_command.command("index")
 @click.argument("jsonl", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Default: <jsonl>.idx.npy")
 def index(jsonl: str, out: str | None) -> None:
@@ -127,7 +115,7 @@ def index(jsonl: str, out: str | None) -> None:
            "mb_per_s": round(size / 1e6 / max(seconds, 1e-9), 1)})
 
 
-@data.command("dedup", context_settings=OVERRIDES)
+@data_command.command("dedup", context_settings=OVERRIDES)
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the kept documents as JSONL.")
 @click.argument("overrides", nargs=-1, type=click.UNPROCESSED)
 def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
@@ -141,7 +129,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
     _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out)))
 
 
-@data.command("pack")
+@data_command.command("pack")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", "tokenizer_path", required=True, help="tokenizer.json or an HF tokenizer folder.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="The .cramtok file to write.")
@@ -154,7 +142,7 @@ def pack(inputs: tuple[str, ...], tokenizer_path: str, out: str, text_key: str, 
     _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, _writable(out), text_key, on_error))
 
 
-@data.command("inspect")
+@data_command.command("inspect")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--tokenizer", "tokenizer_path", default=None, help="To decode samples (default: the folder's).")
 @click.option("--samples", type=click.IntRange(min=0), default=2)
@@ -166,7 +154,7 @@ def inspect(path: str, tokenizer_path: str | None, samples: int, chars: int) -> 
     _echo(run_or_exit(inspect_packed, path, tokenizer_path, samples, chars))
 
 
-@data.command("convert-modalities")
+@data_command.command("convert-modalities")
 @click.argument("pbin", type=click.Path(exists=True, dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--vocab-size", type=click.IntRange(min=1), default=None, help="Default: the tokenizer's, else largest id + 1.")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from cramlm.cli_common import run_or_exit
+from cramlm.cli.common import run_or_exit
 
 
-@click.group()
-def export() -> None:
+@click.group("export")
+def export_command() -> None:
     """Export checkpoints to other formats."""
 
 
@@ -50,7 +50,7 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     return cls
 
 
-@export.command("hf")
+@export_command.command("hf")
 @click.argument("run_or_checkpoint")
 @click.argument("out_dir")
 def export_hf_command(run_or_checkpoint: str, out_dir: str) -> None:

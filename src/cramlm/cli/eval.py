@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cramlm.cli_common import OVERRIDES, resolve_or_exit, run_or_exit
+from cramlm.cli.common import OVERRIDES, resolve_or_exit, run_or_exit
 
 
 @click.command("eval", context_settings=OVERRIDES)

@@ -1,7 +1,9 @@
-"""Helpers shared by the subcommands of ``cramlm`` (each stage defines its own in ``<stage>/cli.py``)."""
+"""What every ``cramlm`` subcommand shares: its root config (resolved with overrides) and failures as one
+``Error:`` line."""
 
 from __future__ import annotations
 
+import errno
 import importlib
 from typing import Any, Callable
 
@@ -44,7 +46,8 @@ def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str], check_
 
 
 def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a stage; expected failures (bad data, bad files, bad values) print one clear line, exit 1."""
+    """Run a stage; expected failures (bad data, bad files, bad values, a file or folder the system
+    refuses: missing, no permission, disk full) print one clear line and exit 1."""
     from cramlm.data.cramtok import PackedFormatError
     from cramlm.data.sources import DataError
     from cramlm.eval.tasks import TaskError
@@ -52,5 +55,10 @@ def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
 
     try:
         return fn(*args)
-    except (DataError, PackedFormatError, TaskError, FileNotFoundError, ValueError, LockHeld) as e:
+    except (DataError, PackedFormatError, TaskError, ValueError, LockHeld) as e:
         raise click.ClickException(str(e)) from None
+    except OSError as e:
+        if not e.filename:  # raised by cramlm with its own message
+            raise click.ClickException(str(e)) from None
+        full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
+        raise click.ClickException(f"{e.filename}: {full}{e.strerror or e}") from None

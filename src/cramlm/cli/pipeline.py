@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from cramlm.cli_common import OVERRIDES, run_or_exit
+from cramlm.cli.common import OVERRIDES, run_or_exit
 
 
 def split_recipe(args: tuple[str, ...], default: str) -> tuple[str, list[str]]:

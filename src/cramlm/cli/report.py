@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from cramlm.cli_common import run_or_exit
+from cramlm.cli.common import run_or_exit
 
 
 @click.command("report")
