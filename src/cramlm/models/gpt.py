@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights, linear_cross_entropy
+from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights, linear_cross_entropy, soft_cap
 from cramlm.models.transformer import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
 
 
@@ -25,7 +25,7 @@ class CausalLM(nn.Module):
         self.vocab_size = vocab_size
         self.trunk = Trunk(cfg, vocab_size, causal=True)
         self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers)
+        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers, cfg.zero_init_out)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.trunk.tokens.weight
 
@@ -52,11 +52,12 @@ class CausalLM(nn.Module):
         (B, T, V) logits (and a float copy) never exist."""
         hidden = self.encode(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         if labels is None:
-            return {"loss": None, "logits": self.lm_head(hidden)}  # (B, T, V)
+            return {"loss": None, "logits": soft_cap(self.lm_head(hidden), self.cfg.logit_softcap)}  # (B, T, V)
         targets = labels[:, 1:].reshape(-1)  # (B*(T-1),) position t predicts token t + 1
         scored = targets != IGNORE_INDEX
         hidden = hidden[:, :-1].reshape(-1, self.hidden_size)[scored]  # (M, H)
-        return {"loss": linear_cross_entropy(hidden, self.lm_head.weight, None, targets[scored]), "logits": None}
+        loss = linear_cross_entropy(hidden, self.lm_head.weight, None, targets[scored], softcap=self.cfg.logit_softcap)
+        return {"loss": loss, "logits": None}
 
     def forward_flops_per_token(self, seq_len: int) -> float:
         """Forward FLOPs per token: the trunk, and the head on the T - 1 positions that predict a
