@@ -122,9 +122,9 @@ class Costs:
     flops_source: str
     peak: float | None  # FLOP/s of one process's device
     peak_source: str
-    # matmul FLOPs of one optimizer step (Muon's Newton-Schulz; 0 for AdamW), counted once per step as
-    # the model's FLOPs are (the algorithm's count: DDP repeats it on every process, as it repeats
-    # nothing of the model's); set by the trainer once it has built the optimizer
+    # matmul FLOPs of one optimizer step (Muon's Newton-Schulz; 0 for AdamW), the algorithm's count,
+    # once per step (DDP repeats it on every process; like recomputation, such repeats are left out);
+    # set by the trainer once it has built the optimizer
     optimizer_flops_per_step: float = 0.0
 
 

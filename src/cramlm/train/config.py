@@ -85,8 +85,8 @@ class MuonConfig(OptimizerConfig):
         "match_rms_adamw", description="match_rms_adamw: lr x 0.2 sqrt(max(A, B)), the update RMS of AdamW "
         "(Moonshot); original: lr x sqrt(max(1, A/B)) (Keller Jordan's)")
     adamw_lr: PositiveFloat | None = Field(None, description="peak lr of the AdamW parameters (null: = lr)")
-    adamw_betas: tuple[Beta, Beta] = (0.9, 0.98)
-    adamw_eps: PositiveFloat = 1e-12
+    adamw_betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the non-Muon parameters)")
+    adamw_eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the non-Muon parameters)")
 
 
 for _name, _config in {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfig, "adafactor": AdafactorConfig,
