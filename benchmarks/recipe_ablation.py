@@ -248,6 +248,7 @@ def main(argv: list[str]) -> dict:
         args.size = args.size or "32x2"
         args.flops = args.flops or 3e9
         args.validate_every = 0.25
+        args.lrs = args.lrs if args.lrs != [1e-3] else [1e-3, 3e-3]  # a sweep of two
         if not args.candidate:
             args.candidate = [["muon", "train.optim={type: muon}"]]
         if args.out == Path("outputs/recipe-ablation"):
