@@ -22,7 +22,7 @@ interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to
     python benchmarks/recipe_ablation.py --smoke                       # < 1 minute: the machinery
     CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h --size 128x4 \\
         --flops 2e13 --lrs 1e-3 3e-3 1e-2 --seeds 0 1 --parallel --out outputs/ablation-muon \\
-        --baseline adamw --candidate muon 'train.optim={type: muon}'
+        --baseline adamw --candidate muon train.optim.type=muon
     python benchmarks/recipe_ablation.py --summarize outputs/ablation-muon   # curves and table again
 """
 
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> dict:
         args.validate_every = 0.25
         args.lrs = args.lrs if args.lrs != [1e-3] else [1e-3, 3e-3]  # a sweep of two
         if not args.candidate:
-            args.candidate = [["muon", "train.optim={type: muon}"]]
+            args.candidate = [["muon", "train.optim.type=muon"]]  # the recipe's AdamW settings kept
         if args.out == Path("outputs/recipe-ablation"):
             args.out = Path("outputs/recipe-ablation-smoke")
     if not (args.flops or args.clock or args.summarize):

@@ -84,6 +84,16 @@ def test_the_budget_and_mfu_count_the_optimizer_flops():
     assert meter.budget.remaining_tokens(meter.used, None, 10, 5000.0) == pytest.approx((1e6 - 10 * 5000) / 100)
 
 
+def test_type_muon_over_a_recipes_adamw_block_keeps_its_settings():
+    from cramlm.cli_common import resolve_or_exit
+
+    cfg = resolve_or_exit("pretrain", ["train=bert-o4", "train.optim.type=muon", "train.optim.lr=2e-3"])
+    optim = cfg.train.optim
+    assert optim.type == "muon" and optim.lr == 2e-3 and optim.adamw_lr is None
+    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-12 and optim.weight_decay == 0.01  # bert-o4's
+    assert optim.adjust_lr_fn == "match_rms_adamw" and optim.momentum == 0.95 and optim.ns_steps == 5
+
+
 def test_a_torch_without_muon_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(ValueError, match=r"train.optim.type=muon needs torch >= 2.9 .*this is torch"):

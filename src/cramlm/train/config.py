@@ -72,7 +72,8 @@ class MuonConfig(OptimizerConfig):
     """torch.optim.Muon (torch >= 2.9) on the hidden matrices (attention qkv/out, FFN, the MLM head's
     dense), AdamW on the rest (embeddings, the output head, norms, biases, position tables) with its
     own lr. ``lr`` and ``weight_decay`` are Muon's; with ``adjust_lr_fn=match_rms_adamw`` (Moonshot's
-    update-RMS match, the default) an AdamW lr is a sensible start for both."""
+    update-RMS match, the default) an AdamW lr is a sensible start for both. ``train.optim.type=muon``
+    over a recipe's AdamW block keeps its lr, betas, eps and weight decay."""
 
     type: Literal["muon"] = "muon"
     lr: PositiveFloat = Field(1e-3, description="Muon's peak lr (the hidden matrices)")
@@ -85,8 +86,9 @@ class MuonConfig(OptimizerConfig):
         "match_rms_adamw", description="match_rms_adamw: lr x 0.2 sqrt(max(A, B)), the update RMS of AdamW "
         "(Moonshot); original: lr x sqrt(max(1, A/B)) (Keller Jordan's)")
     adamw_lr: PositiveFloat | None = Field(None, description="peak lr of the AdamW parameters (null: = lr)")
-    adamw_betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the non-Muon parameters)")
-    adamw_eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the non-Muon parameters)")
+    # named as AdamW's own, so that train.optim.type=muon over a recipe's AdamW block keeps them for AdamW
+    betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the parameters Muon does not train)")
+    eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the parameters Muon does not train)")
 
 
 for _name, _config in {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfig, "adafactor": AdafactorConfig,

@@ -147,8 +147,8 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_groups = [{**g, "peak_lr": adamw_lr} for g in groups if not g["muon"] and g["params"]]
         self.muon = muon(muon_groups or [{"params": []}], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                          nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr_fn)
-        self.adamw = torch.optim.AdamW(adamw_groups or [{"params": []}], lr=adamw_lr, betas=cfg.adamw_betas,
-                                       eps=cfg.adamw_eps, weight_decay=cfg.weight_decay)
+        self.adamw = torch.optim.AdamW(adamw_groups or [{"params": []}], lr=adamw_lr, betas=cfg.betas, eps=cfg.eps,
+                                       weight_decay=cfg.weight_decay)
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
         self._link()
 
