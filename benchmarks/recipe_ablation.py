@@ -19,10 +19,10 @@ the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in
 interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to one core
 (taskset) with impl.threads=1 (recipe_vs_cramming.run_pinned).
 
-    python benchmarks/recipe_ablation.py --smoke                       # < 1 minute: the machinery
+    python benchmarks/recipe_ablation.py --smoke --parallel            # about a minute (mostly set-up): the machinery
     CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h --size 128x4 \\
         --flops 2e13 --lrs 1e-3 3e-3 1e-2 --seeds 0 1 --parallel --out outputs/ablation-muon \\
-        --baseline adamw --candidate muon train.optim.type=muon
+        --baseline adamw --candidate muon train.optim.type=muon --lrs-for muon 3e-3 1e-2 3e-2
     python benchmarks/recipe_ablation.py --summarize outputs/ablation-muon   # curves and table again
 """
 
@@ -111,7 +111,7 @@ def plan(args) -> list[dict]:
             if key.startswith("data") or key in {f"arch.{k}" for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")}:
                 raise SystemExit(f"Error: contender {name}: '{key}' would change the data or the model shape; "
                                  "contenders share both (set them for all with --overrides or --size)")
-        for lr in args.lrs:
+        for lr in args.lrs_of.get(name, args.lrs):
             for seed in args.seeds:
                 folder = args.out / run_name(name, lr, seed)
                 cmd = ["cramlm", "run", args.recipe, *shared, *extra, f"train.optim.lr={lr:g}", f"seed={seed}",
@@ -236,6 +236,8 @@ def main(argv: list[str]) -> dict:
     budget.add_argument("--flops", type=float, help="equal FLOPs: train.budget.flops for every run (no clock)")
     budget.add_argument("--clock", help="equal wall clock: budget= for every run (e.g. 10m); with --parallel")
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3], help="train.optim.lr values swept per contender")
+    ap.add_argument("--lrs-for", nargs="+", action="append", default=[], metavar=("NAME", "LR"),
+                    help="a contender's own lr sweep instead of --lrs (repeat per contender)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--validate-every", type=float, default=0.1, help="train.validate_every: points of each curve")
     ap.add_argument("--extrapolate", action="store_true", help="continue the baseline's curve past its last point (flagged)")
@@ -261,13 +263,24 @@ def main(argv: list[str]) -> dict:
     args.contenders = {args.baseline[0]: args.baseline[1:], **{c[0]: c[1:] for c in args.candidate}}
     if len(args.contenders) < 1 + len(args.candidate):
         ap.error("contender names must differ")
+    try:
+        args.lrs_of = {c[0]: [float(v) for v in c[1:]] for c in args.lrs_for if len(c) > 1}
+    except ValueError as e:
+        ap.error(f"--lrs-for: {e}")
+    if unknown := set(args.lrs_of) - set(args.contenders):
+        ap.error(f"--lrs-for names no contender: {', '.join(sorted(unknown))}")
+    previous = args.out / "ablation.json"
+    if args.summarize and previous.is_file() and not args.candidate:  # the contenders and sweeps of the run
+        settings = json.loads(previous.read_text())["settings"]
+        args.contenders, args.lrs, args.seeds = settings["contenders"], settings["lrs"], settings["seeds"]
+        args.lrs_of, args.baseline = settings.get("lrs_for") or {}, [next(iter(settings["contenders"]))]
     runs = plan(args)
     if not args.summarize:
         args.out.mkdir(parents=True, exist_ok=True)
         run_all(args, runs)
     result = summarize(args.out, runs, args.baseline[0], args.extrapolate)
     result["settings"] = {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
-                          "seeds": args.seeds, "parallel": args.parallel, "overrides": args.overrides,
+                          "lrs_for": args.lrs_of, "seeds": args.seeds, "parallel": args.parallel, "overrides": args.overrides,
                           "contenders": args.contenders}
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plot(result, args.out / "ablation.png")
