@@ -269,7 +269,7 @@ def main(argv: list[str]) -> dict:
         ap.error(f"--lrs-for: {e}")
     if unknown := set(args.lrs_of) - set(args.contenders):
         ap.error(f"--lrs-for names no contender: {', '.join(sorted(unknown))}")
-    previous = args.out / "ablation.json"
+    previous, settings = args.out / "ablation.json", None
     if args.summarize and previous.is_file() and not args.candidate:  # the contenders and sweeps of the run
         settings = json.loads(previous.read_text())["settings"]
         args.contenders, args.lrs, args.seeds = settings["contenders"], settings["lrs"], settings["seeds"]
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> dict:
         args.out.mkdir(parents=True, exist_ok=True)
         run_all(args, runs)
     result = summarize(args.out, runs, args.baseline[0], args.extrapolate)
-    result["settings"] = {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
+    result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
                           "lrs_for": args.lrs_of, "seeds": args.seeds, "parallel": args.parallel, "overrides": args.overrides,
                           "contenders": args.contenders}
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
