@@ -3,13 +3,15 @@ work on a shared machine hardly moves (wall-clock MFU there measures the neighbo
 train_step.py's (Trainer.train_step: batch draw, masking, forward, backward, clipping, AdamW); the
 peak is the best GEMM rate of the same thread in the same CPU-time units, per precision.
 
-``--unfused`` also times the MLM loss as it was before the fused decoder + cross-entropy
-(``F.cross_entropy(decoder(hidden).float(), targets)`` over materialised logits), steps of the two
+``--unfused`` also times the loss as it was before the fused head + cross-entropy (MLM:
+``F.cross_entropy(decoder(hidden).float(), targets)``; causal: ``lm_head(hidden)`` over all (B, T, V)
+logits, then a float copy of the shifted ones into ``F.cross_entropy``), steps of the two
 interleaved in the same process, so that one run shows before and after.
 
     python benchmarks/step_cpu_time.py                                   # crammed-bert-tiny, microbatch 16, fp32 and bf16
     python benchmarks/step_cpu_time.py --unfused                         # and before the fused loss, interleaved
     python benchmarks/step_cpu_time.py --arch crammed-bert --microbatch 4 --precision fp32 bf16
+    python benchmarks/step_cpu_time.py --arch gpt2-tiny --microbatch 64 --precision bf16 --unfused   # the causal head
 """
 
 from __future__ import annotations
@@ -57,30 +59,41 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(1)
     import torch.nn.functional as F
 
-    from cramlm.models.model import MLMHead
+    from cramlm.config.registry import config_class
+    from cramlm.models.gpt import CausalLM
+    from cramlm.models.model import IGNORE_INDEX, MLMHead
 
-    fused_loss = MLMHead.loss
+    arch = load_preset("arch", args.arch)
+    causal = config_class("model", arch["type"]).objective == "clm"
+
+    def unfused_causal(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                       token_type_ids=None):  # CausalLM.forward before the fused head
+        logits = self.lm_head(self.encode(input_ids, attention_mask, position_ids, document_ids, token_type_ids))
+        shifted = logits[:, :-1].float().reshape(-1, self.vocab_size)
+        return {"loss": F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX), "logits": logits}
+
+    owner, attr = (CausalLM, "forward") if causal else (MLMHead, "loss")
+    fused_loss = getattr(owner, attr)
     variants = {True: fused_loss}
     if args.unfused:
-        variants[False] = lambda self, hidden, targets: F.cross_entropy(self(hidden).float(), targets)
-    arch = load_preset("arch", args.arch)
+        variants[False] = unfused_causal if causal else (lambda self, hidden, targets: F.cross_entropy(self(hidden).float(), targets))
     rows, peaks = [], {}
     for precision in args.precision:
         for micro in args.microbatch:
             with tempfile.TemporaryDirectory() as tmp:
-                step, fpt, params = train_step.ours(arch, args.vocab, micro, Path(tmp), False, precision)
+                step, fpt, params = train_step.ours(arch, args.vocab, micro, Path(tmp), False, torch.device("cpu"), precision)
                 chosen = step.precision.precision
                 if chosen not in peaks:
                     peaks[chosen] = gemm_peak(PRECISION_DTYPES[chosen])
                 seconds = {fused: [] for fused in variants}
                 for i in range(2 + args.steps):  # the variants' steps interleaved (the model trains on through both)
                     for fused, loss in variants.items():
-                        MLMHead.loss = loss
+                        setattr(owner, attr, loss)
                         start = time.process_time()
                         step()
                         if i >= 2:
                             seconds[fused].append(time.process_time() - start)
-                MLMHead.loss = fused_loss
+                setattr(owner, attr, fused_loss)
             for fused in variants:
                 cpu = statistics.median(seconds[fused])
                 tps = micro * train_step.SEQ / cpu

@@ -16,6 +16,7 @@ runs under the first one's autocast.
     python benchmarks/train_step.py --sizes base --precision fp32 auto   # auto's speed-up over fp32
     python benchmarks/train_step.py --sizes base --precision fp32 auto --microbatch 16 --accumulate 4  # as a run: batch 64
     python benchmarks/train_step.py --device cuda --microbatch 128 128   # on a GPU (the default there)
+    python benchmarks/train_step.py --sizes tiny gpt-tiny --microbatch 64 --no-hf   # causal against MLM, same shape
 """
 
 from __future__ import annotations
@@ -189,9 +190,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     peaks: dict[str, float] = {}  # by precision, measured when a row first trains in it
     rows = []
     # base: cramming's crammed-bert (16 layers) against BERT-base (12); base12: the same depth
-    presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small"}
+    # gpt-tiny: GPT-2's choices at crammed-bert-tiny's width, depth and sequence (the causal path's speed)
+    presets = {"tiny": "crammed-bert-tiny", "base": "crammed-bert", "base12": "crammed-bert-base", "gpt": "gpt2-small",
+               "gpt-tiny": "gpt2-tiny"}
     for size, micro in zip(args.sizes, args.microbatch + [args.microbatch[-1]] * len(args.sizes)):
-        if size == "gpt" and "gpt2" not in names("model"):
+        causal = size.startswith("gpt")
+        if causal and "gpt2" not in names("model"):
             print("gpt: skipped, no 'gpt2' model registered in this branch (the models stage brings it)")
             rows.append({"size": "gpt", "skipped": "no gpt2 model registered in this branch"})
             continue
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                                     args.accumulate)
                 chosen[name] = contenders[name].precision
             first = next(iter(chosen.values())).precision
-            if size != "gpt" and not args.no_hf:  # the plain HF loop under the same autocast as the first contender
+            if not causal and not args.no_hf:  # the plain HF loop under the same autocast as the first contender
                 contenders["hf"], fpts["hf"], params["hf"] = hf_bert(arch, args.vocab, micro, device, first, args.accumulate)
                 chosen["hf"] = None
             in_use = sorted({c.precision for c in chosen.values() if c} | {first})

@@ -96,15 +96,26 @@ def test_import_real_minilm_checkpoint():
         torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
+MODERN = {"qk_norm": True, "activation": "relu2", "zero_init_out": True, "logit_softcap": 15.0}
+
+
 @pytest.mark.parametrize("name,auto,overrides", [
     ("crammed-bert-tiny", "AutoModelForMaskedLM", {}),  # no MLM head transform (cramming's)
     ("crammed-bert-tiny", "AutoModelForMaskedLM", {"head_transform": True}),
     ("bert-original-tiny", "AutoModelForMaskedLM", {"head_transform": False}),  # BertForMaskedLM cannot express it
     ("gpt2-tiny", "AutoModelForCausalLM", {"norm": "rmsnorm"}),  # a GPT-2 no stock class matches
+    # the modern choices, all on (zero_init_out alone would stay stock: it changes only the init)
+    ("gpt2-tiny", "AutoModelForCausalLM", MODERN),
+    ("llama-tiny", "AutoModelForCausalLM", MODERN),
+    ("crammed-bert-tiny", "AutoModelForMaskedLM", MODERN),
 ])
 def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokenizer, tmp_path):
     model = tiny_model(name, **overrides)
     assert stock_architecture(model.cfg) is None
+    if overrides.get("zero_init_out"):  # zeroed projections would hide a wrongly exported block
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     cls = export_hf(model, tokenizer, tmp_path)
     assert cls.startswith("Cramlm") and (tmp_path / "modeling_cramlm.py").is_file()
     # the very code that was trained: model.py verbatim, then the wrappers, no cramlm import left

@@ -140,9 +140,29 @@ def test_clm_loss_shifts_labels():
     model, ids = tiny_model("gpt2-tiny"), random_ids()
     with torch.no_grad():
         out = model(ids, labels=ids)
-    logits = out["logits"]
+        logits = model(ids)["logits"]
     manual = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
     torch.testing.assert_close(out["loss"], manual)
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_fused_causal_loss_and_gradients_match_the_logits_path(name):
+    """The causal head is fused with the loss (no (B, T, V) logits); loss and every gradient are
+    those of logits -> float -> cross_entropy, unscored (-100) positions left out."""
+    model, ids = tiny_model(name).train(), random_ids()
+    labels = ids.clone()
+    labels[0, 3:7] = -100
+    out = model(ids, labels=labels)
+    assert out["logits"] is None
+    out["loss"].backward()
+    fused = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits = model(ids)["logits"]
+    manual = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
+    manual.backward()
+    torch.testing.assert_close(out["loss"], manual)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(fused[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def counted_flops(fn) -> int:

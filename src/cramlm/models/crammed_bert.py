@@ -28,7 +28,7 @@ class CrammedBert(nn.Module):
         self.vocab_size = vocab_size
         self.trunk = Trunk(cfg, vocab_size, causal=False)
         self.head = MLMHead(cfg, vocab_size)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers)
+        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers, cfg.zero_init_out)
         if cfg.tie_embeddings:
             self.head.decoder.weight = self.trunk.tokens.weight
 

@@ -6,11 +6,10 @@ configs in transformer.py; this file is the registered causal-LM wrapper."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights
+from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights, linear_cross_entropy, soft_cap
 from cramlm.models.transformer import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
 
 
@@ -26,7 +25,7 @@ class CausalLM(nn.Module):
         self.vocab_size = vocab_size
         self.trunk = Trunk(cfg, vocab_size, causal=True)
         self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers)
+        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers, cfg.zero_init_out)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.trunk.tokens.weight
 
@@ -47,18 +46,24 @@ class CausalLM(nn.Module):
         document_ids: torch.Tensor | None = None,  # (B, T) packed documents: attention stays inside one
         token_type_ids: torch.Tensor | None = None,  # (B, T) when type_vocab_size > 0
     ) -> dict[str, torch.Tensor | None]:
-        """{"loss", "logits"}: loss = mean next-token cross-entropy over the scored positions (None
-        without labels); logits (B, T, V), always."""
+        """{"loss", "logits"}, as CrammedBert's: without labels, loss None and logits (B, T, V); with
+        labels, loss = mean next-token cross-entropy over the scored positions and logits None: the
+        head and the loss are fused (model.linear_cross_entropy) over the scored positions, so the
+        (B, T, V) logits (and a float copy) never exist."""
         hidden = self.encode(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
-        logits = self.lm_head(hidden)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            shifted = logits[:, :-1].float().reshape(-1, self.vocab_size)  # (B*(T-1), V)
-            loss = F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
-        return {"loss": loss, "logits": logits}
+        if labels is None:
+            return {"loss": None, "logits": soft_cap(self.lm_head(hidden), self.cfg.logit_softcap)}  # (B, T, V)
+        targets = labels[:, 1:].reshape(-1)  # (B*(T-1),) position t predicts token t + 1
+        scored = targets != IGNORE_INDEX
+        hidden = hidden[:, :-1].reshape(-1, self.hidden_size)[scored]  # (M, H)
+        loss = linear_cross_entropy(hidden, self.lm_head.weight, None, targets[scored], softcap=self.cfg.logit_softcap)
+        return {"loss": loss, "logits": None}
 
     def forward_flops_per_token(self, seq_len: int) -> float:
-        return trunk_flops_per_token(self.cfg, seq_len) + 2 * self.hidden_size * self.vocab_size
+        """Forward FLOPs per token: the trunk, and the head on the T - 1 positions that predict a
+        next token (the last one has none; unscored padding is counted too)."""
+        head = 2 * self.hidden_size * self.vocab_size * (seq_len - 1) / seq_len
+        return trunk_flops_per_token(self.cfg, seq_len) + head
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, forward + backward (= 3 x forward)."""

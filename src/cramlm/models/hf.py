@@ -35,7 +35,8 @@ STOCK_CLASSES = {
 }
 
 # the choices each stock class hard-codes; anything else needs the remote-code package
-_COMMON = {"num_kv_heads_equal": True, "type_vocab_size": 0, "first_attn_norm": True}
+_COMMON = {"num_kv_heads_equal": True, "type_vocab_size": 0, "first_attn_norm": True,
+           "qk_norm": False}  # (and no logit_softcap; zero_init_out changes only the init: any class holds it)
 _MLM_HEAD = {"head_transform": True}  # BERT's and ModernBERT's heads always have the dense + act + norm transform
 REQUIREMENTS: dict[str, dict] = {
     "bert": dict(_COMMON, **_MLM_HEAD, objective="mlm", norm="layernorm", norm_scheme="post", norm_bias=True, bias=True,
@@ -58,6 +59,10 @@ def mismatches(cfg: TransformerConfig, arch: str) -> list[str]:
         have = (cfg.num_kv_heads or cfg.num_heads) == cfg.num_heads if key == "num_kv_heads_equal" else getattr(cfg, key, None)
         if have != want:
             out.append(f"{key}={have} (needs {want})")
+    if getattr(cfg, "logit_softcap", None):
+        out.append(f"logit_softcap={cfg.logit_softcap} (needs null)")
+    if cfg.activation not in HF_ACTIVATIONS:
+        out.append(f"activation={cfg.activation} (needs one of {', '.join(HF_ACTIVATIONS)})")
     if arch == "bert" and not cfg.type_vocab_size:
         out.append("type_vocab_size=0 (needs token types)")
     return out

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
 
 from cramlm.models.hf_configuration import CramlmConfig  # export: from .configuration_cramlm import CramlmConfig
-from cramlm.models.model import IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, sinusoidal_table  # export: above
+from cramlm.models.model import IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, sinusoidal_table, soft_cap  # export: above
 
 
 class CramlmPreTrainedModel(PreTrainedModel):
@@ -80,7 +80,7 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
     def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
-        logits = self.lm_head(hidden)  # (B, T, V)
+        logits = soft_cap(self.lm_head(hidden), getattr(self.arch, "logit_softcap", None))  # (B, T, V)
         loss = None
         if labels is not None:
             shifted = logits[:, :-1].float().flatten(0, 1)

@@ -203,7 +203,8 @@ class Block(nn.Module):
         skip = index == 0 and not cfg.first_attn_norm
         self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         kv_heads = cfg.num_kv_heads or cfg.num_heads
-        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout)
+        qk_norm = cfg.norm_eps if getattr(cfg, "qk_norm", False) else None  # (configs from before the field: off)
+        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout, qk_norm)
         self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
@@ -228,9 +229,11 @@ def make_norm(kind: str, dim: int, eps: float, bias: bool = True) -> nn.Module:
 
 class SelfAttention(nn.Module):
     """Multi-head (or grouped-query: fewer key/value heads) self-attention with a fused QKV
-    projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads]."""
+    projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads].
+    ``qk_norm`` (an eps; None: off): RMSNorm of each query and key head over D before rotary, one
+    learned (D,) gain for q and one for k shared by the heads (OLMo 2, Qwen 3, modded-nanogpt)."""
 
-    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float):
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float, qk_norm: float | None = None):
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:
             raise ValueError(f"hidden size {dim}, {num_heads} heads and {num_kv_heads} key/value heads do not divide")
@@ -238,6 +241,10 @@ class SelfAttention(nn.Module):
         self.dropout = dropout
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(dim, dim, bias=bias)
+        if qk_norm is not None:
+            self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm), nn.RMSNorm(self.head_dim, eps=qk_norm)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(
         self,
@@ -250,6 +257,8 @@ class SelfAttention(nn.Module):
         N, K = self.num_heads, self.num_kv_heads
         qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # each head's vector to RMS 1 (times a gain): bounded logits
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         extra = {"enable_gqa": True} if K != N else {}
@@ -316,6 +325,7 @@ ACTIVATIONS = {
     "gelu-tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's "gelu_new"
     "relu": F.relu,
     "silu": F.silu,  # with ffn=glu: SwiGLU (llama)
+    "relu2": lambda x: F.relu(x).square(),  # ReLU^2 (So et al. 2021, Primer; modded-nanogpt)
 }
 
 
@@ -342,6 +352,12 @@ class FeedForward(nn.Module):
 
 # ---- heads: MLM (the causal LM head is one nn.Linear, in gpt.py) ---------------------------------
 
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Logit soft-capping (Gemma 2, modded-nanogpt): cap * tanh(logits / cap), smooth and within
+    (-cap, cap); None: the logits as they are."""
+    return logits if not cap else cap * torch.tanh(logits / cap)
+
+
 class MLMHead(nn.Module):
     """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
     brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
@@ -356,24 +372,26 @@ class MLMHead(nn.Module):
             self.act = ACTIVATIONS[cfg.activation]
             self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
+        self.softcap = getattr(cfg, "logit_softcap", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
         if self.transform:
             hidden = self.norm(self.act(self.dense(hidden)))
-        return self.decoder(hidden)
+        return soft_cap(self.decoder(hidden), self.softcap)
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of (M, H) hidden states against (M,) targets (no ignored ones), the
         decoder and the loss fused: the (M, V) logits never exist at once (linear_cross_entropy)."""
         if self.transform:
             hidden = self.norm(self.act(self.dense(hidden)))
-        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets)
+        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets, softcap=self.softcap)
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, rows: int | None = None
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, rows: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """``F.cross_entropy(hidden @ weight.T + bias, targets)`` (mean; every target scored), computed
+    """``F.cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), targets)`` (mean; every target scored), computed
     ``rows`` rows at a time. When gradients are wanted they are computed in the same pass, while a
     chunk's logits are still in cache: softmax - one-hot is formed in place of the logits and
     multiplied out at once. Against logits -> log_softmax -> nll_loss this leaves out writing and
@@ -384,12 +402,12 @@ def linear_cross_entropy(
     V = weight.shape[0]
     rows = rows or max(16, min(1024, (1 << 22) // V))  # a chunk of logits is about 16 MB in fp32
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows, wants_grad)
+    return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows, wants_grad, softcap)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, rows: int, wants_grad: bool):
+    def forward(ctx, hidden, weight, bias, targets, rows: int, wants_grad: bool, softcap: float | None = None):
         device = hidden.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         M = hidden.shape[0]
@@ -405,6 +423,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 logits = (hc @ w.T).float()  # (m, V)
                 if bias is not None:
                     logits += bias.float()
+                if softcap:  # z -> cap tanh(z / cap); its derivative 1 - tanh^2 is applied to the gradient below
+                    tanh = logits.div_(softcap).tanh_()
+                    logits = tanh * softcap
                 picked = logits.gather(1, tc[:, None])  # (m, 1)
                 top = logits.amax(dim=-1, keepdim=True)
                 g = logits.sub_(top).exp_()  # exp(logits - max), in place of the logits
@@ -414,6 +435,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     continue
                 g.mul_(1.0 / (norm * M))  # softmax / M ...
                 g[torch.arange(len(tc), device=g.device), tc] -= 1.0 / M  # ... - one-hot / M = d(mean loss) / d(logits)
+                if softcap:
+                    g.mul_(1 - tanh.square_())  # through the cap: d(capped) / d(logits)
                 if need_b:
                     grad_b += g.sum(0)
                 gd = g.to(dtype)
@@ -436,16 +459,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_h * grad_out if grad_h is not None else None,
             (grad_w * grad_out).to(w_dtype) if grad_w is not None else None,
             (grad_b * grad_out).to(b_dtype) if grad_b is not None else None,
-            None, None, None,
+            None, None, None, None,
         )
 
 
 # ---- init ----------------------------------------------------------------------------------------
 
-def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1) -> None:
+def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_layers: int = 1, zero_out: bool = False) -> None:
     """normal(0, std) for linear and embedding weights (learned position tables too), zeros for
     biases (BERT's scheme). ``scaled-residual`` (GPT-2): the projections that write into the
-    residual stream (attention out, FFN down) get std / sqrt(2 * layers)."""
+    residual stream (attention out, FFN down) get std / sqrt(2 * layers); ``zero_out``
+    (modded-nanogpt): those projections start at zero, so every block starts as the identity."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=std)
@@ -458,3 +482,7 @@ def init_weights(module: nn.Module, std: float, scheme: str = "normal", num_laye
             if isinstance(m, (SelfAttention, FeedForward)):
                 residual_out = m.out if isinstance(m, SelfAttention) else m.down
                 nn.init.normal_(residual_out.weight, mean=0.0, std=std / math.sqrt(2 * num_layers))
+    if zero_out:
+        for m in module.modules():
+            if isinstance(m, (SelfAttention, FeedForward)):
+                nn.init.zeros_(m.out.weight if isinstance(m, SelfAttention) else m.down.weight)

@@ -35,7 +35,8 @@ class TransformerConfig(ModelConfig):
         ),
     )
     ffn: Literal["glu", "plain"] = "plain"
-    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu"
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu", "relu2"] = Field(
+        "gelu", description="FFN activation; relu2: ReLU^2 (Primer, modded-nanogpt; exports as remote code)")
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     norm_eps: PositiveFloat = 1e-12
     norm_scheme: Literal["pre", "post"] = "pre"
@@ -56,6 +57,13 @@ class TransformerConfig(ModelConfig):
     init: Literal["normal", "scaled-residual"] = Field(
         "normal", description="scaled-residual: GPT-2's std/sqrt(2L) on residual outputs"
     )
+    # modern choices (modded-nanogpt's speedrun); off in every preset that reproduces a published model
+    qk_norm: bool = Field(False, description="RMSNorm of each query and key head before attention (OLMo 2, "
+                          "Qwen 3, modded-nanogpt); exports as remote code")
+    zero_init_out: bool = Field(False, description="attention-out and FFN-down projections start at zero "
+                                "(each block starts as the identity; modded-nanogpt)")
+    logit_softcap: PositiveFloat | None = Field(None, description="output logits -> cap * tanh(logits / cap) "
+                                                "(Gemma 2: 30; modded-nanogpt: 15..30); null: off; exports as remote code")
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -96,7 +104,7 @@ class GPT2Config(TransformerConfig):
     type: Literal["gpt2"] = "gpt2"
     objective: ClassVar[Literal["mlm", "clm"]] = "clm"
     max_seq_length: PositiveInt = 1024
-    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "gelu-tanh"
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu", "relu2"] = "gelu-tanh"
     norm_eps: PositiveFloat = 1e-5
     init: Literal["normal", "scaled-residual"] = "scaled-residual"
 
@@ -109,7 +117,7 @@ class LlamaConfig(TransformerConfig):
     max_seq_length: PositiveInt = 2048
     intermediate_size: PositiveInt = Field(4096, description="gate + up halves, 2 x 2048")
     ffn: Literal["glu", "plain"] = "glu"
-    activation: Literal["gelu", "gelu-tanh", "relu", "silu"] = "silu"
+    activation: Literal["gelu", "gelu-tanh", "relu", "silu", "relu2"] = "silu"
     norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
     norm_eps: PositiveFloat = 1e-5
     bias: bool = False

@@ -25,7 +25,7 @@ from cramlm.config.base import Config
 
 class BudgetConfig(Config):
     tokens: float | None = None  # input tokens trained on, all processes together
-    flops: float | None = None  # training FLOPs = tokens * the model's FLOPs per token
+    flops: float | None = None  # training FLOPs = tokens * the model's FLOPs per token + steps * the optimizer's per step
     steps: int | None = None  # optimizer steps
     count_compile: bool = True  # the first step (where torch.compile and warm-up happen) counts against the hours
     count_eval: bool = False  # held-out validation time counts against the hours
@@ -65,14 +65,16 @@ class Budget:
         """t = the largest fraction used of any budget (may exceed 1 on the last step)."""
         return max(getattr(used, key) / limit for key, limit in self.limits.items())
 
-    def remaining_tokens(self, used: Usage, tokens_per_second: float | None) -> float | None:
+    def remaining_tokens(self, used: Usage, tokens_per_second: float | None, steps: int = 1,
+                         optimizer_flops_per_step: float = 0.0) -> float | None:
         """Tokens the rest of the run may train on, where the budget determines it (the hours need a
-        measured throughput). None when only a step budget is set."""
+        measured throughput), in ``steps`` more optimizer steps (a FLOP budget pays each step's
+        ``optimizer_flops_per_step`` too). None when only a step budget is set."""
         left = []
         if "tokens" in self.limits:
             left.append(self.limits["tokens"] - used.tokens)
         if "flops" in self.limits:
-            left.append((self.limits["flops"] - used.flops) / self.flops_per_token)
+            left.append((self.limits["flops"] - used.flops - steps * optimizer_flops_per_step) / self.flops_per_token)
         if "seconds" in self.limits and tokens_per_second:
             left.append((self.limits["seconds"] - used.seconds) * tokens_per_second)
         return max(0.0, min(left)) if left else None
@@ -95,6 +97,7 @@ class BatchPlan:
             )
         self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
         self.full = size // micro
+        self.optimizer_flops_per_step = 0.0  # the trainer sets it (Muon's Newton-Schulz)
 
     def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
         n = self.full
@@ -104,9 +107,9 @@ class BatchPlan:
             if "seconds" in self.budget.limits and not tokens_per_second:
                 n = 1  # probe: the throughput, hence the tokens the clock allows, is not measured yet
             else:
-                left = self.budget.remaining_tokens(used, tokens_per_second)
+                updates_left = max(1, self.cfg.min_updates - used.steps)
+                left = self.budget.remaining_tokens(used, tokens_per_second, updates_left, self.optimizer_flops_per_step)
                 if left is not None:
-                    updates_left = max(1, self.cfg.min_updates - used.steps)
                     n = min(n, max(1, int(left // (updates_left * self.micro * self.seq_len))))
         return math.ceil(n / self.world) * self.world
 
@@ -119,6 +122,10 @@ class Costs:
     flops_source: str
     peak: float | None  # FLOP/s of one process's device
     peak_source: str
+    # matmul FLOPs of one optimizer step (Muon's Newton-Schulz; 0 for AdamW), the algorithm's count,
+    # once per step (DDP repeats it on every process; like recomputation, such repeats are left out);
+    # set by the trainer once it has built the optimizer
+    optimizer_flops_per_step: float = 0.0
 
 
 def measure_costs(model, seq_len: int, sample: dict | None, device, dtype=None) -> Costs:
@@ -149,7 +156,7 @@ class Meter:
         self.count = {"compile": budget.cfg.count_compile, "eval": budget.cfg.count_eval}
         self.used = Usage()
         self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
-        self.rate_tokens, self.rate_seconds = 0, 0.0
+        self.rate_tokens, self.rate_seconds, self.rate_steps = 0, 0.0, 0
         self._clock: float | None = None
         self._base = self._excluded = 0.0
         self._first = True
@@ -180,12 +187,13 @@ class Meter:
         if not self._first:
             self.rate_tokens += tokens
             self.rate_seconds += step_seconds
+            self.rate_steps += 1
         self._first = False
         used = self.used
         used.seconds = self._base + agreed_seconds
         used.steps += 1
         used.tokens += tokens
-        used.flops = used.tokens * self.costs.flops_per_token
+        used.flops = used.tokens * self.costs.flops_per_token + used.steps * self.costs.optimizer_flops_per_step
 
     @contextmanager
     def timed(self, key: str, counts: bool = True):
@@ -203,10 +211,16 @@ class Meter:
     def tokens_per_second(self) -> float | None:
         return self.rate_tokens / self.rate_seconds if self.rate_seconds > 0 else None
 
-    def mfu(self, tokens_per_second: float | None) -> float | None:
+    @property
+    def steps_per_second(self) -> float | None:
+        return self.rate_steps / self.rate_seconds if self.rate_seconds > 0 else None
+
+    def mfu(self, tokens_per_second: float | None, steps_per_second: float | None = None) -> float | None:
+        """Model (and optimizer) FLOPs per second over the peak of all processes."""
         if not tokens_per_second or not self.costs.peak:
             return None
-        return tokens_per_second * self.costs.flops_per_token / (self.costs.peak * self.world)
+        flops = tokens_per_second * self.costs.flops_per_token + (steps_per_second or 0.0) * self.costs.optimizer_flops_per_step
+        return flops / (self.costs.peak * self.world)
 
     def state_dict(self) -> dict:
         return {"usage": self.used.state_dict(), "times": dict(self.times)}

@@ -68,8 +68,31 @@ class LionConfig(OptimizerConfig):
     weight_decay: NonNegativeFloat = 0.1
 
 
+class MuonConfig(OptimizerConfig):
+    """torch.optim.Muon (torch >= 2.9) on the hidden matrices (attention qkv/out, FFN, the MLM head's
+    dense), AdamW on the rest (embeddings, the output head, norms, biases, position tables) with its
+    own lr. ``lr`` and ``weight_decay`` are Muon's; with ``adjust_lr_fn=match_rms_adamw`` (Moonshot's
+    update-RMS match, the default) an AdamW lr is a sensible start for both. ``train.optim.type=muon``
+    over a recipe's AdamW block keeps its lr, betas, eps and weight decay."""
+
+    type: Literal["muon"] = "muon"
+    lr: PositiveFloat = Field(1e-3, description="Muon's peak lr (the hidden matrices)")
+    weight_decay: NonNegativeFloat = Field(0.1, description="decoupled weight decay (lr x wd) of Muon's matrices "
+                                           "and of AdamW's matrices (embeddings unless decay_embeddings=false)")
+    momentum: Beta = Field(0.95, description="Muon's momentum")
+    nesterov: bool = Field(True, description="Nesterov momentum in Muon")
+    ns_steps: Annotated[int, Field(ge=1, lt=100)] = Field(5, description="Newton-Schulz iterations per matrix per step")
+    adjust_lr_fn: Literal["match_rms_adamw", "original"] = Field(
+        "match_rms_adamw", description="match_rms_adamw: lr x 0.2 sqrt(max(A, B)), the update RMS of AdamW "
+        "(Moonshot); original: lr x sqrt(max(1, A/B)) (Keller Jordan's)")
+    adamw_lr: PositiveFloat | None = Field(None, description="peak lr of the AdamW parameters (null: = lr)")
+    # named as AdamW's own, so that train.optim.type=muon over a recipe's AdamW block keeps them for AdamW
+    betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the parameters Muon does not train)")
+    eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the parameters Muon does not train)")
+
+
 for _name, _config in {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfig, "adafactor": AdafactorConfig,
-                       "lion": LionConfig}.items():
+                       "lion": LionConfig, "muon": MuonConfig}.items():
     declare("optimizer", _name, _config)
 
 

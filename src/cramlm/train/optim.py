@@ -1,7 +1,9 @@
 """Optimizers, built from registered configs, with no weight decay on biases and norms.
 
-AdamW (fused kernel on CPU and GPU), Adam, Lion, Adafactor and SGD. Adding one = a config class and a
-registered builder that takes the parameter groups."""
+AdamW (fused kernel on CPU and GPU), Adam, Lion, Adafactor, SGD, and Muon (torch's, on the hidden
+matrices) with AdamW on the rest. Adding one = a config class and a registered builder that takes
+the parameter groups. An optimizer whose step costs matmul FLOPs says how many (``flops_per_step``),
+so the budget and MFU count them."""
 
 from __future__ import annotations
 
@@ -10,21 +12,47 @@ from torch import nn
 
 from cramlm.config.registry import register
 # the configs live torch-free in train/config.py (validating a config imports no torch)
-from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, OptimizerConfig, SGDConfig  # noqa: F401
+from cramlm.train.config import (  # noqa: F401
+    AdafactorConfig,
+    AdamConfig,
+    AdamWConfig,
+    LionConfig,
+    MuonConfig,
+    OptimizerConfig,
+    SGDConfig,
+)
+
+MUON_TORCH = "2.9"  # the first torch with torch.optim.Muon
 
 
 def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     """Decay matrices; never biases, norm weights or scalars (any parameter with ndim < 2).
-    Tied parameters (decoder = embedding) appear once."""
+    Tied parameters (decoder = embedding) appear once. Muon: the hidden matrices (``hidden_matrices``)
+    form a first group of their own (``"muon": True``), the rest are AdamW's two groups."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    decay, no_decay, seen = [], [], set()
+    hidden = {id(p) for p in hidden_matrices(model)} if isinstance(cfg, MuonConfig) else set()
+    muon, decay, no_decay, seen = [], [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
         skip = p.ndim < 2 or (id(p) in embeddings and not cfg.decay_embeddings)
-        (no_decay if skip else decay).append(p)
-    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        (muon if id(p) in hidden else no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if isinstance(cfg, MuonConfig):
+        groups = [{"params": muon, "weight_decay": cfg.weight_decay, "muon": True}] + [{**g, "muon": False} for g in groups]
+    return groups
+
+
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices Muon trains: weights of the nn.Linear layers, except an output layer to the
+    vocabulary (``out_features == model.vocab_size``: the LM head, the MLM decoder) and any weight
+    shared with an embedding (a tied head). Everything else (embeddings, norms, biases, position
+    tables, scalars) stays on AdamW."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    vocab = getattr(model, "vocab_size", None)
+    return [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
+            and id(m.weight) not in embeddings and m.out_features != vocab]
 
 
 def _fused_supported(groups: list[dict]) -> bool:
@@ -91,6 +119,72 @@ class Lion(torch.optim.Optimizer):
 @register("optimizer", "lion", LionConfig)
 def build_lion(cfg: LionConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return Lion(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> float:
+    """Matmul FLOPs of torch's Newton-Schulz orthogonalisation of one (A, B) update, as
+    torch/optim/_muon.py runs it: X is the matrix with r = min(A, B) rows, c = max(A, B) columns, and
+    each iteration is ``G = X @ X.T`` (2 r^2 c), ``addmm(G, G, G)`` (2 r^3) and ``addmm(X, G', X)``
+    (2 r^2 c): ns_steps x (4 r^2 c + 2 r^3); for a square n x n matrix and 5 steps, 30 n^3. The
+    norm, scaling and elementwise updates are not matmuls and count zero, as in the model's count."""
+    r, c = sorted(shape[:2])
+    return float(ns_steps * (4 * r * r * c + 2 * r**3))
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the groups marked ``"muon": True``, torch.optim.AdamW on the others: one
+    optimizer to the trainer (one list of param_groups, one state, one state dict keyed like any
+    other optimizer's), two torch optimizers inside sharing those groups and that state. Each group
+    keeps its peak lr in ``peak_lr``, which the lr schedule scales."""
+
+    def __init__(self, groups: list[dict], cfg: MuonConfig):
+        muon = getattr(torch.optim, "Muon", None)
+        if muon is None:
+            raise ValueError(f"train.optim.type=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is "
+                             f"torch {torch.__version__}: upgrade torch or choose another train.optim.type")
+        adamw_lr = cfg.adamw_lr or cfg.lr
+        muon_groups = [{**g, "peak_lr": cfg.lr} for g in groups if g["muon"] and g["params"]]
+        adamw_groups = [{**g, "peak_lr": adamw_lr} for g in groups if not g["muon"] and g["params"]]
+        self.muon = muon(muon_groups or [{"params": []}], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                         nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr_fn)
+        self.adamw = torch.optim.AdamW(adamw_groups or [{"params": []}], lr=adamw_lr, betas=cfg.betas, eps=cfg.eps,
+                                       weight_decay=cfg.weight_decay)
+        super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
+        self._link()
+
+    def _link(self) -> None:
+        """Point the inner optimizers at this one's groups and state (again after load_state_dict,
+        which replaces both)."""
+        n = len(self.muon.param_groups)
+        self.muon.param_groups, self.adamw.param_groups = self.param_groups[:n], self.param_groups[n:]
+        self.muon.state = self.adamw.state = self.state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def flops_per_step(self) -> float:
+        """Newton-Schulz matmul FLOPs of one step over all Muon matrices (global shapes: a sharded
+        parameter counts once, whatever the number of processes)."""
+        return sum(newton_schulz_flops(tuple(p.shape), g["ns_steps"]) for g in self.muon.param_groups for p in g["params"])
+
+
+@register("optimizer", "muon", MuonConfig)
+def build_muon(cfg: MuonConfig, groups: list[dict]) -> torch.optim.Optimizer:
+    return MuonAdamW(groups, cfg)
+
+
+def optimizer_flops_per_step(optimizer: torch.optim.Optimizer) -> float:
+    """Matmul FLOPs of one optimizer step (0 for the elementwise optimizers: AdamW, Lion, ...)."""
+    count = getattr(optimizer, "flops_per_step", None)
+    return float(count()) if count else 0.0
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -51,7 +51,7 @@ from cramlm.train.budget import BatchPlan, Meter  # noqa: F401  (BatchPlan: move
 from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
-from cramlm.train.optim import build_optimizer
+from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.impl import ImplConfig, resolve_precision
@@ -209,10 +209,13 @@ class Trainer:
         self.run_dir, self.config = Path(run_dir), config or {}
         self.checkpoints = self.run_dir / "checkpoints"
         self.optimizer = build_optimizer(cfg.optim, self.module)
+        # the optimizer's own matmuls (Muon's Newton-Schulz) count in the FLOP budget and in MFU
+        meter.costs.optimizer_flops_per_step = optimizer_flops_per_step(self.optimizer)
         self.precision = resolve_precision(impl, self.device, self.module)  # auto: measured once per machine
         self.steps = OptimizerStep(self.optimizer, self.module, self.device, self.precision.dtype, cfg.grad_clip)
         self.schedule = build_schedule(cfg.schedule)
         self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
+        self.plan.optimizer_flops_per_step = meter.costs.optimizer_flops_per_step
         self.val_batches = self._shard_val(val_batches or [])
         self.logging_due = Due(steps=cfg.log_every)
         self.validation_due = Due(fraction=cfg.validate_every)
@@ -311,10 +314,12 @@ class Trainer:
         return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop)
 
     def _set_lr(self, t: float) -> float:
-        lr = self.cfg.optim.lr * self.schedule(t)
+        """Every group's peak lr (``peak_lr``: Muon's AdamW groups have their own; else train.optim.lr)
+        times the schedule's factor; the lr logged is train.optim.lr's."""
+        factor = self.schedule(t)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
+            group["lr"] = group.get("peak_lr", self.cfg.optim.lr) * factor
+        return self.cfg.optim.lr * factor
 
     def _local_slice(self, n_micro: int) -> range:
         n_local = n_micro // self.dist.world
@@ -371,7 +376,7 @@ class Trainer:
             return
         used, last = self.used, steps[-1]
         speed = window.tokens / max(window.seconds, 1e-9)
-        mfu = self.meter.mfu(speed)
+        mfu = self.meter.mfu(speed, len(steps) / max(window.seconds, 1e-9))
         norm = float(last.norm) if last.norm is not None and not last.nonfinite else None
         record = {
             "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
@@ -481,7 +486,7 @@ class Trainer:
     def _summary(self, val_loss: float | None, final: Path) -> dict:
         meter, used, costs = self.meter, self.used, self.meter.costs
         speed = meter.tokens_per_second
-        mfu = meter.mfu(speed)
+        mfu = meter.mfu(speed, meter.steps_per_second)
         return {
             "steps": used.steps,
             "tokens": used.tokens,
@@ -496,6 +501,7 @@ class Trainer:
             "tokens_per_second": round(speed, 1) if speed else None,
             "flops_per_token": costs.flops_per_token,
             "flops_source": costs.flops_source,
+            "optimizer_flops_per_step": costs.optimizer_flops_per_step,
             "peak_flops": costs.peak,
             "peak_source": costs.peak_source,
             "precision": self.precision.precision,

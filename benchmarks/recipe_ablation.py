@@ -1,0 +1,293 @@
+"""Recipe ablation: a baseline and candidates (each a list of cramlm overrides) trained on the same
+data, tokenizer and model shape at equal FLOPs (the optimizer's FLOPs counted: Muon's Newton-Schulz
+is in each run's ``flops``) or at equal wall-clock, with an lr sweep and seeds per contender; loss
+against FLOPs curves (PNG + JSON) and the **compute multiplier** of each candidate.
+
+The multiplier of a candidate = FLOPs the baseline needs to reach the candidate's final held-out
+loss, read off the baseline's own validation curve (linear in log-FLOPs between its two points
+around that loss), divided by the candidate's FLOPs. A candidate that ends below the baseline's
+last point needs the curve extended: with ``--extrapolate`` its last segment is continued in
+log-FLOPs and the number is flagged ``extrapolated``; without, the multiplier is given as a lower
+bound (``>=``, the baseline's final FLOPs over the candidate's). The same is computed on seconds
+(the wall-clock multiplier; meaningful when the runs shared the machine alike: ``--parallel``).
+Each contender is judged at the lr of its own sweep with the lowest mean final loss over seeds; a
+multiplier is per seed (baseline seed s against candidate seed s), summarised by the median.
+
+Every run is ``cramlm run RECIPE stages=[data,pretrain]`` with the shared overrides, the size,
+the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in
+``OUT/<contender>-lr<LR>-s<S>``; finished runs (summary.json present) are not run again, so an
+interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to one core
+(taskset) with impl.threads=1 (recipe_vs_cramming.run_pinned).
+
+    python benchmarks/recipe_ablation.py --smoke --parallel            # about a minute (mostly set-up): the machinery
+    CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h --size 128x4 \\
+        --flops 2e13 --lrs 1e-3 3e-3 1e-2 --seeds 0 1 --parallel --out outputs/ablation-muon \\
+        --baseline adamw --candidate muon train.optim.type=muon --lrs-for muon 3e-3 1e-2 3e-2
+    python benchmarks/recipe_ablation.py --summarize outputs/ablation-muon   # curves and table again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from recipe_vs_cramming import run_pinned  # noqa: E402  (two runs side by side, one core each)
+
+from cramlm.pipeline.scaling import size_overrides  # noqa: E402
+
+# the smoke mode: a tiny model on a slice of the shipped corpus, a few optimizer steps per run
+SMOKE = ["data.max_entries_in_raw_dataset=40", "data.tokenizer.vocab_size=512", "data.seq_length=32",
+         "arch.max_seq_length=32", "train.batch_size=8", "impl.microbatch_size=8", "train.min_updates=0",
+         "train.validate_batches=2", "train.log_every=1", "impl.precision=fp32", "train.checkpoint_minutes=null"]
+
+
+# ---- the multiplier: a pure function of two curves -------------------------------------------------
+
+def compute_multiplier(base_x: list[float], base_loss: list[float], cand_x: float, cand_loss: float,
+                       extrapolate: bool = False) -> dict:
+    """How many times the candidate's compute ``cand_x`` the baseline needs to reach ``cand_loss``
+    on its curve (``base_x`` increasing, positive; ``base_loss`` at those points).
+
+    The baseline's compute at that loss: the first point of its curve at or below ``cand_loss``,
+    interpolated linearly in log x with the point before it. Outside the curve: below its last
+    point (the candidate ended better than the baseline did) the last segment is continued in log x
+    when ``extrapolate`` (flagged), else the multiplier is a lower bound (``bound: "lower"``: the
+    baseline's final x over the candidate's, it needs at least that); above its first point an
+    upper bound (``bound: "upper"``). Returns {multiplier, baseline_x, bound, extrapolated}."""
+    pts = sorted(zip(base_x, base_loss))
+    if not pts or any(x <= 0 for x, _ in pts) or cand_x <= 0:
+        raise ValueError("curves need positive compute values")
+    xs, ys = [math.log(x) for x, _ in pts], [y for _, y in pts]
+
+    def result(x: float, bound: str | None = None, extrapolated: bool = False) -> dict:
+        return {"multiplier": x / cand_x, "baseline_x": x, "bound": bound, "extrapolated": extrapolated}
+
+    def along(i: int) -> float:  # x where the segment (i - 1, i), a line in log x, meets cand_loss
+        (x0, x1), (y0, y1) = xs[i - 1 : i + 1], ys[i - 1 : i + 1]
+        return math.exp(x0 + (cand_loss - y0) * (x1 - x0) / (y1 - y0))
+
+    if ys[0] <= cand_loss:  # the baseline's first point is already as good
+        if ys[0] < cand_loss and extrapolate and len(ys) > 1 and ys[1] < ys[0]:
+            return result(along(1), extrapolated=True)  # the first segment, continued backwards
+        return result(pts[0][0], None if ys[0] == cand_loss else "upper")
+    i = next((j for j in range(1, len(ys)) if ys[j] <= cand_loss), None)
+    if i is not None:
+        return result(along(i))
+    if extrapolate and len(ys) > 1 and ys[-1] < ys[-2]:
+        return result(along(len(ys) - 1), extrapolated=True)  # the last segment, continued
+    return result(pts[-1][0], "lower")
+
+
+# ---- runs ----------------------------------------------------------------------------------------
+
+def run_name(contender: str, lr: float, seed: int) -> str:
+    return f"{contender}-lr{lr:g}-s{seed}"
+
+
+def plan(args) -> list[dict]:
+    """One entry per run: its contender, lr, seed, folder and command."""
+    shared = [f"base_dir={args.out}", f"impl.data_cache={args.out / 'data'}", "impl.progress=false",
+              "stages=[data,pretrain]", f"train.validate_every={args.validate_every}", *args.overrides]
+    if args.smoke:
+        shared += SMOKE
+    if args.size:
+        shared += size_overrides(args.size)
+    if args.flops:
+        shared += ["budget=null", f"train.budget.flops={args.flops:g}"]
+    elif args.clock:
+        shared += [f"budget={args.clock}"]
+    if args.parallel:
+        shared.append("impl.threads=1")
+    runs = []
+    for name, extra in args.contenders.items():
+        for key in (o.split("=", 1)[0] for o in extra):
+            if key.startswith("data") or key in {f"arch.{k}" for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")}:
+                raise SystemExit(f"Error: contender {name}: '{key}' would change the data or the model shape; "
+                                 "contenders share both (set them for all with --overrides or --size)")
+        for lr in args.lrs_of.get(name, args.lrs):
+            for seed in args.seeds:
+                folder = args.out / run_name(name, lr, seed)
+                cmd = ["cramlm", "run", args.recipe, *shared, *extra, f"train.optim.lr={lr:g}", f"seed={seed}",
+                       f"name={folder.name}"]
+                runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd})
+    return runs
+
+
+def run_all(args, runs: list[dict]) -> None:
+    todo = [r["cmd"] for r in runs if not (r["folder"] / "summary.json").is_file()]
+    if not todo:
+        return
+    data = [c for c in todo[0] if not c.startswith(("stages=", "name="))] + ["stages=[data]", "name=data"]
+    print("+", shlex.join(data), flush=True)
+    subprocess.run(data, check=True)  # the data once, before two processes want it
+    if args.parallel:
+        run_pinned(todo)
+    else:
+        for cmd in todo:
+            print("+", shlex.join(cmd), flush=True)
+            subprocess.run(cmd, check=True)
+
+
+# ---- curves and the summary ----------------------------------------------------------------------
+
+def curve(folder: Path) -> dict:
+    """A run's held-out curve: FLOPs (tokens x FLOPs per token + steps x the optimizer's FLOPs per
+    step, as the budget counts them), counted seconds, tokens and val_loss at each validation."""
+    from cramlm.report.runs import is_number, load_run_data
+
+    run = load_run_data(folder)
+    s = run.summary
+    fpt, opt = float(s["flops_per_token"]), float(s.get("optimizer_flops_per_step") or 0.0)
+    points = [m for m in run.metrics if m.get("kind") == "val" and is_number(m.get("val_loss"))]
+    return {"flops": [m["tokens"] * fpt + m["step"] * opt for m in points], "seconds": [m.get("elapsed") for m in points],
+            "tokens": [m["tokens"] for m in points], "val_loss": [m["val_loss"] for m in points],
+            "final": {"flops": s["flops"], "seconds": s["train_seconds"], "tokens": s["tokens"], "val_loss": s.get("val_loss"),
+                      "steps": s["steps"], "tokens_per_second": s.get("tokens_per_second"), "mfu": s.get("mfu"),
+                      "optimizer_flops_per_step": opt, "flops_per_token": fpt}}
+
+
+def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool) -> dict:
+    curves = {}
+    for r in runs:
+        if (r["folder"] / "summary.json").is_file():
+            curves.setdefault(r["contender"], {}).setdefault(r["lr"], {})[r["seed"]] = curve(r["folder"])
+    if baseline not in curves:
+        raise SystemExit(f"Error: no finished run of the baseline '{baseline}' in {out}")
+    result = {"baseline": baseline, "extrapolate": extrapolate, "contenders": {}}
+    best = {}
+    for name, by_lr in curves.items():
+        means = {lr: statistics.mean(c["final"]["val_loss"] for c in seeds.values()) for lr, seeds in by_lr.items()
+                 if all(c["final"]["val_loss"] is not None for c in seeds.values())}
+        best[name] = min(means, key=means.get)
+        result["contenders"][name] = {"lr_sweep": {f"{lr:g}": round(v, 5) for lr, v in sorted(means.items())},
+                                      "best_lr": best[name], "final_val_loss": means[best[name]]}
+    base = curves[baseline][best[baseline]]
+    for name in curves:
+        entry = result["contenders"][name]
+        for axis in ("flops", "seconds"):
+            per_seed = {}
+            for seed, c in curves[name][best[name]].items():
+                b = base.get(seed) or next(iter(base.values()))
+                per_seed[seed] = compute_multiplier(b[axis], b["val_loss"], c["final"][axis], c["final"]["val_loss"], extrapolate)
+            ms = [m["multiplier"] for m in per_seed.values()]
+            entry[f"multiplier_{axis}"] = {"median": statistics.median(ms), "per_seed": per_seed,
+                                           "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
+                                           "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
+        entry["runs"] = {f"{lr:g}": {str(s): c for s, c in seeds.items()} for lr, seeds in curves[name].items()}
+    return result
+
+
+def plot(result: dict, path: Path) -> Path:
+    from cramlm.report.plots import colors, plt, save
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(result["contenders"])
+    for name, color in zip(names, colors(len(names))):
+        entry = result["contenders"][name]
+        for lr, seeds in entry["runs"].items():
+            at_best = float(lr) == entry["best_lr"]
+            for i, c in enumerate(seeds.values()):
+                label = f"{name} (lr {lr})" if at_best and i == 0 else None
+                ax.plot(c["flops"], c["val_loss"], "o-" if at_best else "-", color=color, alpha=1.0 if at_best else 0.25,
+                        lw=1.5 if at_best else 0.8, ms=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (model + optimizer)")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("loss against compute; faint: other lrs of each sweep")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def fmt(m: dict) -> str:
+    sign = {"lower": ">=", "upper": "<="}.get(m["bounds"][0], "") if m["bounds"] else ""
+    return f"{sign}{m['median']:.2f}x" + (" (extrapolated)" if m["extrapolated"] else "")
+
+
+def table(result: dict) -> str:
+    lines = ["| contender | best lr | lr sweep (final held-out loss) | final loss | FLOPs | compute multiplier | wall-clock multiplier |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    for name, e in result["contenders"].items():
+        finals = [c["final"] for c in e["runs"][f"{e['best_lr']:g}"].values()]
+        sweep = ", ".join(f"{lr}: {v:.3f}" for lr, v in e["lr_sweep"].items())
+        lines.append(f"| {name}{' (baseline)' if name == result['baseline'] else ''} | {e['best_lr']:g} | {sweep} | "
+                     f"{e['final_val_loss']:.4f} | {statistics.mean(f['flops'] for f in finals):.3g} | "
+                     f"{fmt(e['multiplier_flops'])} | {fmt(e['multiplier_seconds'])} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="default", help="the cramlm run recipe every contender starts from")
+    ap.add_argument("--baseline", nargs="+", metavar=("NAME", "OVERRIDE"), default=["baseline"],
+                    help="the baseline's name and its overrides")
+    ap.add_argument("--candidate", nargs="+", action="append", metavar=("NAME", "OVERRIDE"), default=[],
+                    help="a candidate's name and its overrides (repeat for several)")
+    ap.add_argument("--overrides", nargs="*", default=[], help="overrides shared by every run")
+    ap.add_argument("--size", help="HIDDENxLAYERS for every run (e.g. 128x4)")
+    budget = ap.add_mutually_exclusive_group()
+    budget.add_argument("--flops", type=float, help="equal FLOPs: train.budget.flops for every run (no clock)")
+    budget.add_argument("--clock", help="equal wall clock: budget= for every run (e.g. 10m); with --parallel")
+    ap.add_argument("--lrs", type=float, nargs="+", default=[1e-3], help="train.optim.lr values swept per contender")
+    ap.add_argument("--lrs-for", nargs="+", action="append", default=[], metavar=("NAME", "LR"),
+                    help="a contender's own lr sweep instead of --lrs (repeat per contender)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--validate-every", type=float, default=0.1, help="train.validate_every: points of each curve")
+    ap.add_argument("--extrapolate", action="store_true", help="continue the baseline's curve past its last point (flagged)")
+    ap.add_argument("--parallel", action="store_true", help="two runs at a time, one pinned core and thread each")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, data and budgets: checks the machinery in < 1 minute")
+    ap.add_argument("--out", type=Path, default=Path("outputs/recipe-ablation"))
+    ap.add_argument("--summarize", type=Path, metavar="DIR", help="only the curves and table, from the runs in DIR")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.size = args.size or "32x2"
+        args.flops = args.flops or 3e9
+        args.validate_every = 0.25
+        args.lrs = args.lrs if args.lrs != [1e-3] else [1e-3, 3e-3]  # a sweep of two
+        if not args.candidate:
+            args.candidate = [["muon", "train.optim.type=muon"]]  # the recipe's AdamW settings kept
+        if args.out == Path("outputs/recipe-ablation"):
+            args.out = Path("outputs/recipe-ablation-smoke")
+    if not (args.flops or args.clock or args.summarize):
+        ap.error("set --flops (equal compute) or --clock (equal wall clock)")
+    if args.summarize:
+        args.out = args.summarize
+    args.out = args.out.resolve()
+    args.contenders = {args.baseline[0]: args.baseline[1:], **{c[0]: c[1:] for c in args.candidate}}
+    if len(args.contenders) < 1 + len(args.candidate):
+        ap.error("contender names must differ")
+    try:
+        args.lrs_of = {c[0]: [float(v) for v in c[1:]] for c in args.lrs_for if len(c) > 1}
+    except ValueError as e:
+        ap.error(f"--lrs-for: {e}")
+    if unknown := set(args.lrs_of) - set(args.contenders):
+        ap.error(f"--lrs-for names no contender: {', '.join(sorted(unknown))}")
+    previous, settings = args.out / "ablation.json", None
+    if args.summarize and previous.is_file() and not args.candidate:  # the contenders and sweeps of the run
+        settings = json.loads(previous.read_text())["settings"]
+        args.contenders, args.lrs, args.seeds = settings["contenders"], settings["lrs"], settings["seeds"]
+        args.lrs_of, args.baseline = settings.get("lrs_for") or {}, [next(iter(settings["contenders"]))]
+    runs = plan(args)
+    if not args.summarize:
+        args.out.mkdir(parents=True, exist_ok=True)
+        run_all(args, runs)
+    result = summarize(args.out, runs, args.baseline[0], args.extrapolate)
+    result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
+                          "lrs_for": args.lrs_of, "seeds": args.seeds, "parallel": args.parallel, "overrides": args.overrides,
+                          "contenders": args.contenders}
+    (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    plot(result, args.out / "ablation.png")
+    print(table(result))
+    print(f"written: {args.out / 'ablation.json'}, {args.out / 'ablation.png'}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,153 @@
+"""train.optim.type=muon: which parameters Muon trains and which AdamW, the Newton-Schulz FLOPs in the
+budget and MFU, a clear error on a torch without Muon, bitwise resume, and DDP / FSDP2 against one
+process."""
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.flop_counter import FlopCounterMode
+
+from cramlm.config.registry import config_class
+from cramlm.train.budget import Budget, BudgetConfig, Costs, Meter
+from cramlm.train.optim import MuonAdamW, build_optimizer, newton_schulz_flops, optimizer_flops_per_step
+from tests.models.helpers import random_ids, tiny_model
+
+from .helpers import CAUSAL, REPO, free_port, losses, overrides, records, run, run_inprocess
+
+MUON = ["train.optim={type: muon, lr: 3e-3, adamw_lr: 1e-3}"]  # a mapping: another type's keys do not carry over
+
+
+def muon(**fields):
+    return config_class("optimizer", "muon")(type="muon", **fields)
+
+
+def names_of(model, group) -> set[str]:
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    return {by_id[id(p)] for p in group["params"]}
+
+
+@pytest.mark.parametrize("arch", ["gpt2-tiny", "crammed-bert-tiny", "llama-tiny"])
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest(arch):
+    model = tiny_model(arch)
+    opt = build_optimizer(muon(lr=0.02, adamw_lr=3e-3, weight_decay=0.1), model)
+    assert isinstance(opt, MuonAdamW)
+    hidden, decay, no_decay = opt.param_groups
+    blocks = {f"trunk.blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.out", "ffn.up", "ffn.down")}
+    if arch == "crammed-bert-tiny" and model.cfg.head_transform:
+        blocks.add("head.dense.weight")
+    assert names_of(model, hidden) == blocks and hidden["muon"] and hidden["weight_decay"] == 0.1
+    assert opt.muon.param_groups == [hidden] and opt.adamw.param_groups == [decay, no_decay]
+    # embeddings and the head (tied or not) on AdamW with decay; norms, biases, scalars without
+    head = {"lm_head.weight"} if arch == "llama-tiny" else set()
+    tables = {"trunk.positions.table"} if arch == "gpt2-tiny" else set()
+    assert names_of(model, decay) == {"trunk.tokens.weight"} | head | tables and decay["weight_decay"] == 0.1
+    assert all(p.ndim < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    assert len(no_decay["params"]) > 0
+    every = {id(p) for p in model.parameters()}
+    assert {id(p) for g in opt.param_groups for p in g["params"]} == every  # each parameter exactly once
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(every)
+    assert [g["peak_lr"] for g in opt.param_groups] == [0.02, 3e-3, 3e-3]
+    assert opt.muon.defaults["adjust_lr_fn"] == "match_rms_adamw"
+
+
+def test_newton_schulz_flops_are_what_torch_runs():
+    assert newton_schulz_flops((64, 64), 5) == 30 * 64**3  # the square case: 5 x (2 + 2 + 2) n^3
+    assert newton_schulz_flops((96, 32), 5) == newton_schulz_flops((32, 96), 5) == 5 * (4 * 32 * 32 * 96 + 2 * 32**3)
+    model = tiny_model("gpt2-tiny").train()
+    for steps in (5, 2):
+        opt = build_optimizer(muon(ns_steps=steps), model)
+        ids = random_ids()
+        model(ids, labels=ids)["loss"].backward()
+        with FlopCounterMode(display=False) as counter:
+            opt.step()
+        expected = sum(newton_schulz_flops(tuple(p.shape), steps) for p in opt.param_groups[0]["params"])
+        assert counter.get_total_flops() == optimizer_flops_per_step(opt) == expected > 0
+        opt.zero_grad()
+    assert optimizer_flops_per_step(build_optimizer(config_class("optimizer", "adamw")(type="adamw"), model)) == 0.0
+
+
+def test_the_budget_and_mfu_count_the_optimizer_flops():
+    costs = Costs(flops_per_token=100.0, flops_source="test", peak=1e6, peak_source="test", optimizer_flops_per_step=5000.0)
+    meter = Meter(Budget(BudgetConfig(flops=30000), None, 100.0), costs)
+    meter.record(tokens=100, step_seconds=1.0, agreed_seconds=1.0)
+    assert meter.used.flops == 100 * 100 + 5000
+    assert meter.t == pytest.approx(15000 / 30000)
+    meter.record(tokens=100, step_seconds=1.0, agreed_seconds=2.0)  # (the first step is not timed)
+    assert meter.mfu(meter.tokens_per_second, meter.steps_per_second) == pytest.approx((100 * 100 + 5000) / 1e6)
+    assert meter.mfu(100.0) == pytest.approx(100 * 100 / 1e6)  # without the step rate: the model's share only
+    assert meter.used.flops == 30000 and meter.budget.remaining_tokens(meter.used, None, 2, 5000.0) == 0.0  # spent
+    meter = Meter(Budget(BudgetConfig(flops=1e6), None, 100.0), costs)  # tokens left for 10 more steps:
+    assert meter.budget.remaining_tokens(meter.used, None, 10, 5000.0) == pytest.approx((1e6 - 10 * 5000) / 100)
+
+
+def test_type_muon_over_a_recipes_adamw_block_keeps_its_settings():
+    from cramlm.cli_common import resolve_or_exit
+
+    cfg = resolve_or_exit("pretrain", ["train=bert-o4", "train.optim.type=muon", "train.optim.lr=2e-3"])
+    optim = cfg.train.optim
+    assert optim.type == "muon" and optim.lr == 2e-3 and optim.adamw_lr is None
+    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-12 and optim.weight_decay == 0.01  # bert-o4's
+    assert optim.adjust_lr_fn == "match_rms_adamw" and optim.momentum == 0.95 and optim.ns_steps == 5
+
+
+def test_a_torch_without_muon_is_a_clear_error(monkeypatch):
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ValueError, match=r"train.optim.type=muon needs torch >= 2.9 .*this is torch"):
+        build_optimizer(muon(), tiny_model("gpt2-tiny"))
+
+
+STEPS = ["budget=null", "train.budget.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=5", *MUON]
+
+
+def test_muon_run_counts_its_flops_and_resumes_bitwise(tmp_path):
+    ref = run_inprocess(tmp_path, "ref", *STEPS)
+    adamw = run_inprocess(tmp_path, "adamw", *STEPS[:-1])
+    assert ref["steps"] == adamw["steps"] == 4
+    assert ref["optimizer_flops_per_step"] > 0 and adamw["optimizer_flops_per_step"] == 0
+    assert ref["flops"] == pytest.approx(ref["tokens"] * ref["flops_per_token"] + 4 * ref["optimizer_flops_per_step"])
+    assert adamw["flops"] == pytest.approx(adamw["tokens"] * adamw["flops_per_token"])
+    assert losses(tmp_path / "ref")[4] != losses(tmp_path / "adamw")[4]  # a different optimizer ran
+    # resume from step 2: the same weights, bit for bit, and the same losses
+    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    resumed = run_inprocess(tmp_path, "resumed", *STEPS, "resume=auto")
+    assert resumed["steps"] == 4
+    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(tmp_path / "resumed") == {s: v for s, v in losses(tmp_path / "ref").items() if s > 2}
+    state = torch.load(tmp_path / "ref" / "checkpoints" / "step-00000004" / "training.pt", weights_only=False)
+    groups = state["optimizer"]["param_groups"]
+    assert [g["muon"] for g in groups] == [True, False, False] and [g["peak_lr"] for g in groups] == [3e-3, 1e-3, 1e-3]
+    assert any("momentum_buffer" in s for s in state["optimizer"]["state"].values())  # Muon's state is saved
+    assert any("exp_avg" in s for s in state["optimizer"]["state"].values())  # and AdamW's
+
+
+def test_muon_flop_budget_stops_before_adamw(tmp_path):
+    """At an equal FLOP budget, Muon's Newton-Schulz FLOPs leave fewer tokens than AdamW gets."""
+    budget = ["budget=null", "train.budget.flops=4e8", "train.validate_every=0", "train.batch_ramp=0"]
+    m = run_inprocess(tmp_path, "m", *budget, *MUON)
+    a = run_inprocess(tmp_path, "a", *budget)
+    assert m["tokens"] < a["tokens"] and m["steps"] < a["steps"]
+    assert m["flops"] >= 4e8 and m["flops"] - m["optimizer_flops_per_step"] - m["flops_per_token"] * 256 < 4e8
+
+
+def test_muon_under_ddp_and_fsdp_matches_one_process(tmp_path):
+    setup = ["budget=null", "train.budget.steps=3", "impl.microbatch_size=2", "train.validate_every=0", *MUON, *CAUSAL]
+    run_inprocess(tmp_path, "one", *setup)
+    runs = [overrides(tmp_path, "ddp", *setup, "impl.distributed=ddp"),
+            overrides(tmp_path, "fsdp", *setup, "impl.distributed=fsdp")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps(runs)]
+    run(cmd, timeout=300)
+    reference = losses(tmp_path / "one")
+    assert sorted(reference) == [1, 2, 3] and abs(reference[3] - reference[1]) > 1e-3  # it moved: 1e-4 tells
+    for name in ("ddp", "fsdp"):
+        got = losses(tmp_path / name)
+        assert sorted(got) == [1, 2, 3] and all(abs(got[s] - reference[s]) < 1e-4 for s in reference), (name, got, reference)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["world_size"] == 2
+        assert summary["optimizer_flops_per_step"] == json.loads((tmp_path / "one" / "summary.json").read_text())["optimizer_flops_per_step"]
+    assert records(tmp_path / "fsdp", "train")
