@@ -85,7 +85,7 @@ def test_the_budget_and_mfu_count_the_optimizer_flops():
 
 
 def test_type_muon_over_a_recipes_adamw_block_keeps_its_settings():
-    from cramlm.cli_common import resolve_or_exit
+    from cramlm.cli.common import resolve_or_exit
 
     cfg = resolve_or_exit("pretrain", ["train=bert-o4", "train.optim.type=muon", "train.optim.lr=2e-3"])
     optim = cfg.train.optim
