@@ -36,7 +36,7 @@ from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, 
 from cramlm.io import atomic_write
 from cramlm.locks import FolderLock
 
-PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
+PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of the cache key (4: deterministic tokenizers)
 
 
 class DataConfig(Config):
@@ -131,9 +131,9 @@ def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
 def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokenizer:
     """The configured tokenizer, saved as ``folder/tokenizer.json`` (trained once, then reused).
 
-    HF tokenizer training is not deterministic (ties are broken in hash-map order), so all shards
-    must share one tokenizer: the first process to take ``tokenizer.lock`` trains it, the others
-    wait for it (a lock whose process died is free again: see cramlm.locks)."""
+    Training is deterministic (data/tokenizer.py), but it takes a while, so all shards share one
+    tokenizer: the first process to take ``tokenizer.lock`` trains it, the others wait for it (a
+    lock whose process died is free again: see cramlm.locks)."""
     saved = folder / "tokenizer.json"
     if saved.is_file():
         return load_tokenizer(saved, strict=False)
@@ -151,7 +151,19 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
     limit = cfg.max_entries_in_raw_dataset
     if cfg.tokenizer.max_training_docs:
         limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
-    return train_tokenizer(cfg.tokenizer, iter_documents(cfg, SkipReport(limit=limit)))
+    return train_tokenizer(cfg.tokenizer, _Documents(cfg, limit))
+
+
+@dataclass
+class _Documents:
+    """The tokenizer's training documents, read afresh on each iteration (train_tokenizer reads
+    them twice; a list of them could take gigabytes)."""
+
+    cfg: DataConfig
+    limit: int | None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter_documents(self.cfg, SkipReport(limit=self.limit))
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
