@@ -97,6 +97,14 @@ class PreparedData:
     val: PackedTokens | None
     manifest: dict
 
+    def identity(self) -> dict[str, str]:
+        """What pins this data's bytes: the tokenizer's fingerprint and each packed file's content
+        checksum (CRC32 of its tokens and offsets, verified when it is loaded) with its token count.
+        A run records it; a resume against other data is refused (train/checkpoint.py)."""
+        files = {"train.cramtok": self.train, "val.cramtok": self.val}
+        return {"tokenizer": fingerprint(self.tokenizer).hex(),
+                **{name: f"crc32:{p.crc:08x} tokens:{p.num_tokens}" for name, p in files.items() if p is not None}}
+
 
 def cache_dir(cache_root: str | Path | None = None) -> Path:
     """``cache_root``, or the per-user cache of prepared data when it is None."""
@@ -223,6 +231,8 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
         "shard_seconds": [read_shard_info(f)["seconds"] for f in shard_folders],
         "merge_seconds": round(time.perf_counter() - start, 3),
     }
+    manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
+                             for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if folder.exists():  # another process finished first; keep its result
         shutil.rmtree(tmp)
