@@ -116,8 +116,9 @@ def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
     tok = load_tokenizer(run_dir)
     model = build_model(cfg.arch, tok.get_vocab_size())
-    weights = verified_weights(run_dir / "model.safetensors")  # against the run's digests.json, if any
+    weights = run_dir / "model.safetensors"
     safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
+    verified_weights(weights)  # then a changed one (against the run's digests.json, if any)
     try:
         load_weights(model, weights)
     except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes

@@ -419,7 +419,7 @@ def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print
             "was train.optim or the arch changed since it was written?"
         ) from None
     say(f"cramlm: resumed from {folder} (step {trainer.used.steps})")
-    if changes:
+    if any(k not in BUDGET for k in changes):  # (a longer budget alone is no event: runs are extended often)
         step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
         trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,
                               "message": f"config changed from step {step}: {listed}"})
