@@ -57,7 +57,7 @@ def test_a_resume_that_changes_the_maths_is_refused_listing_each_key(finished):
     copy_run(finished, "changed")
     result = resume(finished, "changed", "train.optim.lr=5e-3", "seed=7", "arch.dropout=0.5")
     assert result.exit_code == 1, result.output
-    assert "Error: resume from " in result.output and "that change the maths" in result.output
+    assert "Error: resume from " in result.output and "where it changes the maths" in result.output
     for text in ("train.optim.lr 0.001 -> 0.005", "seed 0 -> 7", "arch.dropout 0.0 -> 0.5", "--allow-change"):
         assert text in result.output, (text, result.output)
     assert "Traceback" not in result.output

@@ -487,8 +487,8 @@ def resume_changes(old: dict, new: dict, allow: list[str], where: str) -> dict[s
     if refused:
         listed = "; ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
         raise ValueError(
-            f"resume from {where}: the config differs from the run's own in {len(refused)} "
-            f"key{'s' if len(refused) > 1 else ''} that change the maths: {listed}. A resumed run is the run it "
+            f"resume from {where}: the config differs from the run's own where it changes the maths "
+            f"({len(refused)} key{'s' if len(refused) > 1 else ''}): {listed}. A resumed run is the run it "
             f"continues: resume with the run's config, allow a deliberate change with --allow-change "
             f"{next(iter(refused))} (allow_change=[...]), or start a fresh run"
         )
