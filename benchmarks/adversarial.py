@@ -24,7 +24,9 @@ must leave a checkpoint and exit with a distinct code (not 0, not 1); a second `
 while one runs must refuse clearly; a full disk must say so (stderr names space or disk) and leave
 no partial checkpoint; ``--resume auto`` after SIGKILL, or with a truncated newest checkpoint, must
 finish with the same model as an uninterrupted run. A ``.pbin`` has no checksum over its tokens,
-so its bit flips go to the header and the index only. The disk-full class needs root (a small
+so its bit flips go to the header and the index only. Class ``same-run`` (issue 20): a resume with a
+changed config, a cache holding another tokenizer or other packed bytes, or a flipped weight byte
+must be refused (or the changed checkpoint set aside); a re-prepared cache and an allowed change resume. The disk-full class needs root (a small
 tmpfs); it is skipped, and says so, otherwise.
 
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding

@@ -160,10 +160,11 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
     train_cfg, hours = (dryrun_config(cfg.train, cfg.impl, dist.world), None) if cfg.dryrun else (cfg.train, cfg.budget)
+    config = cfg.model_dump(mode="json")
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours,
                             val_batches=validation_batches(cfg, data, vocab_size),
-                            max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=cfg.model_dump(mode="json"),
-                            record={"config": cfg.model_dump(mode="json"), "data": data.identity()})
+                            max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=config,
+                            record={"config": config, "data": data.identity()})  # in every checkpoint it writes
     if resume_from is not None:
         changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
     if dist.main:
