@@ -153,3 +153,24 @@ def test_eval_and_export_refuse_weights_that_fail_their_digest(finished, tmp_pat
     flip_a_weight_byte(ckpt / "model.safetensors")
     result = invoke("export", "hf", str(ckpt / "model.safetensors"), str(tmp_path / "hf"))
     assert result.exit_code == 1 and f"Error: {ckpt / 'model.safetensors'}: model.safetensors does not match" in result.output, result.output
+
+
+def test_which_changes_a_resume_accepts():
+    from cramlm.train.checkpoint import resume_changes
+
+    old = {"budget": 1.0, "seed": 0, "train": {"optim": {"lr": 1e-3}, "budget": {"steps": 10}, "log_every": 10},
+           "impl": {"threads": 4, "microbatch_size": 8}}
+    new = {"budget": None, "seed": 0, "train": {"optim": {"lr": 1e-3}, "budget": {"steps": 20}, "log_every": 1},
+           "impl": {"threads": 1, "microbatch_size": 4}}
+    assert resume_changes(old, new, [], "x") == {"budget": [1.0, None], "train.budget.steps": [10, 20]}  # longer: fine
+    shorter = {**new, "train": {**new["train"], "budget": {"steps": 5}}}
+    with pytest.raises(ValueError, match=r"train.budget.steps 10 -> 5"):
+        resume_changes(old, shorter, [], "x")
+    assert resume_changes(old, shorter, ["train.budget"], "x")["train.budget.steps"] == [10, 5]
+    faster = {**new, "train": {**new["train"], "optim": {"lr": 2e-3}}}
+    assert resume_changes(old, faster, ["train.optim"], "x")["train.optim.lr"] == [1e-3, 2e-3]  # a prefix allows
+
+
+def test_allow_change_without_a_resume_is_a_usage_error():
+    result = invoke("pretrain", "--allow-change", "train.optim.lr")
+    assert result.exit_code == 2 and "--allow-change applies to a resume" in result.output, result.output
