@@ -24,7 +24,9 @@ must leave a checkpoint and exit with a distinct code (not 0, not 1); a second `
 while one runs must refuse clearly; a full disk must say so (stderr names space or disk) and leave
 no partial checkpoint; ``--resume auto`` after SIGKILL, or with a truncated newest checkpoint, must
 finish with the same model as an uninterrupted run. A ``.pbin`` has no checksum over its tokens,
-so its bit flips go to the header and the index only. The disk-full class needs root (a small
+so its bit flips go to the header and the index only. Class ``same-run`` (issue 20): a resume with a
+changed config, a cache holding another tokenizer or other packed bytes, or a flipped weight byte
+must be refused (or the changed checkpoint set aside); a re-prepared cache and an allowed change resume. The disk-full class needs root (a small
 tmpfs); it is skipped, and says so, otherwise.
 
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
@@ -47,6 +49,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -56,7 +59,7 @@ if str(SRC) not in sys.path:  # the cramlm of this checkout, also for the in-pro
     sys.path.insert(0, str(SRC))
 
 OUTCOMES = ("ok", "clear", "traceback", "silent", "unclear")
-CLASSES = ("corpus", "data-cli", "corrupt", "overrides", "kill", "concurrent", "disk-full", "signals")
+CLASSES = ("corpus", "data-cli", "corrupt", "overrides", "kill", "concurrent", "disk-full", "signals", "same-run")
 TRACEBACK = "Traceback (most recent call last)"
 
 # a tiny pretraining run (a few seconds of steps on one thread); budgets in steps, so deterministic
@@ -630,7 +633,8 @@ class Replay:
     def run(self, classes: list[str]) -> dict:
         self.skipped: dict[str, str] = {}
         methods = {"corpus": self.corpus, "data-cli": self.data_cli, "corrupt": self.corrupt, "overrides": self.overrides,
-                   "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals}
+                   "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals,
+                   "same-run": lambda: same_run(self)}
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -639,6 +643,97 @@ class Replay:
         return {"quick": self.quick, "seconds": round(time.monotonic() - start, 1), "counts": counts, "total": total,
                 "unexpected": sum(not c.expected for c in self.cases), "skipped_classes": self.skipped,
                 "cases": [{**asdict(c), "expected": c.expected} for c in self.cases]}
+
+
+# ---------------------------------------------------------------- class same-run (issue 20, items 1-3)
+# A resume must be the run it claims to be: a changed config, another tokenizer or other packed data,
+# a changed weight byte. Kept in one block (other classes are added elsewhere in this file).
+
+
+def same_run(replay: Replay) -> None:
+    """Resumes of copies of the reference run (finished at REF_STEPS; checkpoints every 10 steps)."""
+    replay.reference()
+    same_run_config(replay)
+    same_run_data(replay)
+    same_run_digests(replay)
+
+
+def resume_copy(replay: Replay, name: str, *extra: str, flags: tuple[str, ...] = ("--resume", "auto")) -> Result:
+    return cli([*replay.pretrain_args(name, REF_STEPS, "train.checkpoint_every=10", *extra), *flags], replay.runs)
+
+
+def same_run_config(replay: Replay) -> None:
+    outputs = replay.runs / "outputs"
+    resume = partial(resume_copy, replay)
+    for override in ("train.optim.lr=5e-3", "arch.dropout=0.5", "train.batch_size=16", "seed=7", "data.seq_length=16",
+                     "train.mlm_probability=0.4", "impl.precision=fp16"):
+        name = "changed-" + override.split("=")[0].replace(".", "-")
+        replay.copy_run(name)
+        res = resume(name, override)
+        replay.record("same-run", f"--resume auto with {override}", "error", res, must=("maths", "data", "precision"))
+
+    replay.copy_run("allowed-lr")
+    res = resume("allowed-lr", "train.optim.lr=5e-4", flags=("--resume", "auto", "--allow-change", "train.optim.lr"))
+
+    def recorded(_: Result) -> str | None:
+        run = outputs / "allowed-lr"
+        events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        if not any(e.get("event") == "config_changed" for e in events):
+            return "no config_changed event in metrics.jsonl"
+        history = (run / "config-history.jsonl").read_text().splitlines() if (run / "config-history.jsonl").is_file() else []
+        return None if len(history) == 2 else f"config-history.jsonl has {len(history)} lines, not 2"
+    replay.record("same-run", "--allow-change train.optim.lr with a new lr", "ok", res, check=recorded)
+
+
+def same_run_data(replay: Replay) -> None:
+    """The run's cache prepared again (same bytes), then caches holding other data under its key."""
+    from cramlm.cli.common import resolve_or_exit
+    from cramlm.data.prepare import output_folder, prepare_data
+
+    outputs, resume = replay.runs / "outputs", partial(resume_copy, replay)
+    base = resolve_or_exit("pretrain", replay.pretrain_args("x", 1)[1:]).data
+    replay.copy_run("reprepared")
+    tok = (outputs / "reprepared" / "tokenizer.json").read_bytes()
+    res = resume("reprepared", f"impl.data_cache={replay.work / 'cache-fresh'}")
+    replay.record("same-run", "--resume auto on a re-prepared data cache", "ok", res,
+                  check=lambda _: None if (outputs / "reprepared" / "tokenizer.json").read_bytes() == tok
+                  else "the run's tokenizer.json was replaced")
+    variants = (("another tokenizer of the same size", {"tokenizer": {**base.tokenizer.model_dump(), "max_training_docs": 5}}),
+                ("other packed bytes, same tokenizer", {"ordering": "random", "seed": 3}))
+    for i, (what, variant) in enumerate(variants):
+        cache = replay.work / f"cache-other-{i}"
+        other = prepare_data(base.model_copy(update={k: type(getattr(base, k)).model_validate(v) if isinstance(v, dict) else v
+                                                      for k, v in variant.items()}), cache, progress=False)
+        shutil.move(other.folder, output_folder(base, cache))  # where the run's own data config looks
+        name = f"other-data-{i}"
+        replay.copy_run(name)
+        res = resume(name, f"impl.data_cache={cache}")
+        replay.record("same-run", f"--resume auto on a cache holding {what}", "error", res,
+                      must=("tokenizer: ",) if i == 0 else ("train.cramtok: ",))
+
+
+def same_run_digests(replay: Replay) -> None:
+    """A flipped weight byte: in the newest checkpoint (set aside, the one before used), in the run's model."""
+    resume = partial(resume_copy, replay)
+    run = replay.copy_run("flipped")
+    newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+    flip_last_bytes(newest / "model.safetensors")
+    res = resume("flipped")
+    replay.record("same-run", "--resume auto, a weight byte flipped in the newest checkpoint", "ok", res,
+                  check=lambda _: None if (newest.parent / f"{newest.name}.damaged").is_dir()
+                  else "the changed checkpoint was not set aside")
+    run = replay.copy_run("flipped-final")
+    flip_last_bytes(run / "model.safetensors")
+    res = cli(["eval", "name=flipped-final", "eval.lm_eval=false"], replay.runs)
+    replay.record("same-run", "eval of a run whose model.safetensors has a flipped byte", "error", res, must=("digest",))
+    res = cli(["export", "hf", str(run), str(replay.work / "hf-flipped")], replay.runs)
+    replay.record("same-run", "export of a run whose model.safetensors has a flipped byte", "error", res, must=("digest",))
+
+
+def flip_last_bytes(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x01  # inside the last tensor's data: one weight changes a little (not a NaN)
+    path.write_bytes(bytes(raw))
 
 
 # ---------------------------------------------------------------- helpers

@@ -37,12 +37,10 @@ from cramlm.config.registry import config_class, names
 from cramlm.data.collate import MLMCollator
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
-from cramlm.train.budget import Budget, Meter, measure_costs
-from cramlm.train.distributed import Dist
+from cramlm.train.build import build_trainer
 from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
-from cramlm.train.parallelize import parallelize
-from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast, resolve_precision
-from cramlm.train.trainer import StepData, TrainConfig, Trainer
+from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast
+from cramlm.train.trainer import StepData, TrainConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)
@@ -74,9 +72,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
     train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
-    costs = measure_costs(model, SEQ, sample, device, resolve_precision(impl, device, model).dtype)
-    meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
-    trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir, val_batches=[sample])
+    trainer = build_trainer(model, data, train, impl, run_dir, val_batches=[sample])
     trainer.model.train()
     params = sum(p.numel() for p in model.parameters())
 
@@ -86,7 +82,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
         trainer.train_step(accumulate)
 
     step.precision = trainer.precision  # what impl.precision resolved to, and why
-    return step, costs.flops_per_token, params
+    return step, trainer.meter.costs.flops_per_token, params
 
 
 def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str, accumulate: int = 1) -> tuple:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import pickle
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -58,6 +59,71 @@ def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = No
     with atomic_write(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
         os.chmod(tmp, 0o666 & ~umask())
+
+
+DIGESTS = "digests.json"  # in a checkpoint or run folder: {"algorithm": "blake2b", "files": {name: hex}}
+
+
+def file_digest(path: str | Path) -> str:
+    """blake2b of a file's bytes, hex (about 1 s for 500 MB)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "blake2b").hexdigest()
+
+
+def write_digests(folder: Path, names: Iterable[str]) -> None:
+    """Record the digest of each named file of ``folder`` in ``folder/digests.json``, with those
+    already recorded for other files."""
+    path = Path(folder) / DIGESTS
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"] if path.is_file() else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        files = {}
+    files.update({name: file_digest(Path(folder) / name) for name in names})
+    write_json(path, {"algorithm": "blake2b", "files": files})
+
+
+def digest_problem(path: str | Path) -> str | None:
+    """Whether ``path`` still has the digest its folder's digests.json recorded: None when it does
+    or when none is recorded for it; otherwise what is wrong, in a few words."""
+    path = Path(path)
+    record = path.parent / DIGESTS
+    if not record.is_file():
+        return None
+    try:
+        expected = json.loads(record.read_text(encoding="utf-8"))["files"].get(path.name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"{DIGESTS} is unreadable"
+    if expected is None:
+        return None
+    if file_digest(path) != expected:
+        return f"{path.name} does not match its digest in {DIGESTS} (changed or damaged since it was written)"
+    return None
+
+
+class CheckpointFileError(ValueError):
+    """A checkpoint or run file cannot be used; the message names the file and what is wrong."""
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise CheckpointFileError(f"{path}: not a readable safetensors file, truncated or damaged ({e})") from None
+
+
+def load_error_reason(e: BaseException) -> str:
+    """One short line for a failed torch/safetensors load (torch adds paragraphs of advice)."""
+    text = str(e).strip()
+    if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a non-data object
+        detail = next((line.strip() for line in text.splitlines() if "nsupported" in line), type(e).__name__)
+        return f"refused: it holds more than tensors and plain data, so cramlm did not write it ({detail})"
+    first = (text.splitlines() or [""])[0].split(". ")[0]
+    return f"{type(e).__name__}: {first}"
 
 
 def umask() -> int:

@@ -10,7 +10,7 @@ Run folder ``<base_dir>/<name>/``: ``model.safetensors``, ``config.yaml`` (fully
 
 from __future__ import annotations
 
-import pickle
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,8 @@ from pydantic import Field, field_validator, model_validator
 from cramlm.config.base import Config, SafeName
 from cramlm.config.registry import component
 from cramlm.constants import OUTPUTS_DIR
+from cramlm.locks import FolderLock, LockHeld
+from cramlm.io import CheckpointFileError, load_error_reason, safetensors_shapes  # noqa: F401 (imported from here too)
 from cramlm.data.prepare import DataConfig
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.config import TrainConfig
@@ -57,6 +59,10 @@ class PretrainConfig(Config):
     )
     resume: str | None = Field(
         None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
+    )
+    allow_change: list[str] = Field(
+        [], description="config keys (or key prefixes) a resume may change although they change the maths, e.g. "
+        "[train.optim.lr]; each change is recorded (docs/training.md)"
     )
     plugins: list[str] = Field([], description="modules to import first (they may register components)")
     arch: component(ModelConfig)
@@ -98,35 +104,11 @@ class PretrainConfig(Config):
         return Path(self.base_dir) / self.name
 
 
-class CheckpointFileError(ValueError):
-    """A checkpoint or run file cannot be used; the message names the file and what is wrong."""
-
-
-def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), "pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except (OSError, SafetensorError) as e:
-        raise CheckpointFileError(f"{path}: not a readable safetensors file, truncated or damaged ({e})") from None
-
-
-def load_error_reason(e: BaseException) -> str:
-    """One short line for a failed torch/safetensors load (torch adds paragraphs of advice)."""
-    text = str(e).strip()
-    if isinstance(e, pickle.UnpicklingError):  # torch.load(weights_only=True) refused a non-data object
-        detail = next((line.strip() for line in text.splitlines() if "nsupported" in line), type(e).__name__)
-        return f"refused: it holds more than tensors and plain data, so cramlm did not write it ({detail})"
-    first = (text.splitlines() or [""])[0].split(". ")[0]
-    return f"{type(e).__name__}: {first}"
-
-
 def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     """(model, tokenizer, config) of a finished run folder."""
     from cramlm.config.loader import load_yaml, validate
     from cramlm.data.tokenizer import load_tokenizer
-    from cramlm.train.checkpoint import load_weights
+    from cramlm.train.checkpoint import load_weights, verified_weights
 
     run_dir = Path(run_dir)
     if not (run_dir / "model.safetensors").is_file():
@@ -136,11 +118,85 @@ def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     model = build_model(cfg.arch, tok.get_vocab_size())
     weights = run_dir / "model.safetensors"
     safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
+    verified_weights(weights)  # then a changed one (against the run's digests.json, if any)
     try:
         load_weights(model, weights)
     except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes
         raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({load_error_reason(e)})") from None
     return model.to(device), tok, cfg
+
+
+def _si(x: float) -> str:
+    """12,345 -> '12.3k', 4.2e9 -> '4.2G' (console figures)."""
+    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= size:
+            return f"{x / size:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def console_summary(summary: dict, run_dir: Path) -> str:
+    """What the console shows at the end of pretraining (summary.json holds everything)."""
+    def loss(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    speed = summary.get("tokens_per_second")
+    mfu = summary.get("mfu")
+    lines = [
+        f"cramlm pretrain: done: {summary['steps']:,} steps, {_si(summary['tokens'])} tokens in "
+        f"{summary['train_seconds']:.1f} s (+{summary['setup_seconds']:.1f} s setup)"
+        + (f", {speed:,.0f} tokens/s" if speed else "") + (f", MFU {100 * mfu:.1f}%" if mfu is not None else ""),
+        f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} (train), "
+        f"held-out {loss(summary.get('val_loss'))} (validation set; `cramlm eval` scores the same)",
+        f"  run folder {run_dir}: model.safetensors, summary.json, metrics.jsonl; "
+        f"checkpoint {Path(summary['final_checkpoint']).name}",
+    ]
+    return "\n".join(lines)
+
+
+RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
+
+
+def lock_run_dir(cfg: PretrainConfig, dist) -> FolderLock | None:
+    """Rank 0 takes the run folder's lock (a second run of the same name refuses, naming the
+    holder); every rank learns the outcome, so none waits for a rank that gave up."""
+    from cramlm.train.distributed import broadcast_object
+
+    lock, error = None, None
+    if dist.main:
+        try:
+            lock = FolderLock(cfg.run_dir / RUN_LOCK, f"run folder {cfg.run_dir}").acquire()
+        except LockHeld as e:
+            error = str(e)
+    error = broadcast_object(error, dist)
+    if error is not None:
+        raise LockHeld(error)
+    return lock
+
+
+def unlock_run_dir(lock: FolderLock | None, created: bool) -> None:
+    """Release; a run folder this run created and left empty (it failed early) is removed again."""
+    if lock is None:
+        return
+    lock.release()
+    if created and [p.name for p in lock.path.parent.iterdir()] == [RUN_LOCK]:
+        lock.path.unlink(missing_ok=True)
+        try:
+            lock.path.parent.rmdir()
+        except OSError:  # something appeared meanwhile: leave it
+            pass
+
+
+HISTORY = "config-history.jsonl"  # one line per segment of a run: the step it began at, its changes, its config
+
+
+def record_segment(run_dir: Path, step: int, changes: dict, config: dict, fresh: bool) -> None:
+    """A run's config history: a fresh run starts it (step 0), a resume with changes adds a line."""
+    from cramlm.io import write_text
+
+    line = json.dumps({"step": step, "changes": changes, "config": config})
+    path = run_dir / HISTORY
+    previous = path.read_text(encoding="utf-8") if not fresh and path.is_file() else ""
+    write_text(path, previous + line + "\n")
 
 
 def named_run(path: str | Path) -> Path:

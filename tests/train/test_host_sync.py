@@ -15,9 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cramlm.train.budget import Budget, Meter, measure_costs
-from cramlm.train.distributed import Dist
-from cramlm.train.parallelize import parallelize
+from cramlm.train.build import build_trainer
 from cramlm.train.impl import ImplConfig
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
@@ -68,9 +66,7 @@ def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     data = StepData(Blocks(), lambda x: {"input_ids": x, "labels": x}, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
     cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_batches=0, **train)
-    costs = measure_costs(model, data.seq_len, None, device)
-    meter = Meter(Budget(cfg.budget, None, costs.flops_per_token), costs)
-    return Trainer(parallelize(model, impl, Dist(), device), data, cfg, impl, meter, tmp_path)
+    return build_trainer(model, data, cfg, impl, tmp_path)
 
 
 def reads_per_step(t: Trainer, steps: int = 3) -> list[int]:

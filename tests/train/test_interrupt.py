@@ -232,8 +232,9 @@ def test_state_json_holds_no_second_data_position_and_old_checkpoints_resume(tmp
     assert "data_position" not in state and state["first_loss"] is not None  # the position lives in training.pt
     # a checkpoint as the previous version wrote it: a copy of the position in state.json, no first_loss
     state["data_position"] = {"epoch": 0, "position": 16}
-    del state["first_loss"]
+    del state["first_loss"], state["checkpoint_version"]  # (nor digests: they came with version 2)
     state_file.write_text(json.dumps(state))
+    (state_file.parent / "digests.json").unlink()
     resumed = run_inprocess(tmp_path, "old", "budget=null", "train.budget.steps=3", "resume=auto")
     assert resumed["steps"] == 3 and resumed["first_loss"] == losses(tmp_path / "old")[3]  # only this segment's known
 

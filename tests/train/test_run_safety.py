@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.locks import FolderLock, LockHeld
+from cramlm.io import write_digests
 from cramlm.pretrain import RUN_LOCK, CheckpointFileError, load_run
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
@@ -194,6 +195,9 @@ def test_resume_refuses_a_tampered_training_file(finished, tmp_path):
     run_dir, ckpt = copy_run(finished, "evil")
     marker = tmp_path / "payload-ran"
     torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")  # a valid zip, a hostile pickle
+    # with its digest rewritten too (a file that fails its digest is set aside before any load:
+    # tests/train/test_same_run.py), so that the load itself must refuse it
+    write_digests(ckpt, ["training.pt"])
     result = resume(finished, "evil")
     assert result.exit_code == 1 and not marker.exists()
     assert result.output.startswith(f"Error: {ckpt / 'training.pt'}: refused: it holds more than tensors"), result.output

@@ -45,6 +45,14 @@ def resolve_or_exit(command: str, overrides: tuple[str, ...] | list[str], check_
         raise click.ClickException(str(e)) from None
 
 
+def with_allowed_changes(resume: str | None, allow_change: tuple[str, ...]) -> list[str]:
+    """``--resume X --allow-change K ...`` as overrides (``resume=X``, ``allow_change=[K, ...]``)."""
+    if allow_change and not resume:
+        raise click.UsageError("--allow-change applies to a resume: add --resume auto (or a checkpoint folder)")
+    out = [f"resume={resume}"] if resume else []
+    return out + ([f"allow_change=[{','.join(allow_change)}]"] if allow_change else [])
+
+
 def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
     """Run a stage; expected failures (bad data, bad files, bad values, a file or folder the system
     refuses: missing, no permission, disk full) print one clear line and exit 1."""

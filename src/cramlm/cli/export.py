@@ -16,10 +16,14 @@ def export_command() -> None:
 
 def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
     """(run folder with config.yaml + tokenizer.json, weights file). Accepts a run folder, a
-    weights file inside one, or a run name under ./outputs."""
+    weights file inside one, a run's checkpoint folder (``<run>/checkpoints/step-*``) or its
+    model.safetensors, or a run name under ./outputs."""
     from cramlm.runs import named_run
 
     path = named_run(run_or_checkpoint)
+    folder = path.parent if path.is_file() else path
+    if (folder / "state.json").is_file() and not (folder / "config.yaml").is_file():  # a checkpoint of a run
+        return folder.parent.parent, folder / "model.safetensors"
     if path.is_file():
         return path.parent, path
     if path.is_dir():
@@ -30,14 +34,14 @@ def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
 def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     from cramlm.models.hf import export_hf
     from cramlm.runs import load_run
-    from cramlm.train.checkpoint import load_weights
+    from cramlm.train.checkpoint import load_weights, verified_weights
 
     from cramlm.data.tokenizer import separator_id
 
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     model, tok, cfg = load_run(run_dir)
-    if weights != run_dir / "model.safetensors":
-        load_weights(model, weights)
+    if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
+        load_weights(model, verified_weights(weights))
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if model.cfg.objective == "clm" else None
     cls = export_hf(model.eval(), tok, out_dir, eos=eos)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from cramlm.cli.common import OVERRIDES, run_or_exit
+from cramlm.cli.common import OVERRIDES, run_or_exit, with_allowed_changes
 
 
 def split_recipe(args: tuple[str, ...], default: str) -> tuple[str, list[str]]:
@@ -29,8 +29,11 @@ def resolve_recipe_or_exit(recipe: str, overrides: list[str], plan_arch: dict | 
 @click.command("run", context_settings=OVERRIDES)
 @click.option("--list", "list_", is_flag=True, help="List the shipped recipes and exit.")
 @click.option("--show", is_flag=True, help="Print the resolved config and exit.")
+@click.option("--resume", default=None, help="'auto' or a checkpoint folder: the pretrain stage continues it; same as resume=...")
+@click.option("--allow-change", "allow_change", multiple=True, metavar="KEY",
+              help="With --resume: a config key the resumed pretraining may change (see `cramlm pretrain --help`)")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
+def run_command(list_: bool, show: bool, resume: str | None, allow_change: tuple[str, ...], args: tuple[str, ...]) -> None:
     """Prepare data, pretrain under the budget, evaluate and write the report, in one command.
 
     ARGS: an optional RECIPE (a shipped name or a YAML path; default: `default`, the one-minute demo)
@@ -50,6 +53,7 @@ def run_command(list_: bool, show: bool, args: tuple[str, ...]) -> None:
             click.echo(f"{name:20s} {text}")
         return
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
+    overrides = [*overrides, *with_allowed_changes(resume, allow_change)]
     # arch=auto plans here (--show applies a recorded plan only: showing must not take minutes)
     cfg = resolve_recipe_or_exit(recipe, overrides, plan_arch={"say": click.echo, "reuse_only": show})
     if show:
@@ -85,6 +89,7 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     from cramlm.pipeline.sweep import sweep
 
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
+    overrides = [*overrides, *with_allowed_changes(resume, allow_change)]
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
     run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)
 

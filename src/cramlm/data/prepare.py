@@ -36,7 +36,7 @@ from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, 
 from cramlm.io import atomic_write
 from cramlm.locks import FolderLock
 
-PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
+PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of the cache key (4: deterministic tokenizers)
 
 
 class DataConfig(Config):
@@ -97,6 +97,14 @@ class PreparedData:
     val: PackedTokens | None
     manifest: dict
 
+    def identity(self) -> dict[str, str]:
+        """What pins this data's bytes: the tokenizer's fingerprint and each packed file's content
+        checksum (CRC32 of its tokens and offsets, verified when it is loaded) with its token count.
+        A run records it; a resume against other data is refused (train/checkpoint.py)."""
+        files = {"train.cramtok": self.train, "val.cramtok": self.val}
+        return {"tokenizer": fingerprint(self.tokenizer).hex(),
+                **{name: f"crc32:{p.crc:08x} tokens:{p.num_tokens}" for name, p in files.items() if p is not None}}
+
 
 def cache_dir(cache_root: str | Path | None = None) -> Path:
     """``cache_root``, or the per-user cache of prepared data when it is None."""
@@ -131,9 +139,9 @@ def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
 def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokenizer:
     """The configured tokenizer, saved as ``folder/tokenizer.json`` (trained once, then reused).
 
-    HF tokenizer training is not deterministic (ties are broken in hash-map order), so all shards
-    must share one tokenizer: the first process to take ``tokenizer.lock`` trains it, the others
-    wait for it (a lock whose process died is free again: see cramlm.locks)."""
+    Training is deterministic (data/tokenizer.py), but it takes a while, so all shards share one
+    tokenizer: the first process to take ``tokenizer.lock`` trains it, the others wait for it (a
+    lock whose process died is free again: see cramlm.locks)."""
     saved = folder / "tokenizer.json"
     if saved.is_file():
         return load_tokenizer(saved, strict=False)
@@ -151,7 +159,19 @@ def make_tokenizer(cfg: DataConfig) -> Tokenizer:
     limit = cfg.max_entries_in_raw_dataset
     if cfg.tokenizer.max_training_docs:
         limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
-    return train_tokenizer(cfg.tokenizer, iter_documents(cfg, SkipReport(limit=limit)))
+    return train_tokenizer(cfg.tokenizer, _Documents(cfg, limit))
+
+
+@dataclass
+class _Documents:
+    """The tokenizer's training documents, read afresh on each iteration (train_tokenizer reads
+    them twice; a list of them could take gigabytes)."""
+
+    cfg: DataConfig
+    limit: int | None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter_documents(self.cfg, SkipReport(limit=self.limit))
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
@@ -211,6 +231,8 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
         "shard_seconds": [read_shard_info(f)["seconds"] for f in shard_folders],
         "merge_seconds": round(time.perf_counter() - start, 3),
     }
+    manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
+                             for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if folder.exists():  # another process finished first; keep its result
         shutil.rmtree(tmp)

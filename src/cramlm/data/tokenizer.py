@@ -79,9 +79,10 @@ def _normalizer(cfg: TokenizerConfig) -> normalizers.Normalizer:
     return normalizers.Sequence(steps)
 
 
-def _untrained(cfg: TokenizerConfig):
-    """(tokenizer, trainer) for ``cfg.kind``; special tokens listed first get ids 0..4 (5)."""
-    common = dict(vocab_size=cfg.vocab_size, special_tokens=list(cfg.special_tokens), show_progress=False)
+def _untrained(cfg: TokenizerConfig, extra_special: list[str] = ()):
+    """(tokenizer, trainer) for ``cfg.kind``; special tokens listed first get ids 0..4 (5).
+    ``extra_special``: tokens the trainer numbers right after them (see :func:`affixed_alphabet`)."""
+    common = dict(vocab_size=cfg.vocab_size, special_tokens=[*cfg.special_tokens, *extra_special], show_progress=False)
     if cfg.kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
         tok.pre_tokenizer, tok.decoder = pre_tokenizers.BertPreTokenizer(), decoders.WordPiece(prefix="##")
@@ -102,6 +103,33 @@ def _untrained(cfg: TokenizerConfig):
     if cfg.kind != "byte-bpe" or cfg.lowercase or cfg.strip_accents:
         tok.normalizer = _normalizer(cfg)
     return tok, trainer
+
+
+def affixed_alphabet(cfg: TokenizerConfig, chars: set[str]) -> list[str]:
+    """The affixed single characters the WordPiece / BPE trainer would create, in sorted order:
+    ``##c`` for each character that can continue a word (WordPiece), ``c</w>`` for each that can
+    end one (bpe); none for byte-bpe and unigram. ``chars``: the characters of the raw corpus.
+
+    Why (huggingface/tokenizers#1794): the BPE trainer numbers these tokens lazily while it walks
+    its word counts, a hash map whose order changes from process to process, and it breaks ties
+    between merges of equal count by those ids, so the same corpus gave another vocabulary on every
+    prepare. Given to the trainer as special tokens, in this order, they are numbered before any
+    word is seen. The set is a superset of what the trainer would create (every normalized
+    character the pre-tokenizer does not split off on its own, whether or not the corpus has it in
+    that position), so a character seen only alone may cost one vocabulary slot."""
+    if cfg.kind not in ("wordpiece", "bpe"):
+        return []
+    tok, _ = _untrained(cfg)
+    norm, pre = tok.normalizer, tok.pre_tokenizer
+    normalized = {n for c in chars for n in (norm.normalize_str(c) if norm else c)}
+    out = set()
+    for c in normalized:
+        words = [w for w, _ in pre.pre_tokenize_str("a" + c)]
+        if cfg.kind == "wordpiece" and any(c in w[1:] for w in words):
+            out.add("##" + c)
+        elif cfg.kind == "bpe" and any(w.endswith(c) for w in words):
+            out.add(c + "</w>")
+    return sorted(out)
 
 
 def split_text(text: str, max_chars: int = PIECE_CHARS) -> list[str]:
@@ -142,10 +170,25 @@ def _cut_before(text: str, char: str, lo: int, hi: int, tries: int = 64) -> int 
 
 
 def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
+    """Train ``cfg``'s tokenizer on ``texts``: the same texts give the same tokenizer.json, byte
+    for byte, in any process (wordpiece, bpe, byte-bpe; not unigram, whose HF trainer walks a hash
+    map of sentences: docs/data.md). ``texts`` is read twice (a one-shot iterator is listed
+    first): once for its characters (:func:`affixed_alphabet`), once to train."""
     cfg = cfg.for_objective("mlm")  # a no-op on a resolved config; `auto` outside a pretraining config
-    tok, trainer = _untrained(cfg)
+    if iter(texts) is texts:
+        texts = list(texts)
+    chars: set[str] = set()
+    if cfg.kind in ("wordpiece", "bpe"):
+        for text in texts:
+            chars.update(text)
+    affixed = affixed_alphabet(cfg, chars)
+    tok, trainer = _untrained(cfg, affixed)
     # long documents in pieces (same pre-tokens, bounded memory; see split_text)
     tok.train_from_iterator((piece for text in texts for piece in split_text(text)), trainer=trainer)
+    if affixed:  # the affixed alphabet is vocabulary, not special: a fresh tokenizer with the trained model
+        trained, (tok, _) = tok, _untrained(cfg)
+        tok.model = trained.model
+        tok.add_special_tokens(list(cfg.special_tokens))
     if cfg.kind == "wordpiece":  # the other models' ids are tied to their merges / scores
         vocab = canonical_vocab(tok.get_vocab(), cfg.special_tokens)
         tok.model = models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100)
@@ -158,9 +201,8 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
 
 
 def canonical_vocab(vocab: dict[str, int], special: tuple[str, ...] = SPECIAL_TOKENS) -> dict[str, int]:
-    """Special tokens first, then the rest in sorted order. The trainer numbers tokens of equal
-    count in hash order, which differs between runs; WordPiece encodes by longest match, so the
-    ids are free to renumber and this makes them reproducible."""
+    """Special tokens first, then the rest in sorted order (WordPiece encodes by longest match, so
+    its ids are free to renumber; sorted, they do not depend on the order the trainer found them)."""
     rest = sorted(t for t in vocab if t not in special)
     return {t: i for i, t in enumerate([*special, *rest])}
 

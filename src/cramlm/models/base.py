@@ -17,6 +17,14 @@ class ModelConfig(ComponentConfig):
     max_seq_length: PositiveInt = 128
 
 
+def takes_document_ids(model) -> bool:
+    """Whether the model's forward accepts ``document_ids`` (cramlm's models do; a plugin may not)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.name == "document_ids" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def tied_aliases(model) -> dict[str, str]:
     """{alias: canonical} for parameters registered under several names (e.g. a decoder tied to
     the embedding); the canonical name is the first one in module order."""

@@ -156,11 +156,8 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     from cramlm.data.collate import MLMCollator
     from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
     from cramlm.models.base import build_model
-    from cramlm.train.budget import Budget, Meter, measure_costs
-    from cramlm.train.distributed import Dist
-    from cramlm.train.impl import resolve_precision
-    from cramlm.train.parallelize import parallelize
-    from cramlm.train.trainer import StepData, Trainer
+    from cramlm.train.build import build_trainer
+    from cramlm.train.trainer import StepData
 
     seq = cfg.data.seq_length
 
@@ -184,10 +181,8 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
     sample = {k: v.to(device) for k, v in collate(RandomBlocks(2, 1).batch([0, 1])).items()}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    costs = measure_costs(model, seq, sample, device, resolve_precision(impl, device, model).dtype)
-    meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, Path(tmp), val_batches=[sample])
+        trainer = build_trainer(model, data, train, impl, Path(tmp), val_batches=[sample])
         trainer.model.train()
         seconds = []
         for i in range(warmup + steps):

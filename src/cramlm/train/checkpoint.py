@@ -7,14 +7,20 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000042/`` with
 - ``training.pt``: optimizer and grad-scaler state (keyed by parameter name, so it loads into any
   number of processes and any sharding), the data position (shuffled stream and the collator's
   generator), torch/CUDA RNG;
-- ``state.json``: the trainer's counters (step, tokens, seconds, events, ...), Python/NumPy RNG.
+- ``state.json``: the trainer's counters (``TrainState``: step, tokens, seconds, events, ...),
+  Python/NumPy RNG, and what the run was (``run``: its resolved config and its data's identity);
+- ``digests.json``: the blake2b digest of each of the three files (``checkpoint_problem`` checks them).
 
 It is written as ``.tmp-step-...`` and renamed when complete; ``latest_checkpoint`` only ever sees
 complete ones. The newest ``keep`` checkpoints are kept. Saving a step again (the final checkpoint
 after a periodic one of the same step) moves the old folder aside (``.old-step-...``) before the
 rename and deletes it after, so a kill in between leaves one to restore. ``resumable_checkpoint``
 checks files before a resume (truncated or missing: that checkpoint is set aside, the next older
-one is used). A full disk is reported as such (``DiskFullError``), the partial write removed.
+one is used; so is one whose digest does not match). A full disk is reported as such
+(``DiskFullError``), the partial write removed.
+
+Resume vetting (``find_resume``, ``check_resumable``, ``check_same_run``, ``resume_trainer``): which
+checkpoint a run continues from, and whether this run can continue it (docs/training.md).
 """
 
 from __future__ import annotations
@@ -29,13 +35,25 @@ import shutil
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 import torch
 from safetensors.torch import load_file, load_model
 
-from cramlm.io import save_safetensors
+from cramlm.io import (
+    DIGESTS,
+    CheckpointFileError,
+    digest_problem,
+    load_error_reason,
+    safetensors_shapes,
+    save_safetensors,
+    write_digests,
+)
+
+CHECKPOINT_VERSION = 2  # 2: digests.json; a checkpoint of version 2 without it is damaged
+FILES = ("model.safetensors", "training.pt", "state.json")
 
 
 def _fsync(path: Path) -> None:
@@ -174,7 +192,9 @@ def write_checkpoint(
         tmp.mkdir()
         save_state_dict(model_state, tmp / "model.safetensors", aliases)
         torch.save(training, tmp / "training.pt")
+        state = {**state, "checkpoint_version": CHECKPOINT_VERSION}
         (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        write_digests(tmp, FILES)
         for f in tmp.iterdir():
             _fsync(f)
     except Exception as e:
@@ -241,9 +261,9 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def checkpoint_problem(folder: Path) -> str | None:
-    """What is wrong with a checkpoint folder (a missing, truncated or unreadable file), or None.
-    Reads training.pt once to check its CRCs; loads nothing."""
-    for name in ("model.safetensors", "training.pt", "state.json"):
+    """What is wrong with a checkpoint folder (a missing, truncated, unreadable or changed file),
+    or None. Reads each file once (training.pt's CRCs, every file's digest); loads nothing."""
+    for name in FILES:
         if not (folder / name).is_file():
             return f"{name} is missing"
     try:
@@ -262,7 +282,13 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"training.pt: {bad} fails its CRC check"
     except (zipfile.BadZipFile, OSError, EOFError):
         return "training.pt: not a complete archive (truncated?)"
-    return None
+    return _digests_problem(folder, state)
+
+
+def _digests_problem(folder: Path, state: dict) -> str | None:
+    if not (folder / DIGESTS).is_file():  # checkpoints before version 2 have none
+        return f"{DIGESTS} is missing" if state.get("checkpoint_version", 1) >= 2 else None
+    return next((p for name in FILES if (p := digest_problem(folder / name))), None)
 
 
 def resumable_checkpoint(root: Path, warn=print) -> Path | None:
@@ -295,3 +321,223 @@ def read_checkpoint(folder: Path, aliases: dict[str, str]) -> tuple[dict, dict, 
     except Exception as e:  # safetensors, torch.load (unpickling refused, truncated zip), JSON
         raise ValueError(f"{folder}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
     return model_state, training, state
+
+
+# ------------------------------------------------------------------ resume: which checkpoint, and whether it fits
+
+
+def verified_weights(path: Path) -> Path:
+    """``path`` (a model.safetensors) after checking it against its folder's digests.json, if any."""
+    if problem := digest_problem(path):
+        raise CheckpointFileError(f"{path}: {problem}; use another checkpoint, or the run's own model.safetensors")
+    return path
+
+
+def find_resume(resume: str | None, root: Path) -> Path | None:
+    """The checkpoint ``resume`` names: ``auto``, the newest under ``root`` that verifies (damaged
+    newer ones: set aside, warned); a folder, that one, which must verify; None: none."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        return resumable_checkpoint(root)
+    folder = Path(resume)
+    if not (folder / "state.json").is_file():
+        raise FileNotFoundError(f"resume={resume}: not a checkpoint folder (no state.json)")
+    if problem := checkpoint_problem(folder):
+        raise ValueError(f"resume={resume}: damaged checkpoint ({problem})")
+    return folder
+
+
+def clear_checkpoints(root: Path) -> list[Path]:
+    """Remove the checkpoints an earlier run of this name left: only cramlm's own ``step-<n>``
+    folders, never the folder itself or anything else in it."""
+    found = checkpoint_dirs(root)
+    for folder in found:
+        shutil.rmtree(folder)
+    return found
+
+
+def written_state(folder: Path) -> dict:
+    """A checkpoint's state.json (vetted by ``checkpoint_problem``; {} if it cannot be read)."""
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> None:
+    """Refuse, before any work, a checkpoint this run cannot continue from: unreadable files, or
+    weights of another shape (a different vocabulary or arch), saying which file and what differs."""
+    from cramlm.models.base import tied_aliases
+
+    shapes = safetensors_shapes(folder / "model.safetensors")
+    aliases = tied_aliases(model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
+    problems = [f"{k} is {list(shapes[k])} there, {list(v)} here" for k, v in expected.items() if k in shapes and shapes[k] != v]
+    problems += [f"{k} missing there" for k in expected if k not in shapes]
+    problems += [f"{k} not in this model" for k in shapes if k not in expected]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointFileError(
+            f"resume from {folder}: its model.safetensors does not fit this run's model: {'; '.join(problems[:3])}{more}. "
+            f"This run's vocabulary has {vocab_size} tokens; the data (tokenizer) or arch config differs from the run "
+            "that wrote the checkpoint: resume with the same config, or start a fresh run"
+        )
+    training = folder / "training.pt"
+    try:
+        zipfile.ZipFile(training).close()  # its central directory: a truncated file fails here, cheaply
+    except (OSError, zipfile.BadZipFile) as e:
+        raise CheckpointFileError(f"{training}: not a readable torch checkpoint, truncated or damaged ({e})") from None
+
+
+def check_same_data(folder: Path, data_now: dict[str, str]) -> None:
+    """Refuse a checkpoint written on other data: its run recorded the tokenizer's fingerprint and
+    each packed file's checksum (``run.data`` in state.json); a re-prepared cache must match."""
+    then = (written_state(folder).get("run") or {}).get("data")
+    if not isinstance(then, dict):
+        return  # written before cramlm recorded it
+    differ = [f"{k}: {then.get(k)} there, {data_now.get(k)} here" for k in sorted({*then, *data_now}) if then.get(k) != data_now.get(k)]
+    if differ:
+        raise CheckpointFileError(
+            f"resume from {folder}: this run's data is not the data the checkpoint was trained on ({'; '.join(differ)}). "
+            "The data cache was prepared again (another tokenizer or other packed bytes); point impl.data_cache at "
+            "the run's own prepared data, or start a fresh run"
+        )
+
+
+def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print) -> None:
+    """``trainer.resume`` with its failures as one clear line naming the checkpoint; accepted
+    config ``changes`` become a ``config_changed`` event (metrics.jsonl) at the step they take effect."""
+    try:
+        trainer.resume(folder)
+    except pickle.UnpicklingError as e:  # training.pt is the checkpoint's only pickle
+        raise CheckpointFileError(f"{folder / 'training.pt'}: {load_error_reason(e)}") from None
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointFileError(
+            f"resume from {folder}: cannot load it into this run ({load_error_reason(e)}); "
+            "was train.optim or the arch changed since it was written?"
+        ) from None
+    say(f"cramlm: resumed from {folder} (step {trainer.used.steps})")
+    if any(k not in BUDGET for k in changes):  # (a longer budget alone is no event: runs are extended often)
+        step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
+        trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,
+                              "message": f"config changed from step {step}: {listed}"})
+        say(f"cramlm: config changed from step {step}: {listed}")
+
+
+def adopt_checkpoint_threads(impl, folder: Path, world: int, say) -> None:
+    """impl.threads=auto: resume with the thread count the checkpoint was written with (bitwise
+    resume; train/hardware.py ``resume_threads``)."""
+    from cramlm.train.hardware import auto_threads, resume_threads
+
+    threads = resume_threads(impl.threads, written_state(folder), torch.get_num_threads(), world, auto_threads(free=None))
+    if threads:
+        say(f"cramlm: impl.threads=auto: {torch.get_num_threads()} -> {threads} threads, as {folder.name} was written "
+            "(a resumed run stays bitwise on course)")
+        torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------ resume: is it the same run?
+
+# What a resume may change without allow_change: where the run lives and how it is watched, stored or
+# run on this machine, not what it computes. impl.* never changes the maths (the precision it resolves
+# to is compared instead: train/checkpoint.py); budget keys may extend the run.
+UNCHECKED = ("name", "base_dir", "resume", "allow_change", "plugins", "impl", "data.name",
+             "train.log_every", "train.validate_every", "train.validate_batches", "train.checkpoint_every",
+             "train.checkpoint_minutes", "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite",
+             "train.budget.count_compile", "train.budget.count_eval")
+BUDGET = ("budget", "train.budget.tokens", "train.budget.flops", "train.budget.steps")
+
+
+def flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{'train': {'optim': {'lr': 1}}} -> {'train.optim.lr': 1} (lists stay whole)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _under(key: str, prefixes) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def _extends(key: str, old: Any, new: Any) -> bool:
+    """A budget key that lets the run go on at least as long (null: no limit of that kind)."""
+    return new is None or (isinstance(old, (int, float)) and isinstance(new, (int, float)) and new >= old)
+
+
+def resume_changes(old: dict, new: dict, allow: list[str], where: str) -> dict[str, list]:
+    """The changes of a resumed run's config (``new``, resolved) against the config its checkpoint
+    was written with (``old``): {key: [old, new]} for each budget extension and each key in
+    ``allow``; any other change of the maths is refused, listing each key old -> new."""
+    before, after = flat(old), flat(new)
+    unknown = [a for a in allow if not any(_under(k, [a]) for k in {*before, *after})]
+    if unknown:
+        raise ValueError(f"allow_change: {', '.join(unknown)}: no such config key")
+    # keys only one side has (a field of another cramlm version, another component's fields) are
+    # not compared: a component change shows as its `type`
+    changed = {k: [before[k], after[k]] for k in sorted(before.keys() & after.keys())
+               if before[k] != after[k] and not _under(k, UNCHECKED)}
+    refused = {k: v for k, v in changed.items()
+               if not _under(k, allow) and not (k in BUDGET and _extends(k, *v))}
+    if refused:
+        listed = "; ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
+        raise ValueError(
+            f"resume from {where}: the config differs from the run's own where it changes the maths "
+            f"({len(refused)} key{'s' if len(refused) > 1 else ''}): {listed}. A resumed run is the run it "
+            f"continues: resume with the run's config, allow a deliberate change with --allow-change "
+            f"{next(iter(refused))} (allow_change=[...]), or start a fresh run"
+        )
+    return changed
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def written_config(folder: Path) -> dict | None:
+    """The resolved config a checkpoint was written under: its own record (``run.config`` in
+    state.json), else (older checkpoints) the config.yaml of the run folder holding it."""
+    config = (written_state(folder).get("run") or {}).get("config")
+    if isinstance(config, dict):
+        return config
+    yaml_file = folder.parent.parent / "config.yaml"
+    try:
+        import yaml
+
+        loaded = yaml.safe_load(yaml_file.read_text(encoding="utf-8")) if yaml_file.is_file() else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def check_precision(folder: Path, precision, allow: list[str], changes: dict) -> dict:
+    """The precision this run resolved to (impl.precision=auto: per machine) against the one the
+    checkpoint was trained in: another one changes the maths (refused unless impl.precision is
+    allowed; then it is one more change). ``changes`` with it."""
+    then = written_state(folder).get("precision")
+    if then is None or then == precision.precision:
+        return changes
+    if not _under("impl.precision", allow):
+        raise ValueError(
+            f"resume from {folder}: it was trained in {then}, this run resolves impl.precision to {precision.precision} "
+            f"({precision.reason}); set impl.precision={then}, or allow the change with --allow-change impl.precision"
+        )
+    return {**changes, "impl.precision": [then, precision.precision]}
+
+
+def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say) -> dict:
+    """Every check of a resume from ``folder`` that needs no Trainer (docs/training.md: "What a
+    resume checks"), given the run's config ``cfg`` and prepared ``data``; the accepted config
+    changes. impl.threads=auto then takes the checkpoint's thread count."""
+    check_resumable(folder, model, data.tokenizer.get_vocab_size())
+    check_same_data(folder, data.identity())
+    old = written_config(folder)
+    changes = resume_changes(old, cfg.model_dump(mode="json"), cfg.allow_change, str(folder)) if old else {}
+    if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
+        adopt_checkpoint_threads(cfg.impl, folder, world, say)
+    return changes

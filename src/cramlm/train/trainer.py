@@ -33,6 +33,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.distributed.checkpoint.state_dict import (
@@ -54,7 +55,8 @@ from cramlm.train.metrics import MetricsLog
 from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
-from cramlm.train.impl import ImplConfig, resolve_precision
+from cramlm.train.hardware import PrecisionChoice
+from cramlm.train.impl import ImplConfig
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
 
@@ -134,10 +136,12 @@ class NonFinite:
     counts it, ``rollback`` reloads weights and optimizer from the newest checkpoint (the data
     stream moves on), ``raise`` stops the run; more than ``max_nonfinite`` in a row stop it too.
     Flags still on the device (see ``Trainer.device_skip``) are read by ``flush``, at the next
-    metrics line or checkpoint, in step order."""
+    metrics line or checkpoint, in step order. ``events``: the counters it keeps (TrainState's);
+    ``rollback()``: the name of the checkpoint it rolled back to, None if there is none;
+    ``report(name, message, step=...)``: an event line."""
 
-    def __init__(self, trainer: "Trainer"):
-        self.trainer, self.cfg = trainer, trainer.cfg
+    def __init__(self, cfg: TrainConfig, events: dict, rollback: Callable[[], str | None], report: Callable[..., None]):
+        self.cfg, self.events, self.rollback, self.report = cfg, events, rollback, report
         self.pending: list[Step] = []
         self.consecutive = 0
 
@@ -160,25 +164,47 @@ class NonFinite:
         if not step.nonfinite:
             self.consecutive = 0
             return
-        trainer, events, action = self.trainer, self.trainer.events, self.cfg.on_nonfinite
+        events, action = self.events, self.cfg.on_nonfinite
         events["nonfinite_steps"] += 1
         self.consecutive += 1
         if action == "raise" or self.consecutive > self.cfg.max_nonfinite:
             raise NonFiniteError(f"non-finite loss at step {step.number} (train.on_nonfinite={action}, "
                                  f"{self.consecutive} in a row, train.max_nonfinite={self.cfg.max_nonfinite})")
-        folder = ckpt.latest_checkpoint(trainer.checkpoints)
-        if action == "rollback" and folder is not None:
-            trainer.load_weights_and_optimizer(folder)
+        folder = self.rollback() if action == "rollback" else None
+        if folder is not None:
             events["rollbacks"] += 1
-            note = f"rolled back weights and optimizer to {folder.name}; the data stream moves on"
+            note = f"rolled back weights and optimizer to {folder}; the data stream moves on"
         else:
             events["skipped_steps"] += 1
             note = "step skipped" + (" (no checkpoint to roll back to)" if action == "rollback" else "")
-        trainer.event("nonfinite", f"non-finite loss at step {step.number}: {note}", step=step.number)
+        self.report("nonfinite", f"non-finite loss at step {step.number}: {note}", step=step.number)
 
 
 class NonFiniteError(FloatingPointError, ValueError):
     """The run diverged (a ValueError too: the command line reports it as one Error: line)."""
+
+
+@dataclass
+class TrainState:
+    """The counters a checkpoint's state.json holds (beside the RNG): what the meter has used,
+    when validation is next due, the non-finite events and the run's first loss."""
+
+    meter: Meter
+    validation: Due
+    events: dict = field(default_factory=lambda: {"nonfinite_steps": 0, "skipped_steps": 0, "rollbacks": 0})
+    first_loss: float | None = None  # of the run (restored on resume), not of this session
+
+    def state_dict(self) -> dict:
+        next_t = self.validation.next_t
+        return {**self.meter.state_dict(), "next_validation": next_t if math.isfinite(next_t) else None,
+                "events": dict(self.events), "first_loss": self.first_loss}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.meter.load_state_dict(state)
+        next_t = state.get("next_validation")
+        self.validation.next_t = math.inf if next_t is None else next_t
+        self.events.update(state.get("events", {}))
+        self.first_loss = state.get("first_loss")
 
 
 @dataclass
@@ -203,15 +229,17 @@ class Trainer:
     """Trains a ready model (``parallelize``) on ``data`` under ``meter``'s budget; ``fit()``."""
 
     def __init__(self, model: Parallel, data: StepData, cfg: TrainConfig, impl: ImplConfig, meter: Meter,
-                 run_dir: Path, val_batches: list[dict[str, torch.Tensor]] | None = None, config: dict | None = None):
+                 run_dir: Path, precision: PrecisionChoice, val_batches: list[dict[str, torch.Tensor]] | None = None,
+                 config: dict | None = None, record: dict | None = None):
         self.model, self.module, self.dist, self.device = model.model, model.module, model.dist, model.device
         self.aliases, self.data, self.cfg, self.impl, self.meter = model.aliases, data, cfg, impl, meter
         self.run_dir, self.config = Path(run_dir), config or {}
+        self.record = record or {}  # what the run is (config, data identity): in every checkpoint's state.json
         self.checkpoints = self.run_dir / "checkpoints"
         self.optimizer = build_optimizer(cfg.optim, self.module)
         # the optimizer's own matmuls (Muon's Newton-Schulz) count in the FLOP budget and in MFU
         meter.costs.optimizer_flops_per_step = optimizer_flops_per_step(self.optimizer)
-        self.precision = resolve_precision(impl, self.device, self.module)  # auto: measured once per machine
+        self.precision = precision  # resolved once, by build_trainer
         self.steps = OptimizerStep(self.optimizer, self.module, self.device, self.precision.dtype, cfg.grad_clip)
         self.schedule = build_schedule(cfg.schedule)
         self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
@@ -220,15 +248,27 @@ class Trainer:
         self.logging_due = Due(steps=cfg.log_every)
         self.validation_due = Due(fraction=cfg.validate_every)
         self.checkpoint_due = Due(steps=cfg.checkpoint_every, minutes=cfg.checkpoint_minutes)
-        self.nonfinite = NonFinite(self)
+        self.state = TrainState(meter, self.validation_due)
+        self.nonfinite = NonFinite(cfg, self.state.events, self._rollback, self.event)
         # drop non-finite steps on the device, reading the flag only at metrics lines (see the docstring)
         self.device_skip = cfg.on_nonfinite == "skip" and not self.dist.enabled and self.steps.skips_on_device
         self.stop = StopRequest()
-        self.events = {"nonfinite_steps": 0, "skipped_steps": 0, "rollbacks": 0}
-        self.first_loss: float | None = None  # of the run (restored on resume), not of this session
         self.last_loss: float | None = None
         self.resumed_from: dict | None = None
+        self.notes: list[dict] = []  # event lines for metrics.jsonl once fit() opens it (e.g. config_changed)
         self.log: MetricsLog | None = None  # opened by fit(): a resumed run appends to metrics.jsonl
+
+    @property
+    def events(self) -> dict:
+        return self.state.events
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.state.first_loss
+
+    @first_loss.setter
+    def first_loss(self, value: float | None) -> None:
+        self.state.first_loss = value
 
     @property
     def used(self):
@@ -347,8 +387,8 @@ class Trainer:
 
     def _open_log(self) -> None:
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
-        if self.resumed_from:
-            self.log.write(self.resumed_from)
+        for line in [self.resumed_from] * bool(self.resumed_from) + self.notes:
+            self.log.write(line)
 
     def _progress_bar(self):
         """% of the budget; a resumed run's bar starts where the run is."""
@@ -441,14 +481,8 @@ class Trainer:
             optim_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
             folder = self.checkpoints / f"step-{self.used.steps:08d}"
             if self.dist.main:
-                counters = {
-                    **self.meter.state_dict(),
-                    "next_validation": self.validation_due.next_t if math.isfinite(self.validation_due.next_t) else None,
-                    "events": self.events,
-                    "first_loss": self.first_loss,
-                    "world_size": self.dist.world,
-                    "threads": torch.get_num_threads(),
-                }
+                counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
+                            "precision": self.precision.precision, "run": self.record}
                 training, state = ckpt.train_state(optim_state, self.steps.state_dict(), self.data.state_dict(), counters)
                 try:
                     folder = ckpt.write_checkpoint(self.checkpoints, self.used.steps, model_state, self.aliases,
@@ -460,6 +494,14 @@ class Trainer:
                     folder = None
             barrier(self.dist)
         return folder
+
+    def _rollback(self) -> str | None:
+        """on_nonfinite=rollback: weights and optimizer from the newest checkpoint (its name), if any."""
+        folder = ckpt.latest_checkpoint(self.checkpoints)
+        if folder is None:
+            return None
+        self.load_weights_and_optimizer(folder)
+        return folder.name
 
     def load_weights_and_optimizer(self, folder: Path) -> tuple[dict, dict]:
         model_state, training, state = ckpt.read_checkpoint(folder, self.aliases)
@@ -474,11 +516,7 @@ class Trainer:
         training, state = self.load_weights_and_optimizer(folder)
         self.data.load_state_dict(training["data"])
         ckpt.set_rng_state(training, state)
-        self.meter.load_state_dict(state)
-        nv = state.get("next_validation")
-        self.validation_due.next_t = math.inf if nv is None else nv
-        self.events.update(state.get("events", {}))
-        self.first_loss = state.get("first_loss")
+        self.state.load_state_dict(state)
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
                              "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size")}
 

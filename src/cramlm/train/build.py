@@ -1,0 +1,54 @@
+"""A Trainer, assembled in one place (torchtitan's ``config.build()``): what every caller of the
+training loop used to write out itself (``cramlm pretrain``, the planner's throughput probe,
+benchmarks/train_step.py, the tests).
+
+    precision   impl.precision resolved once for this device and model (auto: measured, cached)
+    costs       FLOPs per token and the device's peak at that precision (MFU), on the plain model
+    meter       the budget (train.budget + the root hours) and the clock that spends it
+    parallel    activation checkpointing, DDP/FSDP2, torch.compile (parallelize.py)
+    Trainer     optimizer, schedule, batch plan, checkpoints (trainer.py)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cramlm.train.budget import Budget, Meter, measure_costs
+from cramlm.train.config import TrainConfig
+from cramlm.train.distributed import Dist
+from cramlm.train.impl import ImplConfig, resolve_precision
+from cramlm.train.parallelize import parallelize
+from cramlm.train.trainer import StepData, Trainer
+
+
+def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, impl: ImplConfig, run_dir: str | Path, *,
+                  dist: Dist | None = None, hours: float | None = None, val_batches: list[dict] | None = None,
+                  sample: dict | None = None, max_steps: int | None = None, config: dict | None = None,
+                  record: dict | None = None) -> Trainer:
+    """A Trainer for ``model`` (plain, already on its device) on ``data`` under ``train``'s budget
+    and ``hours`` of wall clock. ``sample``: a batch the FLOPs are counted on when the model has no
+    count of its own (default: the first of ``val_batches``); ``max_steps``: stop after that many
+    steps whatever the budget (dry runs); ``config``/``record``: the run's config for metrics.jsonl
+    and what a checkpoint records about the run (trainer.py)."""
+    dist = dist or Dist()
+    device = next(model.parameters()).device
+    precision = resolve_precision(impl, device, model)  # MFU against the peak of the precision in use
+    if sample is None and val_batches:
+        sample = val_batches[0]
+    costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)
+    meter = Meter(Budget(train.budget, hours, costs.flops_per_token), costs, dist.world, max_steps=max_steps)
+    return Trainer(parallelize(model, impl, dist, device), data, train, impl, meter, run_dir, precision,
+                   val_batches=val_batches, config=config, record=record)
+
+
+def dryrun_config(train: TrainConfig, impl: ImplConfig, world: int) -> TrainConfig:
+    """dryrun=true: impl.dryrun_steps steps of one microbatch per process, validated once at the
+    end, under a step budget instead of the clock (a dry run shows that everything runs; it takes
+    seconds, whatever the budget)."""
+    steps_only = train.budget.model_copy(update={"tokens": None, "flops": None, "steps": impl.dryrun_steps})
+    return train.model_copy(update={
+        "budget": steps_only, "batch_size": impl.microbatch_size * world, "batch_ramp": 0.0, "min_updates": 0,
+        "validate_every": 0.0, "checkpoint_every": 0, "checkpoint_minutes": None,
+    })

@@ -1,0 +1,176 @@
+"""A resumed run is the run it claims to be, or it is refused (issue 20, items 1-3): a resume
+against other data (a re-prepared cache with another tokenizer), with a config that changes the
+maths, or from a checkpoint whose file no longer matches its digest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.cli.common import resolve_or_exit
+from cramlm.data.prepare import output_folder, prepare_data
+from cramlm.pretrain import CheckpointFileError, load_run
+from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
+
+from .helpers import overrides, records, run_inprocess
+
+STEPS = ["budget=null", "train.budget.steps=2", "train.checkpoint_every=1"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A tiny finished run with checkpoints at steps 1 and 2."""
+    base = tmp_path_factory.mktemp("same-run")
+    run_inprocess(base, "base", *STEPS)
+    return base / "base"
+
+
+def copy_run(finished: Path, name: str) -> Path:
+    run_dir = finished.parent / name
+    shutil.copytree(finished, run_dir)
+    return run_dir
+
+
+def resume(finished: Path, name: str, *extra: str, cli: tuple[str, ...] = ("--resume", "auto")):
+    return invoke("pretrain", *cli, *overrides(finished.parent, name, *STEPS, "train.budget.steps=3", *extra))
+
+
+def flip_a_weight_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x01  # in the last tensor's data: a small change of one weight, not a NaN
+    path.write_bytes(bytes(raw))
+
+
+# ------------------------------------------------------------------ item 2: the config
+
+
+def test_a_resume_that_changes_the_maths_is_refused_listing_each_key(finished):
+    copy_run(finished, "changed")
+    result = resume(finished, "changed", "train.optim.lr=5e-3", "seed=7", "arch.dropout=0.5")
+    assert result.exit_code == 1, result.output
+    assert "Error: resume from " in result.output and "where it changes the maths" in result.output
+    for text in ("train.optim.lr 0.001 -> 0.005", "seed 0 -> 7", "arch.dropout 0.0 -> 0.5", "--allow-change"):
+        assert text in result.output, (text, result.output)
+    assert "Traceback" not in result.output
+    run = finished.parent / "changed"
+    assert "5e-3" not in (run / "config.yaml").read_text() and "0.005" not in (run / "config.yaml").read_text()
+
+
+def test_allow_change_records_the_change_and_the_history(finished):
+    run = copy_run(finished, "allowed")
+    result = resume(finished, "allowed", "train.optim.lr=5e-3", cli=("--resume", "auto", "--allow-change", "train.optim.lr"))
+    assert result.exit_code == 0, result.output
+    (event,) = [r for r in records(run, "event") if r["event"] == "config_changed"]
+    assert event["step"] == 2 and event["changes"]["train.optim.lr"] == [0.001, 0.005]
+    history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [0, 2]
+    assert history[0]["config"]["train"]["optim"]["lr"] == 0.001 and history[1]["config"]["train"]["optim"]["lr"] == 0.005
+    assert max(r["step"] for r in records(run)) == 3  # trained on, with the new lr from step 3
+    # a budget that extends the run needs no opt-in (recorded all the same)
+    assert history[1]["changes"]["train.budget.steps"] == [2, 3]
+
+
+def test_allow_change_of_a_key_that_does_not_exist_is_an_error(finished):
+    copy_run(finished, "typo")
+    result = resume(finished, "typo", cli=("--resume", "auto", "--allow-change", "train.optim.lrr"))
+    assert result.exit_code == 1 and "allow_change: train.optim.lrr: no such config key" in result.output, result.output
+
+
+def test_another_precision_is_a_change_of_the_maths(finished):
+    copy_run(finished, "bf16")
+    result = resume(finished, "bf16", "impl.precision=bf16")
+    assert result.exit_code == 1, result.output
+    assert "it was trained in fp32, this run resolves impl.precision to bf16" in result.output, result.output
+
+
+# ------------------------------------------------------------------ item 1: the data
+
+
+def test_a_resume_against_another_tokenizer_of_the_same_size_is_refused(finished, tmp_path):
+    base = finished.parent
+    copy_run(finished, "retok")
+    cache = tmp_path / "other-cache"
+    cfg = resolve_or_exit("pretrain", overrides(base, "retok", *STEPS, f"impl.data_cache={cache}"))
+    other = resolve_or_exit("pretrain", overrides(base, "retok", *STEPS, "data.tokenizer.max_training_docs=5"))
+    prepared = prepare_data(other.data, cache, progress=False)  # another tokenizer, the same vocabulary size
+    shutil.move(prepared.folder, output_folder(cfg.data, cache))  # ... where this run's data config looks
+    result = resume(finished, "retok", f"impl.data_cache={cache}")
+    assert result.exit_code == 1, result.output
+    assert "this run's data is not the data the checkpoint was trained on (tokenizer: " in result.output, result.output
+    assert "Traceback" not in result.output
+    assert (base / "retok" / "tokenizer.json").read_bytes() == (finished / "tokenizer.json").read_bytes()  # not replaced
+
+
+def test_a_re_prepared_cache_gives_the_same_data_and_resumes(finished, tmp_path):
+    copy_run(finished, "reprep")
+    result = resume(finished, "reprep", f"impl.data_cache={tmp_path / 'fresh-cache'}")  # prepared again, from scratch
+    assert result.exit_code == 0, result.output
+    assert "resumed from" in result.output
+
+
+# ------------------------------------------------------------------ item 3: digests
+
+
+def test_a_flipped_weight_byte_sets_the_checkpoint_aside(finished, capsys):
+    run = copy_run(finished, "flipped")
+    newest = latest_checkpoint(run / "checkpoints")
+    flip_a_weight_byte(newest / "model.safetensors")
+    result = resume(finished, "flipped")
+    assert result.exit_code == 0, result.output
+    assert "model.safetensors does not match its digest" in capsys.readouterr().out + result.output
+    assert "resumed from" in result.output and "step-00000001 (step 1)" in result.output
+    assert (run / "checkpoints" / f"{newest.name}.damaged").is_dir()
+
+
+def test_a_tampered_training_file_is_set_aside_before_it_is_loaded(finished, tmp_path, capsys):
+    import torch
+
+    run = copy_run(finished, "tampered")
+    newest = latest_checkpoint(run / "checkpoints")
+    torch.save({"optimizer": {}}, newest / "training.pt")  # a readable file, but not the one written
+    result = resume(finished, "tampered")
+    assert result.exit_code == 0 and "training.pt does not match its digest" in capsys.readouterr().out + result.output
+
+
+def test_eval_and_export_refuse_weights_that_fail_their_digest(finished, tmp_path):
+    run = copy_run(finished, "flipped-run")
+    flip_a_weight_byte(run / "model.safetensors")
+    with pytest.raises(CheckpointFileError, match="model.safetensors does not match its digest"):
+        load_run(run)
+    result = invoke("eval", f"base_dir={finished.parent}", "name=flipped-run", "eval.lm_eval=false")
+    assert result.exit_code == 1 and "does not match its digest" in result.output, result.output
+    shutil.copyfile(finished / "model.safetensors", run / "model.safetensors")
+    ckpt = checkpoint_dirs(run / "checkpoints")[0]
+    flip_a_weight_byte(ckpt / "model.safetensors")
+    result = invoke("export", "hf", str(ckpt / "model.safetensors"), str(tmp_path / "hf"))
+    assert result.exit_code == 1 and f"Error: {ckpt / 'model.safetensors'}: model.safetensors does not match" in result.output, result.output
+
+
+def test_which_changes_a_resume_accepts():
+    from cramlm.train.checkpoint import resume_changes
+
+    old = {"budget": 1.0, "seed": 0, "train": {"optim": {"lr": 1e-3}, "budget": {"steps": 10}, "log_every": 10},
+           "impl": {"threads": 4, "microbatch_size": 8}}
+    new = {"budget": None, "seed": 0, "train": {"optim": {"lr": 1e-3}, "budget": {"steps": 20}, "log_every": 1},
+           "impl": {"threads": 1, "microbatch_size": 4}}
+    assert resume_changes(old, new, [], "x") == {"budget": [1.0, None], "train.budget.steps": [10, 20]}  # longer: fine
+    shorter = {**new, "train": {**new["train"], "budget": {"steps": 5}}}
+    with pytest.raises(ValueError, match=r"train.budget.steps 10 -> 5"):
+        resume_changes(old, shorter, [], "x")
+    assert resume_changes(old, shorter, ["train.budget"], "x")["train.budget.steps"] == [10, 5]
+    faster = {**new, "train": {**new["train"], "optim": {"lr": 2e-3}}}
+    assert resume_changes(old, faster, ["train.optim"], "x")["train.optim.lr"] == [1e-3, 2e-3]  # a prefix allows
+
+
+def test_allow_change_without_a_resume_is_a_usage_error():
+    result = invoke("pretrain", "--allow-change", "train.optim.lr")
+    assert result.exit_code == 2 and "--allow-change applies to a resume" in result.output, result.output
