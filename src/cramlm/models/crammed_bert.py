@@ -2,7 +2,7 @@
 feed-forward, scaled sinusoidal positions and an MLM head evaluated only at masked positions.
 Every architectural choice is a config field, so the original BERT (``arch=bert-original``) and a
 ModernBERT-like encoder (``arch=crammed-bert-modern``) are presets of this same class. The layers
-are in model.py, the config in transformer.py; this file is the registered MLM wrapper."""
+are in model.py, the config in config.py; this file is the registered MLM wrapper."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from cramlm.config.registry import register
 from cramlm.models.model import IGNORE_INDEX, MLMHead, Trunk, init_weights
-from cramlm.models.transformer import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
+from cramlm.models.config import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
 
 __all__ = ["CrammedBert", "CrammedBertConfig"]
 

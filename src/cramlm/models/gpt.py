@@ -1,7 +1,7 @@
 """Decoder-only language models: GPT-2 (learned positions, LayerNorm, GELU, biases) and a
 llama-like decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases). Both are the
 same class; the registered types only change the defaults. The layers are in model.py, the
-configs in transformer.py; this file is the registered causal-LM wrapper."""
+configs in config.py; this file is the registered causal-LM wrapper."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 from cramlm.config.registry import register
 from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights
-from cramlm.models.transformer import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
+from cramlm.models.config import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
 
 
 class CausalLM(nn.Module):

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import EOT
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.models.transformer import TransformerConfig
+from cramlm.models.config import TransformerConfig
 from cramlm.io import save_safetensors
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}

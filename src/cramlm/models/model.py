@@ -36,7 +36,7 @@ DOCUMENT_ATTENTION = os.environ.get("CRAMLM_DOCUMENT_ATTENTION", "auto")
 
 # ---- config --------------------------------------------------------------------------------------
 # The config: ``cfg`` everywhere below is anything with the fields of
-# ``cramlm.models.transformer.TransformerConfig`` (the torch-free pydantic configs; in a remote-code
+# ``cramlm.models.config.TransformerConfig`` (the torch-free pydantic configs; in a remote-code
 # export a SimpleNamespace of the same fields). Every architectural choice is one of those fields.
 
 
