@@ -41,10 +41,12 @@ PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of
 
 class DataConfig(Config):
     name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>")
-    sources: list[component(SourceConfig)] = [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")]
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    clean: CleanConfig = CleanConfig()
-    dedup: DedupConfig = DedupConfig()
+    sources: list[component(SourceConfig)] = Field(
+        [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")],
+        description="the corpora to read, in order; each a component with its own type (jsonl, text, parquet, auto, hf)")
+    tokenizer: TokenizerConfig = Field(TokenizerConfig(), description="the tokenizer trained (or loaded) for this corpus")
+    clean: CleanConfig = Field(CleanConfig(), description="text normalisation and length filters, applied while reading")
+    dedup: DedupConfig = Field(DedupConfig(), description="exact and near-duplicate removal, applied when merging shards")
     seq_length: Annotated[int, Field(ge=2)] = Field(128, description="tokens per sequence ([CLS] + at least one token)")
     validation_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.02, description="documents held out (chosen by a hash of their text)"
@@ -55,7 +57,9 @@ class DataConfig(Config):
     max_seq_in_tokenized_dataset: PositiveInt | None = Field(
         None, description="keep at most this many training sequences (cramming)"
     )
-    ordering: Literal["as-read", "random", "sentence-length-curriculum"] = "as-read"
+    ordering: Literal["as-read", "random", "sentence-length-curriculum"] = Field(
+        "as-read", description="order of the training sequences: as read from the sources, shuffled once by seed, or "
+        "shortest documents first (cramming's short-sentences-first curriculum at document level)")
     seed: int = Field(0, description="for random ordering and fractional mixture weights")
 
     def cache_key(self) -> str:
@@ -78,7 +82,7 @@ class PrepareConfig(Config):
         "mlm", description="the kind of model the data is for (data.tokenizer.kind=auto follows it)"
     )
     cache: str | None = Field(None, description="null: the per-user cache (see the module docstring)")
-    plugins: list[str] = []
+    plugins: list[str] = Field([], description="modules to import first, which register their own components (sources)")
 
     @model_validator(mode="after")
     def _tokenizer_for_objective(self):
