@@ -42,8 +42,8 @@ def parse_hours(value: Any) -> Any:
 
 class PretrainConfig(Config):
     name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')")
-    base_dir: str = OUTPUTS_DIR
-    seed: int = 0
+    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders (relative to the working directory)")
+    seed: int = Field(0, description="seeds model init, masking and data order; the same seed and config train the same run")
     budget: float | None = Field(
         1 / 60,
         description=(
@@ -59,10 +59,10 @@ class PretrainConfig(Config):
         None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
     )
     plugins: list[str] = Field([], description="modules to import first (they may register components)")
-    arch: component(ModelConfig)
-    train: TrainConfig = TrainConfig()
-    data: DataConfig = DataConfig()
-    impl: ImplConfig = ImplConfig()
+    arch: component(ModelConfig) = Field(description="the model (the arch group: a component, its type picks the class)")
+    train: TrainConfig = Field(TrainConfig(), description="optimizer, schedule, batch, budgets and checkpoints (the train group)")
+    data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
+    impl: ImplConfig = Field(ImplConfig(), description="device, precision, speed and logging; no effect on the maths (the impl group)")
 
     @field_validator("budget", mode="before")
     @classmethod

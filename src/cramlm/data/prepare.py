@@ -77,11 +77,13 @@ class DataConfig(Config):
 class PrepareConfig(Config):
     """Root config of ``cramlm data prepare`` (same keys as in ``cramlm pretrain``)."""
 
-    data: DataConfig = DataConfig()
+    data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
     objective: Literal["mlm", "clm"] = Field(
         "mlm", description="the kind of model the data is for (data.tokenizer.kind=auto follows it)"
     )
-    cache: str | None = Field(None, description="null: the per-user cache (see the module docstring)")
+    cache: str | None = Field(
+        None, description="folder of the prepared-data cache; null: per user, $CRAMLM_CACHE/data, $XDG_CACHE_HOME/cramlm/data or "
+        "~/.cache/cramlm/data)")
     plugins: list[str] = Field([], description="modules to import first, which register their own components (sources)")
 
     @model_validator(mode="after")

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from cramlm.config.base import Config
 from cramlm.constants import OUTPUTS_DIR
 from cramlm.eval.config import EvalConfig
@@ -23,15 +25,18 @@ DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
 
 
 class EvalRunConfig(Config):
-    name: str = "latest"  # the run to evaluate (<base_dir>/<name>) when checkpoint is not set
-    base_dir: str = OUTPUTS_DIR
-    checkpoint: str | None = None  # run name/folder, latest, HF folder, hf://name; suffix -untrained
-    untrained: bool = False  # same architecture, random weights
-    trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
-    out_dir: str | None = None  # where results go (default: see the module docstring)
-    plugins: list[str] = []
-    eval: EvalConfig = EvalConfig()
-    impl: ImplConfig = ImplConfig()
+    name: str = Field("latest", description="the run to evaluate, <base_dir>/<name>, when checkpoint is not set; latest: the newest run")
+    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders")
+    checkpoint: str | None = Field(
+        None, description="what to evaluate: a run name or folder, latest, a Hugging Face folder or hf://name; "
+        "suffix -untrained for the random-weights twin. null: name")
+    untrained: bool = Field(False, description="the untrained twin: the same architecture with random weights (the baseline)")
+    trust_remote_code: bool = Field(False, description="let transformers run a checkpoint's own modeling code (HF folders)")
+    out_dir: str | None = Field(
+        None, description="where eval.{json,md,csv} go; null: the run folder (HF checkpoints: <base_dir>/eval/<name>)")
+    plugins: list[str] = Field([], description="modules to import first (they may register components)")
+    eval: EvalConfig = Field(EvalConfig(), description="the tasks and the fine-tuning protocol (the eval group)")
+    impl: ImplConfig = Field(ImplConfig(), description="device, precision and threads (the impl group)")
 
 
 def evaluate(cfg: EvalRunConfig) -> list[dict]:

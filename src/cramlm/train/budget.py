@@ -20,15 +20,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from pydantic import Field
+
 from cramlm.config.base import Config
 
 
 class BudgetConfig(Config):
-    tokens: float | None = None  # input tokens trained on, all processes together
-    flops: float | None = None  # training FLOPs = tokens * the model's FLOPs per token
-    steps: int | None = None  # optimizer steps
-    count_compile: bool = True  # the first step (where torch.compile and warm-up happen) counts against the hours
-    count_eval: bool = False  # held-out validation time counts against the hours
+    tokens: float | None = Field(
+        None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget")
+    flops: float | None = Field(
+        None, description="training FLOPs, counted as tokens x the model's forward+backward FLOPs per token; null: none")
+    steps: int | None = Field(None, description="optimizer steps; null: no step budget")
+    count_compile: bool = Field(
+        True, description="the first step (where torch.compile and warm-up happen) counts against the hours (cramming: true)")
+    count_eval: bool = Field(False, description="held-out validation time counts against the hours")
 
 
 @dataclass

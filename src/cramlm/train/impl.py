@@ -58,8 +58,9 @@ class ImplConfig(Config):
         False, description="also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)"
     )
     wandb: bool = Field(False, description="also log to Weights & Biases (needs `wandb`)")
-    wandb_mode: Literal["offline", "online"] = "offline"
-    wandb_project: str = "cramlm"
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes <run>/wandb to sync later (`wandb sync`); online uploads live")
+    wandb_project: str = Field("cramlm", description="the W&B project the run is logged under")
 
     @field_validator("device")
     @classmethod
