@@ -306,7 +306,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     precision = resolve_precision(cfg.impl, device, model)  # MFU against the peak of the precision in use
     costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device, precision.dtype)
     meter = Meter(Budget(train_cfg.budget, budget_hours, costs.flops_per_token), costs, dist.world,
-                  max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None)
+                  max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None,
+                  count_compile=cfg.count_compile, count_eval=cfg.count_eval)
     trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, train_cfg, cfg.impl, meter, run_dir,
                       val_batches=val_batches, config=cfg.model_dump(mode="json"))
     if resume_from is not None:

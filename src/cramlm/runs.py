@@ -52,6 +52,12 @@ class PretrainConfig(Config):
             "run."
         ),
     )
+    count_compile: bool = Field(
+        True, description="the first step (where torch.compile and warm-up happen) counts against the hours, as in "
+        "cramming; false: its time is left off the clock (always recorded as first_step_seconds)")
+    count_eval: bool = Field(
+        False, description="held-out validation time counts against the hours; false: left off the clock (recorded "
+        "as eval_seconds)")
     dryrun: bool = Field(
         False, description="full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)"
     )

@@ -49,6 +49,13 @@ def test_wall_clock_budget(tmp_path):
     assert s["budget_counts"] == {"compile": True, "eval": False, "setup": False, "checkpoints": True}
 
 
+def test_what_counts_against_the_hours_is_set_beside_them(tmp_path):
+    s = run_inprocess(tmp_path, "counts", "budget=null", "train.budget.steps=2", "count_compile=false", "count_eval=true")
+    assert s["budget_counts"] == {"compile": False, "eval": True, "setup": False, "checkpoints": True}
+    with pytest.raises(Exception, match="train.budget.count_compile: unknown key"):  # one home: the root
+        run_inprocess(tmp_path, "old", "train.budget.count_compile=false")
+
+
 def test_no_budget_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no budget"):
         run_inprocess(tmp_path, "none", "budget=null")

@@ -1,7 +1,8 @@
 """Budgets: how much a run may spend, and the run's progress t in [0, 1] through it.
 
 A run has up to four budgets: wall-clock hours (the root key ``budget``, as in cramming:
-``budget=24``) and, in ``train.budget``, tokens, FLOPs and optimizer steps. ``t`` is the largest
+``budget=24``, with the root keys ``count_compile`` and ``count_eval`` saying what counts against
+them) and, in ``train.budget``, tokens, FLOPs and optimizer steps. ``t`` is the largest
 fraction used of any budget that is set, so the run ends when the first one is spent; the lr
 schedule and the batch ramp are functions of ``t``. Token, FLOP and step budgets mean the same on
 any hardware (and make a resumed run bitwise reproducible); set ``budget=null`` to drop the clock.
@@ -26,14 +27,14 @@ from cramlm.config.base import Config
 
 
 class BudgetConfig(Config):
+    """The budgets that mean the same on any hardware (``train.budget``). The hours and what counts
+    against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (runs.py)."""
+
     tokens: float | None = Field(
         None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget")
     flops: float | None = Field(
         None, description="training FLOPs, counted as tokens x the model's forward+backward FLOPs per token; null: none")
     steps: int | None = Field(None, description="optimizer steps; null: no step budget")
-    count_compile: bool = Field(
-        True, description="the first step (where torch.compile and warm-up happen) counts against the hours (cramming: true)")
-    count_eval: bool = Field(False, description="held-out validation time counts against the hours")
 
 
 @dataclass
@@ -51,7 +52,6 @@ class Usage:
 
 class Budget:
     def __init__(self, cfg: BudgetConfig, hours: float | None, flops_per_token: float):
-        self.cfg = cfg
         self.flops_per_token = flops_per_token
         self.limits = {
             "seconds": hours * 3600 if hours else None,
@@ -149,9 +149,10 @@ class Meter:
     step, so t, the lr and the stop decision agree on every process. The throughput is measured
     from the second step on (the first one includes compilation)."""
 
-    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None):
+    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None,
+                 count_compile: bool = True, count_eval: bool = False):
         self.budget, self.costs, self.world, self.max_steps = budget, costs, world, max_steps
-        self.count = {"compile": budget.cfg.count_compile, "eval": budget.cfg.count_eval}
+        self.count = {"compile": count_compile, "eval": count_eval}  # the root keys count_compile, count_eval
         self.used = Usage()
         self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
         self.rate_tokens, self.rate_seconds = 0, 0.0

@@ -87,7 +87,8 @@ class TrainConfig(Config):
     optim: component(OptimizerConfig) = Field(AdamWConfig(), description="the optimizer (a component: its type picks the class)")
     schedule: component(ScheduleConfig) = Field(
         BudgetTriangleConfig(), description="the lr schedule as a function of the budget fraction t (a component)")
-    budget: BudgetConfig = Field(BudgetConfig(), description="tokens / FLOPs / steps (hours: the root key `budget`)")
+    budget: BudgetConfig = Field(BudgetConfig(), description="token, FLOP and step budgets (the hours and what counts against them: the root keys budget, "
+                                "count_compile, count_eval)")
     batch_size: PositiveInt | Literal["auto"] = Field(
         8192, description="sequences per optimizer step, all processes together"
     )
