@@ -31,7 +31,8 @@ from cramlm.models import build_model
 from cramlm.models import model as modeling
 from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
 from cramlm.train.flops import cpu_peak_flops
-from cramlm.train.impl import PRECISION_DTYPES, autocast
+from cramlm.train.hardware import PRECISION_DTYPES
+from cramlm.train.impl import autocast
 
 VOCAB = 32768
 

@@ -40,7 +40,8 @@ from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
-from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast, resolve_precision
+from cramlm.train.hardware import PRECISION_DTYPES
+from cramlm.train.impl import ImplConfig, autocast, resolve_precision
 from cramlm.train.trainer import StepData, TrainConfig, Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,5 @@
-"""Implementation settings (the ``impl`` group): device, precision, compile, parallelism, logging.
+"""Implementation settings (the ``impl`` group): device, precision, compile, parallelism, logging;
+the device and the precision they resolve to (the ``auto`` probe itself: train/hardware.py).
 
 Nothing here changes the maths of a run (up to floating-point rounding): the same ``arch``/``train``
 config trains the same model on a laptop CPU or on many GPUs."""
@@ -111,19 +112,6 @@ def check_available(device: torch.device, key: str) -> None:
         raise ConfigError(f"impl.device={key}: MPS (Apple GPU) is not available here; use impl.device=auto or impl.device=cpu")
 
 
-def __getattr__(name: str) -> Any:
-    # PRECISION_DTYPES holds torch dtypes: built on first use, so that importing ImplConfig needs no torch
-    if name == "PRECISION_DTYPES":
-        return _precision_dtypes()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _precision_dtypes() -> dict[str, torch.dtype | None]:
-    import torch
-
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
-
-
 def launcher_env() -> tuple[int, int, int]:
     """(RANK, LOCAL_RANK, WORLD_SIZE) as torchrun sets them; (0, 0, 1) in a plain process. Read
     without torch, so the pipeline knows which process writes before it imports torch."""
@@ -132,14 +120,20 @@ def launcher_env() -> tuple[int, int, int]:
 
 
 def resolve_precision(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None):
-    """The precision in use and why (``auto``: measured once per machine, see train/hardware.py)."""
-    from cramlm.train.hardware import resolve_precision as choose
+    """``impl.precision`` -> a :class:`~cramlm.train.hardware.PrecisionChoice` with its reason. ``auto``
+    is measured once per machine at the model's widths (train/hardware.py); ``model`` gives them."""
+    from cramlm.train.hardware import PrecisionChoice, choose_precision
 
-    return choose(impl.precision, device, model)
+    if impl.precision != "auto":
+        return PrecisionChoice(impl.precision, f"impl.precision={impl.precision}", None, "config")
+    cfg = getattr(model, "cfg", None)
+    hidden = getattr(cfg, "hidden_size", None) or getattr(model, "hidden_size", None) or 768
+    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    return choose_precision(device, hidden, intermediate)
 
 
 def autocast_dtype(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
-    return _precision_dtypes()[resolve_precision(impl, device, model).precision]
+    return resolve_precision(impl, device, model).dtype
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
