@@ -78,9 +78,9 @@ class TransformerConfig(ModelConfig):
 
 
 class CrammedBertConfig(TransformerConfig):
-    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml), except
-    ``head_transform``: True by default so that run configs written before the field existed (whose
-    models have the transform) keep loading; the crammed-bert presets set it false."""
+    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml). Every run and
+    export written by cramlm records every field, ``head_transform`` included; a config without it
+    gets cramming's choice (no transform), not BERT's."""
 
     type: Literal["crammed-bert"] = "crammed-bert"
     num_layers: PositiveInt = 16
@@ -91,7 +91,7 @@ class CrammedBertConfig(TransformerConfig):
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
     sparse_prediction: bool = Field(True, description="run the MLM head only where labels != -100")
     head_transform: bool = Field(
-        True, description="dense + activation + norm before the MLM decoder (BERT, ModernBERT); cramming "
+        False, description="dense + activation + norm before the MLM decoder (BERT, ModernBERT); cramming "
         "skips it (skip_head_transform: True): 591,360 fewer parameters at hidden 768")
     pooler_size: PositiveInt | None = Field(
         None, description="width of the downstream classifier's pooler (first token -> dense -> tanh); "

@@ -326,7 +326,7 @@ def bert_config_from_hf(hf: dict) -> CrammedBertConfig:
         norm_eps=hf.get("layer_norm_eps", 1e-12), norm_scheme="post", norm_bias=True, embedding_norm=True,
         final_norm=False, ffn="plain", activation=activation, bias=True, positions="learned",
         type_vocab_size=hf.get("type_vocab_size", 2), tie_embeddings=hf.get("tie_word_embeddings", True),
-        sparse_prediction=False, dropout=hf.get("hidden_dropout_prob", 0.1),
+        sparse_prediction=False, head_transform=True, dropout=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), init_std=hf.get("initializer_range", 0.02),
     )
 

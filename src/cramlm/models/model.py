@@ -345,12 +345,11 @@ class FeedForward(nn.Module):
 class MLMHead(nn.Module):
     """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
     brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
-    alone), which ``cfg.head_transform = False`` selects. Configs without the field (exports written
-    before it existed) had the transform."""
+    alone), which ``cfg.head_transform = False`` selects."""
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        self.transform = getattr(cfg, "head_transform", True)
+        self.transform = cfg.head_transform
         if self.transform:
             self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
             self.act = ACTIVATIONS[cfg.activation]
