@@ -10,33 +10,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights
-from cramlm.models.config import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
+from cramlm.models.config import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # configs: torch-free there
+from cramlm.models.lm import TransformerLM
+from cramlm.models.model import IGNORE_INDEX
 
 
-class CausalLM(nn.Module):
+class CausalLM(TransformerLM):
     """Decoder (model.Trunk, causal) + LM head (one linear layer). Forward arguments and outputs
     are CrammedBert's (see ``forward``); ``labels`` are the input ids themselves (or -100 where
     unscored): the model shifts them, so position t is scored on predicting token t + 1."""
 
+    causal = True
+
     def __init__(self, cfg: TransformerConfig, vocab_size: int):
-        super().__init__()
-        self.cfg = cfg
-        self.hidden_size = cfg.hidden_size
-        self.vocab_size = vocab_size
-        self.trunk = Trunk(cfg, vocab_size, causal=True)
+        super().__init__(cfg, vocab_size)
         self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.trunk.tokens.weight
-
-    @property
-    def tokens(self) -> nn.Embedding:
-        return self.trunk.tokens
-
-    def encode(self, input_ids, attention_mask=None, position_ids=None, document_ids=None, token_type_ids=None) -> torch.Tensor:
-        """(B, T) -> (B, T, H): the trunk's last hidden states."""
-        return self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)
+        self.init_and_tie(self.lm_head)
 
     def forward(
         self,
@@ -57,12 +46,10 @@ class CausalLM(nn.Module):
             loss = F.cross_entropy(shifted, labels[:, 1:].reshape(-1), ignore_index=IGNORE_INDEX)
         return {"loss": loss, "logits": logits}
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
+    def forward_flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:
+        """Forward FLOPs per token; the LM head runs on every position, so ``predicted_fraction``
+        (what MLMs score) changes nothing here."""
         return trunk_flops_per_token(self.cfg, seq_len) + 2 * self.hidden_size * self.vocab_size
-
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, forward + backward (= 3 x forward)."""
-        return 3 * self.forward_flops_per_token(seq_len)
 
 
 @register("model", "gpt2", GPT2Config)
