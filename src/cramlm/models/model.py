@@ -12,7 +12,6 @@ exported and trained models run the very same code.
 from __future__ import annotations
 
 import math
-import os
 from functools import cache, partial
 
 import torch
@@ -26,12 +25,6 @@ except ImportError:  # older torch: packed documents use the dense SDPA mask
 
 # = cramlm.constants.IGNORE_INDEX, restated: this file is copied verbatim into remote-code exports
 IGNORE_INDEX = -100  # label value of positions that carry no target
-
-# How attention keeps packed documents apart (``document_ids``). "auto": FlexAttention with a block
-# mask on CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
-# between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a CPU runs
-# torch's unfused reference: for tests, not for speed).
-DOCUMENT_ATTENTION = os.environ.get("CRAMLM_DOCUMENT_ATTENTION", "auto")
 
 
 # ---- config --------------------------------------------------------------------------------------
@@ -48,6 +41,12 @@ class Trunk(nn.Module):
     def __init__(self, cfg, vocab_size: int, causal: bool):
         super().__init__()
         self.cfg, self.causal = cfg, causal
+        # How attention keeps packed documents apart (``document_ids``), set from outside
+        # (impl.document_attention_kernel, train/parallelize.py). "auto": FlexAttention with a block mask on
+        # CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
+        # between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a
+        # CPU runs torch's unfused reference: for tests, not for speed).
+        self.document_kernel = "auto"
         H = cfg.hidden_size
         self.tokens = nn.Embedding(vocab_size, H)
         self.token_types = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size else None
@@ -83,7 +82,7 @@ class Trunk(nn.Module):
         x = self.embedding_dropout(self.embedding_norm(x))
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         dropout = self.cfg.attention_dropout if self.training else 0.0
-        flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout)
+        flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout, self.document_kernel)
         mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T, block_mask=flex)
         for block in self.blocks:
             x = block(x, mask, rotary, is_causal)
@@ -161,14 +160,14 @@ def attention_mask_for(
     return mask, False
 
 
-def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float) -> bool:
-    """Whether packed documents go through FlexAttention (see DOCUMENT_ATTENTION): it has no
-    attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
-    if document_ids is None or BlockMask is None or dropout > 0 or DOCUMENT_ATTENTION == "dense":
+def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float, kernel: str = "auto") -> bool:
+    """Whether packed documents go through FlexAttention (``kernel``: see Trunk.document_kernel): it
+    has no attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
+    if document_ids is None or BlockMask is None or dropout > 0 or kernel == "dense":
         return False
     if head_dim < 16 or head_dim & (head_dim - 1):
         return False
-    return DOCUMENT_ATTENTION == "flex" or document_ids.device.type == "cuda"
+    return kernel == "flex" or document_ids.device.type == "cuda"
 
 
 def document_block_mask(

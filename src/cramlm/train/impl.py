@@ -46,6 +46,9 @@ class ImplConfig(Config):
     inductor: dict[str, Any] = Field(
         {}, description="torch._inductor.config options, e.g. {coordinate_descent_tuning: true}"
     )
+    document_attention_kernel: Literal["auto", "flex", "dense"] = Field(
+        "auto", description="how attention keeps packed documents apart (train.document_attention=true): auto = "
+        "FlexAttention's block mask on CUDA, the dense SDPA mask elsewhere; flex / dense force one (same results)")
     activation_checkpointing: bool = Field(
         False, description="recompute each block (every child of an nn.ModuleList) in backward"
     )

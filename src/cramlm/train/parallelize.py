@@ -1,6 +1,7 @@
 """Make a plain model ready to train on this device and these processes (torchtitan's
 ``parallelize``): the model code stays free of distributed and performance code, all of it is
-applied here, from outside, in this order:
+applied here, from outside, in this order (after the attention kernel for packed documents,
+``impl.document_attention_kernel``, is set on the model):
 
 1. activation checkpointing (``impl.activation_checkpointing``): each block (every child of an
    ``nn.ModuleList``) is wrapped to recompute its activations in backward. First, so that FSDP2
@@ -44,9 +45,17 @@ def parallelize(model: nn.Module, impl: ImplConfig, dist: Dist, device: torch.de
     """Activation checkpointing, then DDP/FSDP2, then torch.compile (see the module docstring).
     ``model`` must already be on ``device``."""
     aliases = tied_aliases(model)  # before wrapping renames anything
+    set_document_kernel(model, impl.document_attention_kernel)
     if impl.activation_checkpointing:
         apply_activation_checkpointing(model)
     wrapped = wrap_model(model, dist, device)  # DDP wrapper, or the same module sharded by FSDP2
     if impl.compile:
         wrapped = compile_model(wrapped, impl)
     return Parallel(module=model, model=wrapped, dist=dist, device=device, aliases=aliases)
+
+
+def set_document_kernel(model: nn.Module, kernel: str) -> None:
+    """How every trunk of ``model`` attends within packed documents: auto, flex or dense (model.Trunk)."""
+    for module in model.modules():
+        if hasattr(module, "document_kernel"):
+            module.document_kernel = kernel
