@@ -28,7 +28,8 @@ import torch
 
 from cramlm.config.loader import load_preset
 from cramlm.models import build_model
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.models.config import CrammedBertConfig
+from cramlm.models.crammed_bert import CrammedBert
 from cramlm.train.flops import cpu_peak_flops
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import autocast

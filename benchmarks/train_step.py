@@ -42,7 +42,8 @@ from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.parallelize import parallelize
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import ImplConfig, autocast, resolve_precision
-from cramlm.train.trainer import StepData, TrainConfig, Trainer
+from cramlm.train.config import TrainConfig
+from cramlm.train.trainer import StepData, Trainer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.config.extras import check_extras, installed
 from cramlm.config.loader import ConfigError, resolve
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 
 
 def pretrain_cfg(*overrides: str) -> PretrainConfig:

@@ -7,7 +7,7 @@ import pytest
 
 from cramlm.config.loader import ConfigError
 from cramlm.train.budget import BatchPlan, Budget, BudgetConfig, Usage
-from cramlm.train.trainer import TrainConfig
+from cramlm.train.config import TrainConfig
 
 from .helpers import records, run_inprocess
 

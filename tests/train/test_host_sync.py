@@ -19,7 +19,8 @@ from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.parallelize import parallelize
 from cramlm.train.impl import ImplConfig
-from cramlm.train.trainer import StepData, TrainConfig, Trainer
+from cramlm.train.config import TrainConfig
+from cramlm.train.trainer import StepData, Trainer
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_assert_async"}
 

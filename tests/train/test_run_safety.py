@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.locks import FolderLock, LockHeld
-from cramlm.pretrain import RUN_LOCK, CheckpointFileError, load_run
+from cramlm.pretrain import RUN_LOCK
+from cramlm.runs import CheckpointFileError, load_run
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import REPO, cramlm_cmd, env, overrides, run_inprocess

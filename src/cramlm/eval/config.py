@@ -1,7 +1,7 @@
 """The configs of the ``eval`` group: fine-tuning hyperparameters and ``EvalConfig``.
 
 They live here, without torch, so that validating a config imports no torch; finetune.py
-re-exports them."""
+fine-tunes with them."""
 
 from __future__ import annotations
 

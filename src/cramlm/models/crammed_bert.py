@@ -15,8 +15,6 @@ from cramlm.models.config import CrammedBertConfig, trunk_flops_per_token  # the
 from cramlm.models.lm import TransformerLM
 from cramlm.models.model import IGNORE_INDEX, MLMHead
 
-__all__ = ["CrammedBert", "CrammedBertConfig"]
-
 
 class CrammedBert(TransformerLM):
     """Encoder (model.Trunk) + MLM head (model.MLMHead). ``encode`` gives hidden states for

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import EOT
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.models.config import TransformerConfig
+from cramlm.models.config import CrammedBertConfig, TransformerConfig
+from cramlm.models.crammed_bert import CrammedBert
 from cramlm.io import save_safetensors
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}

@@ -2,7 +2,7 @@
 
 They live here, without torch, so that validating a config (``cramlm pretrain`` with a typo,
 ``cramlm config show``) imports no torch; optim.py registers the builders of the optimizers
-declared here and re-exports these names, trainer.py re-exports ``TrainConfig``."""
+declared here."""
 
 from __future__ import annotations
 

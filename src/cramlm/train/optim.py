@@ -10,7 +10,7 @@ from torch import nn
 
 from cramlm.config.registry import register
 # the configs live torch-free in train/config.py (validating a config imports no torch)
-from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, OptimizerConfig, SGDConfig  # noqa: F401
+from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, OptimizerConfig, SGDConfig
 
 
 def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
