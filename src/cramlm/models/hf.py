@@ -1,10 +1,11 @@
-"""Hugging Face checkpoints, both ways.
+"""Hugging Face export: cramlm checkpoints as transformers folders.
 
 Export: a model whose choices match a stock transformers class exactly is written as that class
 (weights renamed and split, config.json in its terms): bert-original -> BertForMaskedLM, the
 ModernBERT-like crammed variant -> ModernBertForMaskedLM, GPT-2 -> GPT2LMHeadModel, llama-like ->
 LlamaForCausalLM. Any other variant becomes a remote-code package (our own model.py beside the
-weights, loaded with ``trust_remote_code=True``). Import: an HF BERT folder -> bert-original.
+weights, loaded with ``trust_remote_code=True``). (HF checkpoints are evaluated through transformers:
+eval/checkpoints.py.)
 
 A name table per architecture lists (HF name, our name, how): ``None`` copies, ``("part", i, sizes)``
 takes the i-th slice of our fused tensor along dim 0 (fused QKV, fused GLU up-projection), "T"
@@ -18,12 +19,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import EOT
-from cramlm.models.config import CrammedBertConfig, TransformerConfig
-from cramlm.models.crammed_bert import CrammedBert
+from cramlm.models.config import TransformerConfig
 from cramlm.io import save_safetensors
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
@@ -173,25 +172,6 @@ def to_hf_state_dict(model: torch.nn.Module, arch: str) -> dict[str, torch.Tenso
     return out
 
 
-def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: TransformerConfig, arch: str) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`to_hf_state_dict`; HF names missing from ``hf`` are left out."""
-    parts: dict[str, dict[int, torch.Tensor]] = {}
-    out = {}
-    for theirs, name, how in names(cfg, arch):
-        if theirs not in hf:
-            continue
-        t = hf[theirs]
-        if how == "T":
-            out[name] = t.t().contiguous()
-        elif how is not None:
-            parts.setdefault(name, {})[how[1]] = t
-        else:
-            out[name] = t
-    for name, pieces in parts.items():
-        out[name] = torch.cat([pieces[j] for j in sorted(pieces)], dim=0)
-    return out
-
-
 # ---- configs ----------------------------------------------------------------------------------
 
 
@@ -311,72 +291,4 @@ def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: 
     return STOCK_CLASSES[arch]
 
 
-def bert_config_from_hf(hf: dict) -> CrammedBertConfig:
-    """An HF BERT config.json -> the bert-original config of the same shape."""
-    if hf.get("model_type") != "bert":
-        raise ValueError(f"import supports BERT checkpoints (model_type 'bert'), not '{hf.get('model_type')}'")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("import supports absolute position embeddings only")
-    activation = {v: k for k, v in HF_ACTIVATIONS.items()}.get(hf.get("hidden_act", "gelu"))
-    if activation is None:
-        raise ValueError(f"unsupported hidden_act '{hf.get('hidden_act')}'")
-    return CrammedBertConfig(
-        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"], max_seq_length=hf.get("max_position_embeddings", 512),
-        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_scheme="post", norm_bias=True, embedding_norm=True,
-        final_norm=False, ffn="plain", activation=activation, bias=True, positions="learned",
-        type_vocab_size=hf.get("type_vocab_size", 2), tie_embeddings=hf.get("tie_word_embeddings", True),
-        sparse_prediction=False, head_transform=True, dropout=hf.get("hidden_dropout_prob", 0.1),
-        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), init_std=hf.get("initializer_range", 0.02),
-    )
-
-
-def resolve_hf_path(name: str | Path) -> Path:
-    """A local folder, or ``hf://owner/name`` fetched through the hub cache (offline: cache only)."""
-    name = str(name)
-    if name.startswith("hf://"):
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(name[len("hf://"):]))
-        except Exception as e:  # offline and not cached, unknown name, ...
-            raise FileNotFoundError(f"{name}: cannot fetch from the Hugging Face hub ({type(e).__name__}: {e})") from None
-    path = Path(name)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not an HF checkpoint folder (no config.json)")
-    return path
-
-
-def import_hf_bert(path: str | Path) -> tuple[CrammedBert, Tokenizer, CrammedBertConfig, list[str]]:
-    """(model, tokenizer, config, missing) from an HF BERT folder (BertModel or BertForMaskedLM
-    weights; ``missing`` lists our parameters the checkpoint lacks, e.g. the MLM head of a
-    BertModel, which keep their fresh initialisation). The tokenizer keeps the checkpoint's own ids."""
-    path = resolve_hf_path(path)
-    cfg = bert_config_from_hf(json.loads((path / "config.json").read_text()))
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"{path}: no model.safetensors")
-    hf = load_file(str(weights))
-    if not any(k.startswith("bert.") for k in hf):  # BertModel: no "bert." prefix
-        hf = {("bert." + k if not k.startswith("cls.") else k): v for k, v in hf.items()}
-    vocab_size = hf["bert.embeddings.word_embeddings.weight"].shape[0]
-    model = CrammedBert(cfg, vocab_size)
-    ours = from_hf_state_dict(hf, cfg, "bert")
-    if "head.decoder.weight" not in ours and cfg.tie_embeddings:
-        ours["head.decoder.weight"] = ours["trunk.tokens.weight"]
-    result = model.load_state_dict(ours, strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"{path}: unexpected weights {result.unexpected_keys}")
-    tok = load_hf_tokenizer(path)
-    return model.eval(), tok, cfg, list(result.missing_keys)
-
-
-def load_hf_tokenizer(path: Path) -> Tokenizer:
-    if (path / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(path / "tokenizer.json"))
-    from transformers import AutoTokenizer  # vocab.txt only: let transformers build the fast tokenizer
-
-    return AutoTokenizer.from_pretrained(str(path)).backend_tokenizer
-
-
-__all__ = ["export_hf", "import_hf_bert", "stock_architecture", "mismatches", "to_hf_state_dict"]
+__all__ = ["export_hf", "stock_architecture", "mismatches", "to_hf_state_dict"]
