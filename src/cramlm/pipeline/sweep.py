@@ -103,11 +103,6 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     return 6.0 * summary["parameters"] * tokens, "6*params*tokens"
 
 
-def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, float]:
-    """L = E + A * C^-alpha (kept under its old name; see pipeline/scaling.py)."""
-    return fit_compute_law(compute, loss)
-
-
 def non_embedding_parameters(run_dir: Path) -> int:
     """Parameters outside the token / position / type embeddings (N of the Chinchilla law),
     counted on the meta device from the run's config and tokenizer."""
