@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from cramlm.data.cramtok import VERSION as FORMAT_VERSION
 from cramlm.data.cramtok import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
-from cramlm.io import atomic_write
+from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
 
 PIPELINE_VERSION = 3  # bump when the output of the same config changes; part of the cache key
@@ -189,17 +188,8 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
                       (shard_index, num_shards), batch_chars, progress)
 
 
-def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
-    """Merge the ``num_shards`` finished shards into the output folder."""
-    folder = output_folder(cfg, cache_root)
-    if (folder / "manifest.json").is_file():
-        return load_prepared(folder)
-    start = time.perf_counter()
-    root = shards_folder(cfg, cache_root)
-    tok = get_tokenizer(cfg, root)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shards: int, start: float) -> None:
+    """The merged train/val files, the tokenizer and the manifest, written into ``tmp``."""
     shutil.copyfile(root / "tokenizer.json", tmp / "tokenizer.json")
     fp = fingerprint(tok)
     shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]
@@ -218,10 +208,18 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
         "merge_seconds": round(time.perf_counter() - start, 3),
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if folder.exists():  # another process finished first; keep its result
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, folder)
+
+
+def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
+    """Merge the ``num_shards`` finished shards into the output folder."""
+    folder = output_folder(cfg, cache_root)
+    if (folder / "manifest.json").is_file():
+        return load_prepared(folder)
+    start = time.perf_counter()
+    root = shards_folder(cfg, cache_root)
+    tok = get_tokenizer(cfg, root)
+    with atomic_dir(folder, if_exists="keep") as tmp:  # another process finished first: its result stands
+        _merge_into(tmp, cfg, root, tok, num_shards, start)
     if not keep_shards:
         shutil.rmtree(root, ignore_errors=True)
     return load_prepared(folder)
