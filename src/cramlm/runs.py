@@ -88,10 +88,7 @@ class PretrainConfig(Config):
         max_len = getattr(self.arch, "max_seq_length", None)
         if max_len is not None and self.data.seq_length > max_len:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
-        size = self.train.max_batch_size if self.train.batch_size == "auto" else self.train.batch_size
-        if size % self.impl.microbatch_size:
-            key = "train.max_batch_size" if self.train.batch_size == "auto" else "train.batch_size"
-            raise ValueError(f"{key}={size} must be a multiple of impl.microbatch_size={self.impl.microbatch_size}")
+        self.train.check_microbatches(self.impl.microbatch_size)
         return self
 
     @model_validator(mode="after")

@@ -93,13 +93,9 @@ class BatchPlan:
     ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates)."""
 
     def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget):
-        size = cfg.max_batch_size if cfg.batch_size == "auto" else cfg.batch_size
-        if size % (micro * world):
-            raise ValueError(
-                f"train.batch_size={size} must be a multiple of impl.microbatch_size={micro} x {world} processes"
-            )
+        cfg.check_microbatches(micro, world)
         self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
-        self.full = size // micro
+        self.full = cfg.full_batch() // micro
 
     def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
         n = self.full

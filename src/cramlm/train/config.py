@@ -121,3 +121,14 @@ class TrainConfig(Config):
         False, description="tokens attend only within their own document of a packed block (document_ids per "
         "token, positions reset at each document); off: across the whole block, as cramming does"
     )
+
+    def full_batch(self) -> int:
+        """Sequences per optimizer step at the end of the ramp (``max_batch_size`` under ``auto``)."""
+        return self.max_batch_size if self.batch_size == "auto" else self.batch_size
+
+    def check_microbatches(self, micro: int, world: int = 1) -> None:
+        """The full batch must be a whole number of microbatches on every process (ValueError naming the key)."""
+        if self.full_batch() % (micro * world):
+            key = "train.max_batch_size" if self.batch_size == "auto" else "train.batch_size"
+            processes = f" x {world} processes" if world > 1 else ""
+            raise ValueError(f"{key}={self.full_batch()} must be a multiple of impl.microbatch_size={micro}{processes}")
