@@ -51,14 +51,6 @@ DEFAULTS: dict[str, Any] = {
 RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
 
 
-def causal_batch(batch) -> dict[str, torch.Tensor]:
-    """CLM batches: labels = input_ids (the model shifts). ``batch``: int64 (B, T) ids, or a dict
-    with ``input_ids`` and the blocks' document boundaries (train.document_attention), passed through."""
-    out = dict(batch) if isinstance(batch, dict) else {"input_ids": batch}
-    out["labels"] = out["input_ids"]
-    return out
-
-
 def takes_document_ids(model: torch.nn.Module) -> bool:
     """Whether the model's forward accepts ``document_ids`` (cramlm's models do; a plugin may not)."""
     import inspect
@@ -68,10 +60,10 @@ def takes_document_ids(model: torch.nn.Module) -> bool:
 
 
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
-    from cramlm.data.collate import MLMCollator
+    from cramlm.data.collate import MLMCollator, causal_collate
 
     if cfg.arch.objective == "clm":
-        return causal_batch
+        return causal_collate
     return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
 
 

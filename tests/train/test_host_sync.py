@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cramlm.data.collate import causal_collate
 from cramlm.train.budget import Budget, Meter, measure_costs
 from cramlm.train.distributed import Dist
 from cramlm.train.parallelize import parallelize
@@ -66,7 +67,7 @@ class Blocks:
 def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     torch.manual_seed(0)
     model = Tiny().to(device)
-    data = StepData(Blocks(), lambda x: {"input_ids": x, "labels": x}, seed=0)
+    data = StepData(Blocks(), causal_collate, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
     cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_batches=0, **train)
     costs = measure_costs(model, data.seq_len, None, device)
