@@ -26,7 +26,7 @@ from torch import nn
 
 from cramlm.models.base import tied_aliases
 from cramlm.train.distributed import Dist, wrap_model
-from cramlm.train.impl import ImplConfig, apply_activation_checkpointing, compile_model
+from cramlm.train.impl import ImplConfig
 
 
 @dataclass
@@ -59,3 +59,40 @@ def set_document_kernel(model: nn.Module, kernel: str) -> None:
     for module in model.modules():
         if hasattr(module, "document_kernel"):
             module.document_kernel = kernel
+
+
+def apply_activation_checkpointing(model: torch.nn.Module) -> int:
+    """Wrap every child of every nn.ModuleList (the transformer blocks, whatever the model) so its
+    activations are recomputed in backward. Applied from outside: the model code stays plain."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
+
+    blocks = {id(b) for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m}
+    apply(model, check_fn=lambda m: id(m) in blocks)
+    return len(blocks)
+
+
+def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
+    """torch.compile (inductor). ``compile=auto`` compiles where it pays and is proven: a model on a
+    CUDA device that no DDP/FSDP wrapper holds; on a CPU, inductor's minutes of C++ code generation
+    rarely pay back within a budget, so the model is returned as it is."""
+    if impl.inductor:
+        import torch._inductor.config as inductor_config
+
+        for key, value in impl.inductor.items():  # dotted keys reach sub-configs: triton.cudagraphs
+            *parents, leaf = key.split(".")
+            node = inductor_config
+            for part in parents:
+                node = getattr(node, part)
+            if not hasattr(node, leaf):
+                raise ValueError(f"impl.inductor.{key}: no such torch._inductor.config option")
+            setattr(node, leaf, value)
+    if impl.compile == "auto" and not _compiles_by_default(model):
+        return model
+    return torch.compile(model, mode=impl.compile_mode)
+
+
+def _compiles_by_default(model: torch.nn.Module) -> bool:
+    param = next(model.parameters(), None)
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
+        type(m).__name__.startswith("FSDP") for m in model.modules())  # fully_shard makes FSDP<Class> types
+    return param is not None and param.device.type == "cuda" and not wrapped
