@@ -114,7 +114,7 @@ def config_classes(root: type, seen: set | None = None) -> set:
 def test_every_field_of_every_config_root_has_a_description():
     from cramlm.config.doc import description
     from cramlm.data.prepare import PrepareConfig
-    from cramlm.eval.run import EvalRunConfig
+    from cramlm.eval.evaluate import EvalRunConfig
     from cramlm.pipeline.run import PipelineConfig
 
     classes = set()

@@ -33,7 +33,7 @@ def resolved(group: str, name: str) -> dict:
 
         return resolve_recipe(name).model_dump(mode="json")
     if group == "eval":
-        from cramlm.eval.run import DEFAULTS, EvalRunConfig
+        from cramlm.eval.evaluate import DEFAULTS, EvalRunConfig
 
         return resolve(EvalRunConfig, DEFAULTS, [f"eval={name}"]).model_dump(mode="json")
     from cramlm.pretrain import DEFAULTS

@@ -64,7 +64,7 @@ class PipelineConfig(PretrainConfig):
         return _subset(PretrainConfig, self)
 
     def eval_config(self, untrained: bool = False):
-        from cramlm.eval.run import EvalRunConfig
+        from cramlm.eval.evaluate import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
@@ -234,14 +234,14 @@ def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.eval.run import evaluate
+    from cramlm.eval.evaluate import evaluate
 
     results = evaluate(cfg.eval_config())
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
 
 
 def run_eval_untrained(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.eval.run import evaluate
+    from cramlm.eval.evaluate import evaluate
 
     results = evaluate(cfg.eval_config(untrained=True))
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
