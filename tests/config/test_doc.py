@@ -115,7 +115,7 @@ def test_every_field_of_every_config_root_has_a_description():
     from cramlm.config.doc import description
     from cramlm.data.prepare import PrepareConfig
     from cramlm.eval.evaluate import EvalRunConfig
-    from cramlm.pipeline.run import PipelineConfig
+    from cramlm.pipeline.recipe import PipelineConfig
 
     classes = set()
     for root in (PretrainConfig, EvalRunConfig, PrepareConfig, PipelineConfig):  # pretrain, eval, data, run
@@ -129,7 +129,7 @@ def test_every_field_of_every_config_root_has_a_description():
 
 
 def test_config_show_doc_describes_every_key_of_every_command_and_recipe():
-    from cramlm.pipeline.run import resolve_recipe
+    from cramlm.pipeline.recipe import resolve_recipe
 
     for command in ("pretrain", "eval", "data"):
         result = CliRunner().invoke(main, ["config", "show", command, "--doc"])

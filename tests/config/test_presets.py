@@ -29,7 +29,7 @@ def resolved(group: str, name: str) -> dict:
     command that takes it (eval presets: `cramlm eval`, others: `cramlm pretrain`), a run recipe
     through `cramlm run`."""
     if group == "run":
-        from cramlm.pipeline.run import resolve_recipe
+        from cramlm.pipeline.recipe import resolve_recipe
 
         return resolve_recipe(name).model_dump(mode="json")
     if group == "eval":
@@ -155,7 +155,7 @@ def test_cli_extends_error_is_one_line(tmp_path):
 
 
 def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypatch):
-    from cramlm.pipeline.run import resolve_recipe
+    from cramlm.pipeline.recipe import resolve_recipe
 
     for var in ENV:
         monkeypatch.delenv(var, raising=False)
@@ -174,7 +174,7 @@ def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypat
 def test_run_recipes_hold_only_their_real_differences(recipe, monkeypatch):
     """Every override of a shipped run recipe changes its resolved config: none restates what its
     presets already give (cpu-1h restated 10 preset values and rebuilt the shared corpus inline)."""
-    from cramlm.pipeline.run import PipelineConfig, recipe_tree
+    from cramlm.pipeline.recipe import PipelineConfig, recipe_tree
 
     for var in ENV:
         monkeypatch.delenv(var, raising=False)
