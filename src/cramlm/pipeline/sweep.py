@@ -24,7 +24,7 @@ import numpy as np
 from cramlm.pipeline import scaling
 from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law, size_overrides
 from cramlm.pipeline.recipe import resolve_recipe, run_pipeline
-from cramlm.report.runs import is_number, load_run_data
+from cramlm.report.rundata import is_number, load_run_data
 from cramlm.io import write_json
 
 
