@@ -80,73 +80,85 @@ def _halves(cfg: TransformerConfig) -> list[int]:
 
 
 def names(cfg: TransformerConfig, arch: str) -> Iterator[tuple[str, str, object]]:
-    L, qkv, halves = cfg.num_layers, _qkv(cfg), _halves(cfg)
-    if arch == "bert":
-        e = "bert.embeddings."
-        yield e + "word_embeddings.weight", "trunk.tokens.weight", None
-        yield e + "position_embeddings.weight", "trunk.positions.table", None
-        yield e + "token_type_embeddings.weight", "trunk.token_types.weight", None
-        for s in ("weight", "bias"):
-            yield e + f"LayerNorm.{s}", f"trunk.embedding_norm.{s}", None
-            for i in range(L):
-                h, o = f"bert.encoder.layer.{i}.", f"trunk.blocks.{i}."
-                for j, name in enumerate(("query", "key", "value")):
-                    yield h + f"attention.self.{name}.{s}", o + f"attn.qkv.{s}", ("part", j, qkv)
-                yield h + f"attention.output.dense.{s}", o + f"attn.out.{s}", None
-                yield h + f"attention.output.LayerNorm.{s}", o + f"norm1.{s}", None
-                yield h + f"intermediate.dense.{s}", o + f"ffn.up.{s}", None
-                yield h + f"output.dense.{s}", o + f"ffn.down.{s}", None
-                yield h + f"output.LayerNorm.{s}", o + f"norm2.{s}", None
-            yield f"cls.predictions.transform.dense.{s}", f"head.dense.{s}", None
-            yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
-        yield "cls.predictions.decoder.weight", "head.decoder.weight", None
-        yield "cls.predictions.bias", "head.decoder.bias", None
-    elif arch == "modernbert":
-        yield "model.embeddings.tok_embeddings.weight", "trunk.tokens.weight", None
-        yield "model.embeddings.norm.weight", "trunk.embedding_norm.weight", None
-        for i in range(L):
-            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
-            if i > 0:
-                yield h + "attn_norm.weight", o + "norm1.weight", None
-            yield h + "attn.Wqkv.weight", o + "attn.qkv.weight", None
-            yield h + "attn.Wo.weight", o + "attn.out.weight", None
-            yield h + "mlp_norm.weight", o + "norm2.weight", None
-            yield h + "mlp.Wi.weight", o + "ffn.up.weight", None
-            yield h + "mlp.Wo.weight", o + "ffn.down.weight", None
-        yield "model.final_norm.weight", "trunk.final_norm.weight", None
-        yield "head.dense.weight", "head.dense.weight", None
-        yield "head.norm.weight", "head.norm.weight", None
-        yield "decoder.weight", "head.decoder.weight", None
-    elif arch == "gpt2":
-        yield "transformer.wte.weight", "trunk.tokens.weight", None
-        yield "transformer.wpe.weight", "trunk.positions.table", None
-        for i in range(L):
-            h, o = f"transformer.h.{i}.", f"trunk.blocks.{i}."
-            for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
-                for s in ("weight", "bias"):
-                    yield h + f"{theirs}.{s}", o + f"{ours}.{s}", None
-            for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
-                yield h + f"{theirs}.weight", o + f"{ours}.weight", "T"
-                yield h + f"{theirs}.bias", o + f"{ours}.bias", None
-        for s in ("weight", "bias"):
-            yield f"transformer.ln_f.{s}", f"trunk.final_norm.{s}", None
-        yield "lm_head.weight", "lm_head.weight", None
-    elif arch == "llama":
-        yield "model.embed_tokens.weight", "trunk.tokens.weight", None
-        for i in range(L):
-            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
-            yield h + "input_layernorm.weight", o + "norm1.weight", None
-            for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-                yield h + f"self_attn.{name}.weight", o + "attn.qkv.weight", ("part", j, qkv)
-            yield h + "self_attn.o_proj.weight", o + "attn.out.weight", None
-            yield h + "post_attention_layernorm.weight", o + "norm2.weight", None
-            yield h + "mlp.gate_proj.weight", o + "ffn.up.weight", ("part", 0, halves)
-            yield h + "mlp.up_proj.weight", o + "ffn.up.weight", ("part", 1, halves)
-            yield h + "mlp.down_proj.weight", o + "ffn.down.weight", None
-        yield "model.norm.weight", "trunk.final_norm.weight", None
-        yield "lm_head.weight", "lm_head.weight", None
-    else:
+    """(HF name, our name, how) of every weight of ``arch``'s stock class, in its order."""
+    if arch not in _NAMES:
         raise ValueError(f"unknown architecture '{arch}'")
+    return _NAMES[arch](cfg.num_layers, _qkv(cfg), _halves(cfg))
+
+
+def _bert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    e = "bert.embeddings."
+    yield e + "word_embeddings.weight", "trunk.tokens.weight", None
+    yield e + "position_embeddings.weight", "trunk.positions.table", None
+    yield e + "token_type_embeddings.weight", "trunk.token_types.weight", None
+    for s in ("weight", "bias"):
+        yield e + f"LayerNorm.{s}", f"trunk.embedding_norm.{s}", None
+        for i in range(L):
+            h, o = f"bert.encoder.layer.{i}.", f"trunk.blocks.{i}."
+            for j, name in enumerate(("query", "key", "value")):
+                yield h + f"attention.self.{name}.{s}", o + f"attn.qkv.{s}", ("part", j, qkv)
+            yield h + f"attention.output.dense.{s}", o + f"attn.out.{s}", None
+            yield h + f"attention.output.LayerNorm.{s}", o + f"norm1.{s}", None
+            yield h + f"intermediate.dense.{s}", o + f"ffn.up.{s}", None
+            yield h + f"output.dense.{s}", o + f"ffn.down.{s}", None
+            yield h + f"output.LayerNorm.{s}", o + f"norm2.{s}", None
+        yield f"cls.predictions.transform.dense.{s}", f"head.dense.{s}", None
+        yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
+    yield "cls.predictions.decoder.weight", "head.decoder.weight", None
+    yield "cls.predictions.bias", "head.decoder.bias", None
+
+
+def _modernbert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "model.embeddings.tok_embeddings.weight", "trunk.tokens.weight", None
+    yield "model.embeddings.norm.weight", "trunk.embedding_norm.weight", None
+    for i in range(L):
+        h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+        if i > 0:
+            yield h + "attn_norm.weight", o + "norm1.weight", None
+        yield h + "attn.Wqkv.weight", o + "attn.qkv.weight", None
+        yield h + "attn.Wo.weight", o + "attn.out.weight", None
+        yield h + "mlp_norm.weight", o + "norm2.weight", None
+        yield h + "mlp.Wi.weight", o + "ffn.up.weight", None
+        yield h + "mlp.Wo.weight", o + "ffn.down.weight", None
+    yield "model.final_norm.weight", "trunk.final_norm.weight", None
+    yield "head.dense.weight", "head.dense.weight", None
+    yield "head.norm.weight", "head.norm.weight", None
+    yield "decoder.weight", "head.decoder.weight", None
+
+
+def _gpt2_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "transformer.wte.weight", "trunk.tokens.weight", None
+    yield "transformer.wpe.weight", "trunk.positions.table", None
+    for i in range(L):
+        h, o = f"transformer.h.{i}.", f"trunk.blocks.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            for s in ("weight", "bias"):
+                yield h + f"{theirs}.{s}", o + f"{ours}.{s}", None
+        for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+            yield h + f"{theirs}.weight", o + f"{ours}.weight", "T"
+            yield h + f"{theirs}.bias", o + f"{ours}.bias", None
+    for s in ("weight", "bias"):
+        yield f"transformer.ln_f.{s}", f"trunk.final_norm.{s}", None
+    yield "lm_head.weight", "lm_head.weight", None
+
+
+def _llama_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "model.embed_tokens.weight", "trunk.tokens.weight", None
+    for i in range(L):
+        h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+        yield h + "input_layernorm.weight", o + "norm1.weight", None
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            yield h + f"self_attn.{name}.weight", o + "attn.qkv.weight", ("part", j, qkv)
+        yield h + "self_attn.o_proj.weight", o + "attn.out.weight", None
+        yield h + "post_attention_layernorm.weight", o + "norm2.weight", None
+        yield h + "mlp.gate_proj.weight", o + "ffn.up.weight", ("part", 0, halves)
+        yield h + "mlp.up_proj.weight", o + "ffn.up.weight", ("part", 1, halves)
+        yield h + "mlp.down_proj.weight", o + "ffn.down.weight", None
+    yield "model.norm.weight", "trunk.final_norm.weight", None
+    yield "lm_head.weight", "lm_head.weight", None
+
+
+_NAMES = {"bert": _bert_names, "modernbert": _modernbert_names, "gpt2": _gpt2_names, "llama": _llama_names}
 
 
 # the output embedding each stock class ties to its input embedding when tie_word_embeddings is set
