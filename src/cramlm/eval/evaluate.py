@@ -42,8 +42,7 @@ class EvalRunConfig(Config):
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
-    from cramlm.eval.finetune import finetune
-    from cramlm.eval.tables import majority_scores, markdown, means, task_rows, to_csv
+    from cramlm.eval.tables import markdown, means, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
 
@@ -72,17 +71,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
                   + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else "")
                   + f" ({lm['sequences']} sequences of {val}, as pretraining's val_loss)")
 
-    rows = []
-    for task in tasks:
-        hp = ev.for_task(task.name)
-        runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
-        task_result = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
-        for r in task_result:
-            r["hparams"] = hp.model_dump(mode="json")
-            r["skipped_rows"] = task.skipped
-            print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
-        rows += task_result
-
+    rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device)]
     mean = means(rows)
     title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
     table = markdown(rows, mean, title)
@@ -104,4 +93,21 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     print("\n" + table)
     print(f"results in {stem}.{{md,csv,json}}")
     print(json.dumps({"checkpoint": ckpt.label, "mean": mean, "lm_loss": lm and lm["loss"]}))
+    return rows
+
+
+def finetune_task(cfg: EvalRunConfig, ckpt, task, device) -> list[dict]:
+    """Fine-tune ``ckpt`` on ``task`` with ``eval.seeds`` seeds: its result rows (median over seeds,
+    one per dev split), printed as they come."""
+    from cramlm.eval.finetune import finetune
+    from cramlm.eval.tables import majority_scores, task_rows
+
+    ev = cfg.eval
+    hp = ev.for_task(task.name)
+    runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
+    rows = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
+    for r in rows:
+        r["hparams"] = hp.model_dump(mode="json")
+        r["skipped_rows"] = task.skipped
+        print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
     return rows
