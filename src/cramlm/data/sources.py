@@ -294,13 +294,12 @@ def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[
     return file_documents(cfg, report, "parquet")
 
 
-class AutoSourceConfig(SourceConfig):
-    """Each file read by the format its name says (:func:`infer_format`): a folder of mixed files."""
+class AutoSourceConfig(TextSourceConfig):
+    """Each file read by the format its name says (:func:`infer_format`): a folder of mixed files
+    (``split``: text files' document boundaries, as a text source's)."""
 
     type: Literal["auto"] = "auto"
     text_key: str = Field("text", description="the text field (dotted path) of .jsonl and .parquet files")
-    split: Literal["file", "blank-line"] = Field(
-        "file", description="document boundaries in text files: one per file, or one per blank-line-separated block")
 
 
 def auto_documents(cfg: AutoSourceConfig, report: SkipReport) -> Iterator[str]:

@@ -46,15 +46,13 @@ class AdamWConfig(OptimizerConfig):
         None, description="None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)"
     )
 
-class AdamConfig(OptimizerConfig):
-    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
+class AdamConfig(AdamWConfig):
+    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam); the
+    fields are AdamW's, with BERT's defaults."""
 
     type: Literal["adam"] = "adam"
-    betas: tuple[Beta, Beta] = Field(
-        (0.9, 0.999), description="moving-average coefficients of the gradient and its square")
-    eps: PositiveFloat = Field(1e-6, description="added to the root of the second moment (BERT: 1e-6)")
-    fused: bool | None = Field(
-        None, description="None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)")
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    eps: PositiveFloat = 1e-6
 
 class SGDConfig(OptimizerConfig):
     type: Literal["sgd"] = "sgd"
