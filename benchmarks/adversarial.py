@@ -55,8 +55,9 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-if str(SRC) not in sys.path:  # the cramlm of this checkout, also for the in-process setup
-    sys.path.insert(0, str(SRC))
+for _path in (SRC, ROOT):  # the cramlm of this checkout (also for the in-process setup); tests/ for write_pbin
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 OUTCOMES = ("ok", "clear", "traceback", "silent", "unclear")
 CLASSES = ("corpus", "data-cli", "corrupt", "overrides", "kill", "concurrent", "disk-full", "signals", "same-run")
@@ -320,7 +321,7 @@ class Replay:
     # ------------------------------------------------------------ the other `cramlm data` commands
 
     def data_cli(self) -> None:
-        from cramlm.data.modalities import write_pbin
+        from tests.data.helpers import write_pbin
 
         d = self.folder("data-cli")
         tok = str(self.tokenizer())
@@ -357,7 +358,7 @@ class Replay:
     def corrupt(self) -> None:
         import numpy as np
 
-        from cramlm.data.modalities import write_pbin
+        from tests.data.helpers import write_pbin
         from cramlm.data.cramtok import PackedWriter, read_packed
 
         d = self.folder("corrupt")

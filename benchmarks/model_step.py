@@ -28,10 +28,11 @@ import torch
 
 from cramlm.config.loader import load_preset
 from cramlm.models import build_model
-from cramlm.models import model as modeling
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.models.config import CrammedBertConfig
+from cramlm.models.crammed_bert import CrammedBert
 from cramlm.train.flops import cpu_peak_flops
-from cramlm.train.impl import PRECISION_DTYPES, autocast
+from cramlm.train.hardware import PRECISION_DTYPES
+from cramlm.train.impl import autocast
 
 VOCAB = 32768
 
@@ -86,11 +87,8 @@ class DocumentAttention(torch.nn.Module):
         self.model, self.mode = model, mode
 
     def forward(self, **batch):
-        saved, modeling.DOCUMENT_ATTENTION = modeling.DOCUMENT_ATTENTION, self.mode
-        try:
-            return self.model(**batch)
-        finally:
-            modeling.DOCUMENT_ATTENTION = saved
+        self.model.trunk.document_kernel = self.mode
+        return self.model(**batch)
 
 
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import train_step  # noqa: E402  (the benchmark's own step builder)
 
 from cramlm.config.loader import load_preset  # noqa: E402
-from cramlm.train.impl import PRECISION_DTYPES  # noqa: E402
+from cramlm.train.hardware import PRECISION_DTYPES  # noqa: E402
 
 
 def gemm_peak(dtype, sizes=(512, 1024), reps: int = 8) -> float:

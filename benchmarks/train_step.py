@@ -34,13 +34,15 @@ import torch
 
 from cramlm.config.loader import load_preset
 from cramlm.config.registry import config_class, names
-from cramlm.data.collate import MLMCollator
+from cramlm.data.collate import MLMCollator, causal_collate
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
 from cramlm.train.build import build_trainer
 from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
-from cramlm.train.impl import PRECISION_DTYPES, ImplConfig, autocast
-from cramlm.train.trainer import StepData, TrainConfig
+from cramlm.train.hardware import PRECISION_DTYPES
+from cramlm.train.impl import ImplConfig, autocast
+from cramlm.train.config import TrainConfig
+from cramlm.train.trainer import StepData
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)
@@ -68,7 +70,7 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     torch.manual_seed(0)
     model = build_model(cfg, vocab).to(device)
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
-    data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
+    data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else causal_collate, 0)
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
     train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))

@@ -142,8 +142,8 @@ def test_the_checker_sees_violations():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert STAGES.index(stage("cramlm.pretrain")) > STAGES.index(stage("cramlm.eval.checkpoints"))
-    assert stage("cramlm.cli.data") == stage("cramlm.cli") == "cli" and stage("cramlm.pipeline.run") == "pipeline"
-    assert stage("cramlm.eval.run") == "eval" and stage("cramlm.data.prepare") == "data"
+    assert stage("cramlm.cli.data") == stage("cramlm.cli") == "cli" and stage("cramlm.pipeline.recipe") == "pipeline"
+    assert stage("cramlm.eval.evaluate") == "eval" and stage("cramlm.data.prepare") == "data"
     with pytest.raises(AssertionError):
         stage("cramlm.newfolder.module")
     assert stage("cramlm.io") == "foundation" and stage("cramlm.runs") == "runs"

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.config.loader import resolve
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 from tests.conftest import TINY_PRETRAIN
 
 

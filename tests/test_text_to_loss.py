@@ -9,7 +9,8 @@ import torch
 from cramlm.data.collate import MLMCollator
 from cramlm.data.cramtok import PackedFormatError, PackedWriter, read_packed
 from cramlm.data.tokenizer import SPECIAL_TOKENS, TokenizerConfig, fingerprint, train_tokenizer
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.models.config import CrammedBertConfig
+from cramlm.models.crammed_bert import CrammedBert
 
 TEXTS = ["The whale swam under the ship.", "Call me Ishmael. Some years ago...", "Ahab stood on deck."] * 30
 

@@ -2,8 +2,8 @@
 "did you mean" hint of error messages.
 
 Every file cramlm writes under its final name is written beside it first and renamed when complete
-(:func:`atomic_write`), so a crash, even a SIGKILL in the middle of a write, never leaves a broken
-file under that name. Importing this module imports no torch (tests/test_architecture.py), so a
+(:func:`atomic_write`; a folder: :func:`atomic_dir`), so a crash, even a SIGKILL in the middle of a
+write, never leaves a broken file or folder under that name. Importing this module imports no torch (tests/test_architecture.py), so a
 config, a record or a report is written without paying for it.
 """
 
@@ -13,6 +13,7 @@ import difflib
 import json
 import os
 import pickle
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -39,6 +40,53 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_dir(path: str | Path, tmp: str | Path | None = None, if_exists: str = "replace",
+               aside: str | Path | None = None, durable: bool = False) -> Iterator[Path]:
+    """``with atomic_dir(folder) as tmp:`` fill the empty folder ``tmp``; it becomes ``folder`` when
+    the block ends normally, and is removed when it raises (also on Ctrl-C), so ``folder`` is never
+    seen half-written. ``tmp``: the temporary folder (default ``.<name>.tmp-<pid>`` beside it; a
+    leftover of a killed writer is cleared first). When ``folder`` already exists at the end:
+    ``if_exists="keep"`` keeps it and drops ``tmp`` (another process finished first: its result
+    stands); ``"replace"`` moves it to ``aside`` (default ``.<name>.old-<pid>``), renames ``tmp``
+    into place, then deletes the old one, so a kill in between leaves a complete folder under one of
+    the two names. ``durable``: fsync every file and then the parent, so the rename survives a
+    power loss (checkpoints)."""
+    path = Path(path)
+    tmp = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        yield tmp
+        if durable:
+            for f in tmp.iterdir():
+                fsync(f)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        if if_exists == "keep":
+            shutil.rmtree(tmp)
+            return
+        old = Path(aside) if aside is not None else path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)  # a kill from here until it is deleted leaves it to restore
+    os.replace(tmp, path)
+    if durable:
+        fsync(path.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def fsync(path: str | Path) -> None:
+    """Flush a file or folder to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text(path: str | Path, text: str) -> None:

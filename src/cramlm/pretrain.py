@@ -41,19 +41,11 @@ if TYPE_CHECKING:
 DEFAULTS: dict[str, Any] = {"arch": "crammed-bert-tiny", "train": "bert-o4-cpu", "data": "default", "impl": "default"}
 
 
-def causal_batch(batch) -> dict[str, torch.Tensor]:
-    """CLM batches: labels = input_ids (the model shifts). ``batch``: int64 (B, T) ids, or a dict
-    with ``input_ids`` and the blocks' document boundaries (train.document_attention), passed through."""
-    out = dict(batch) if isinstance(batch, dict) else {"input_ids": batch}
-    out["labels"] = out["input_ids"]
-    return out
-
-
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
-    from cramlm.data.collate import MLMCollator
+    from cramlm.data.collate import MLMCollator, causal_collate
 
     if cfg.arch.objective == "clm":
-        return causal_batch
+        return causal_collate
     return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
 
 
@@ -164,7 +156,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours,
                             val_batches=validation_batches(cfg, data, vocab_size),
                             max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=config,
-                            record={"config": config, "data": data.identity()})  # in every checkpoint it writes
+                            record={"config": config, "data": data.identity()},  # in every checkpoint it writes
+                            count_compile=cfg.count_compile, count_eval=cfg.count_eval)
     if resume_from is not None:
         changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
     if dist.main:

@@ -44,8 +44,8 @@ def parse_hours(value: Any) -> Any:
 
 class PretrainConfig(Config):
     name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')")
-    base_dir: str = OUTPUTS_DIR
-    seed: int = 0
+    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders (relative to the working directory)")
+    seed: int = Field(0, description="seeds model init, masking and data order; the same seed and config train the same run")
     budget: float | None = Field(
         1 / 60,
         description=(
@@ -54,6 +54,12 @@ class PretrainConfig(Config):
             "run."
         ),
     )
+    count_compile: bool = Field(
+        True, description="the first step (where torch.compile and warm-up happen) counts against the hours, as in "
+        "cramming; false: its time is left off the clock (always recorded as first_step_seconds)")
+    count_eval: bool = Field(
+        False, description="held-out validation time counts against the hours; false: left off the clock (recorded "
+        "as eval_seconds)")
     dryrun: bool = Field(
         False, description="full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)"
     )
@@ -65,10 +71,10 @@ class PretrainConfig(Config):
         "[train.optim.lr]; each change is recorded (docs/training.md)"
     )
     plugins: list[str] = Field([], description="modules to import first (they may register components)")
-    arch: component(ModelConfig)
-    train: TrainConfig = TrainConfig()
-    data: DataConfig = DataConfig()
-    impl: ImplConfig = ImplConfig()
+    arch: component(ModelConfig) = Field(description="the model (the arch group: a component, its type picks the class)")
+    train: TrainConfig = Field(TrainConfig(), description="optimizer, schedule, batch, budgets and checkpoints (the train group)")
+    data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
+    impl: ImplConfig = Field(ImplConfig(), description="device, precision, speed and logging; no effect on the maths (the impl group)")
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -88,10 +94,7 @@ class PretrainConfig(Config):
         max_len = getattr(self.arch, "max_seq_length", None)
         if max_len is not None and self.data.seq_length > max_len:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
-        size = self.train.max_batch_size if self.train.batch_size == "auto" else self.train.batch_size
-        if size % self.impl.microbatch_size:
-            key = "train.max_batch_size" if self.train.batch_size == "auto" else "train.batch_size"
-            raise ValueError(f"{key}={size} must be a multiple of impl.microbatch_size={self.impl.microbatch_size}")
+        self.train.check_microbatches(self.impl.microbatch_size)
         return self
 
     @model_validator(mode="after")

@@ -10,7 +10,8 @@ import pytest
 
 from cramlm.config.loader import ConfigError, available_presets, resolve
 from cramlm.config.registry import names
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 
 
 def pretrain_cfg(*overrides: str) -> PretrainConfig:

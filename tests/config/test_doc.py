@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.config.doc import describe, type_name
 from cramlm.config.loader import resolve
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 from cramlm.train.config import TrainConfig
 from cramlm.train.impl import ImplConfig
 
@@ -80,3 +81,62 @@ def test_config_show_doc_imports_no_torch(tmp_path):
               "print(r.exit_code, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert out.stdout.split() == ["0", "False"], out.stdout + out.stderr
+
+
+def config_classes(root: type, seen: set | None = None) -> set:
+    """Every config class reachable from ``root``: its fields' types, and for a component slot every
+    class registered under that kind (a plugin's classes are not walked: they are not ours)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from cramlm.config import registry
+    from cramlm.config.base import ComponentConfig
+
+    seen = set() if seen is None else seen
+
+    def visit(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if issubclass(annotation, ComponentConfig) and annotation.kind:
+                for name in registry.names(annotation.kind):
+                    config_classes(registry.config_class(annotation.kind, name), seen)
+            config_classes(annotation, seen)
+        for arg in typing.get_args(annotation):
+            visit(arg)
+
+    if root not in seen:
+        seen.add(root)
+        for field in root.model_fields.values():
+            visit(field.annotation)
+    return seen
+
+
+def test_every_field_of_every_config_root_has_a_description():
+    from cramlm.config.doc import description
+    from cramlm.data.prepare import PrepareConfig
+    from cramlm.eval.evaluate import EvalRunConfig
+    from cramlm.pipeline.recipe import PipelineConfig
+
+    classes = set()
+    for root in (PretrainConfig, EvalRunConfig, PrepareConfig, PipelineConfig):  # pretrain, eval, data, run
+        config_classes(root, classes)
+    names = {c.__name__ for c in classes}
+    assert {"CrammedBertConfig", "LlamaConfig", "LionConfig", "PolynomialConfig", "HFSourceConfig", "TaskSpec",
+            "Columns", "HparamsOverride", "BudgetConfig", "TokenizerConfig", "DedupConfig"} <= names  # the walk is deep
+    ours = [c for c in classes if c.__module__.startswith("cramlm.")]  # other tests register plugins of their own
+    missing = sorted(f"{c.__module__}.{c.__name__}.{n}" for c in ours for n in c.model_fields if not description(c, n))
+    assert not missing, f"{len(missing)} config fields without Field(description=...): {missing}"
+
+
+def test_config_show_doc_describes_every_key_of_every_command_and_recipe():
+    from cramlm.pipeline.recipe import resolve_recipe
+
+    for command in ("pretrain", "eval", "data"):
+        result = CliRunner().invoke(main, ["config", "show", command, "--doc"])
+        assert result.exit_code == 0, result.output
+        keys = [line for line in result.output.splitlines() if not line.startswith("    ")]
+        described = [line for line in result.output.splitlines() if line.startswith("    ")]
+        assert keys and len(described) == len(keys), (command, set(keys) - set(described))
+    for recipe in ("default", "cpu-1h", "gpt2-60m"):
+        undocumented = [d.key for d in describe(resolve_recipe(recipe)) if not d.description]
+        assert not undocumented, (recipe, undocumented)

@@ -8,6 +8,7 @@ with ``python tests/config/test_presets.py`` and review the diff.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -28,14 +29,15 @@ def resolved(group: str, name: str) -> dict:
     command that takes it (eval presets: `cramlm eval`, others: `cramlm pretrain`), a run recipe
     through `cramlm run`."""
     if group == "run":
-        from cramlm.pipeline.run import resolve_recipe
+        from cramlm.pipeline.recipe import resolve_recipe
 
         return resolve_recipe(name).model_dump(mode="json")
     if group == "eval":
-        from cramlm.eval.run import DEFAULTS, EvalRunConfig
+        from cramlm.eval.evaluate import DEFAULTS, EvalRunConfig
 
         return resolve(EvalRunConfig, DEFAULTS, [f"eval={name}"]).model_dump(mode="json")
-    from cramlm.pretrain import DEFAULTS, PretrainConfig
+    from cramlm.pretrain import DEFAULTS
+    from cramlm.runs import PretrainConfig
 
     return resolve(PretrainConfig, DEFAULTS, [f"{group}={name}"]).model_dump(mode="json")
 
@@ -82,7 +84,8 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def pretrain(*overrides: str):
-    from cramlm.pretrain import DEFAULTS, PretrainConfig
+    from cramlm.pretrain import DEFAULTS
+    from cramlm.runs import PretrainConfig
 
     return resolve(PretrainConfig, DEFAULTS, list(overrides))
 
@@ -152,7 +155,7 @@ def test_cli_extends_error_is_one_line(tmp_path):
 
 
 def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypatch):
-    from cramlm.pipeline.run import resolve_recipe
+    from cramlm.pipeline.recipe import resolve_recipe
 
     for var in ENV:
         monkeypatch.delenv(var, raising=False)
@@ -165,6 +168,26 @@ def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypat
     cfg, base = resolve_recipe(str(mine)), resolve_recipe("cpu-1h")
     assert cfg.budget == 2 and cfg.train.batch_size == 128 and cfg.name == "cpu-1h"  # name comes from the base
     assert cfg.eval.max_train_examples == base.eval.max_train_examples == 4000 and cfg.data.name == "shared-corpus"  # the base's overrides kept
+
+
+@pytest.mark.parametrize("recipe", available_presets("run"))
+def test_run_recipes_hold_only_their_real_differences(recipe, monkeypatch):
+    """Every override of a shipped run recipe changes its resolved config: none restates what its
+    presets already give (cpu-1h restated 10 preset values and rebuilt the shared corpus inline)."""
+    from cramlm.pipeline.recipe import PipelineConfig, recipe_tree
+
+    for var in ENV:
+        monkeypatch.delenv(var, raising=False)
+    tree, overrides = recipe_tree(recipe)
+    full = resolve(PipelineConfig, copy.deepcopy(tree), overrides).model_dump(mode="json")
+    for i, override in enumerate(overrides):
+        without = resolve(PipelineConfig, copy.deepcopy(tree), overrides[:i] + overrides[i + 1:]).model_dump(mode="json")
+        assert without != full, f"run/{recipe}.yaml: override {override.partition('=')[0]} restates its preset's value"
+
+
+def test_cpu_1h_trains_on_the_shared_corpus_preset():
+    raw = yaml.safe_load((recipes_dir() / "run" / "cpu-1h.yaml").read_text())
+    assert raw["data"] == "shared-corpus" and not any(key.startswith("data.") for key in raw["overrides"])
 
 
 if __name__ == "__main__":  # regenerate the snapshot

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.config.extras import check_extras, installed
 from cramlm.config.loader import ConfigError, resolve
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 
 
 def pretrain_cfg(*overrides: str) -> PretrainConfig:
@@ -178,7 +179,7 @@ def test_cli_prints_one_error_without_traceback(in_tmp, override, shown):
 
 
 def test_missing_optional_dependency_stops_cramlm_run_before_any_stage(tmp_path, monkeypatch):
-    from cramlm.pipeline.run import resolve_recipe, run_pipeline
+    from cramlm.pipeline.recipe import resolve_recipe, run_pipeline
 
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     cfg = resolve_recipe("default", [f"base_dir={tmp_path}", f"impl.data_cache={tmp_path / 'cache'}", "impl.tensorboard=true"])

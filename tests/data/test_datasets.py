@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cramlm.data.dataset import BlockDataset, DocumentPackedDataset, ShuffledStream
+from cramlm.data.dataset import BlockDataset, ShuffledStream
 from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.data.permute import Permutation
 
@@ -33,25 +33,6 @@ def test_blocks_cover_the_stream_and_carry_boundaries(packed):
     assert plain[1].tolist() == docs[2][:8].tolist()
     assert plain.boundaries(2)["position_ids"].tolist() == [0, 1, 2, 3, 0, 0, 1, 2]  # doc 2's piece counts from the block
     assert plain.boundaries(2)["document_ids"].tolist() == [0, 0, 0, 0, 1, 2, 2, 2]
-
-
-def test_document_packing_never_cuts_a_fitting_document(packed):
-    p, docs = packed
-    ds = DocumentPackedDataset(p, 8, pad_id=0)
-    # blocks: [5+3] [8 of doc2] [4 of doc2 + 1] [7] [4]
-    assert len(ds) == 5
-    item = ds[0]
-    assert item["input_ids"].tolist() == docs[0].tolist() + docs[1].tolist()
-    assert item["document_ids"].tolist() == [0] * 5 + [1] * 3
-    item = ds[2]
-    assert item["input_ids"].tolist() == docs[2][8:].tolist() + docs[3].tolist() + [0] * 3
-    assert item["position_ids"].tolist() == [0, 1, 2, 3, 0, 0, 0, 0]  # positions stay below the block length
-    assert item["document_ids"].tolist() == [0, 0, 0, 0, 1, -1, -1, -1]
-    assert item["attention_mask"].tolist() == [1] * 5 + [0] * 3
-    batch = ds.batch(np.array([2, 0]))
-    assert batch["input_ids"][0].tolist() == item["input_ids"].tolist()
-    assert set(batch) == {"input_ids", "document_ids", "position_ids", "attention_mask"}
-    assert ds.padding_tokens == 5 * 8 - 32
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 1000, 4097])

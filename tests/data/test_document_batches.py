@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from cramlm.data.collate import MLMCollator
-from cramlm.data.dataset import DocumentPackedDataset
 from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.train.trainer import StepData
+from tests.data.helpers import DocumentPackedDataset
 from tests.models.helpers import tiny_model
 
 

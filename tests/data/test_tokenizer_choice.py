@@ -13,8 +13,9 @@ from cramlm.cli import main
 from cramlm.config.loader import resolve
 from cramlm.data.prepare import PREPARE_DEFAULTS, PrepareConfig
 from cramlm.data.tokenizer import EOT, SPECIAL_TOKENS, TokenizerConfig, separator_id, train_tokenizer
-from cramlm.pipeline.run import resolve_recipe
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.pipeline.recipe import resolve_recipe
+from cramlm.pretrain import DEFAULTS
+from cramlm.runs import PretrainConfig
 from tests.conftest import TINY_PRETRAIN
 
 TEXTS = ["Call me Ishmael. Some years ago--never mind how long precisely--having little money",

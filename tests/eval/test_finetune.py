@@ -13,7 +13,8 @@ from cramlm.eval.checkpoints import Checkpoint, CramTokenizer
 from cramlm.eval.config import EvalConfig, Hparams
 from cramlm.eval.finetune import finetune, length_grouped_batches, pad_batch, schedule_for
 from cramlm.eval.tasks import Example, Task
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
+from cramlm.models.config import CrammedBertConfig
+from cramlm.models.crammed_bert import CrammedBert
 from cramlm.train.impl import ImplConfig
 
 WORDS = ["red", "green", "blue"]
@@ -23,7 +24,10 @@ FILLER = "the a of and to in is it that was".split()
 def _tiny_checkpoint(texts: list[str]) -> Checkpoint:
     torch.manual_seed(0)
     tok = train_tokenizer(TokenizerConfig(vocab_size=120, min_frequency=1), texts)
-    cfg = CrammedBertConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, max_seq_length=32)
+    # head_transform=True: the MLM head is unused here, but building it draws from the seeded RNG, and these
+    # seeds were chosen with it (the class default became cramming's false)
+    cfg = CrammedBertConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=128, max_seq_length=32,
+                            head_transform=True)
     return Checkpoint("tiny", CrammedBert(cfg, tok.get_vocab_size()), CramTokenizer(tok), 32, Path("."), "eval", False)
 
 

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from cramlm.train.distributed import all_reduce, barrier, close_process_group, init_distributed  # noqa: E402
-from cramlm.train.impl import ImplConfig, compile_model  # noqa: E402
+from cramlm.train.impl import ImplConfig  # noqa: E402
+from cramlm.train.parallelize import compile_model  # noqa: E402
 from tests.train.helpers import run_inprocess  # noqa: E402
 
 if __name__ == "__main__":

@@ -67,15 +67,15 @@ def test_packed_documents_take_flex_attention_and_match_the_dense_mask(name, dev
     ids, docs, mask = packed(device)
     cpu = device.type == "cpu"
     if cpu:  # FlexAttention has no CPU backward: compare forwards there
-        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "flex")
+        model.trunk.document_kernel = "flex"
         model.eval()
-    assert modeling.use_block_mask(docs, model.cfg.hidden_size // model.cfg.num_heads, 0.0)
+    assert modeling.use_block_mask(docs, model.cfg.hidden_size // model.cfg.num_heads, 0.0, model.trunk.document_kernel)
     block, _ = modeling.attention_mask_for(mask, docs, model.trunk.causal, docs.shape[1], block_mask=True)
     assert isinstance(block, modeling.BlockMask)
     keep = mask.bool()
 
     def run(mode: str, dtype):
-        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", mode)
+        model.trunk.document_kernel = mode
         model.zero_grad(set_to_none=True)
         if cpu:
             with torch.no_grad(), autocast(device, dtype):

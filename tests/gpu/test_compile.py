@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cramlm.train.impl import ImplConfig, compile_model
+from cramlm.train.impl import ImplConfig
+from cramlm.train.parallelize import compile_model
 from tests.gpu.helpers import WIDE
 from tests.models.helpers import random_ids, tiny_model
 

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from cramlm.train.optim import AdamWConfig, build_optimizer
+from cramlm.train.config import AdamWConfig
+from cramlm.train.optim import build_optimizer
 from cramlm.train.impl import autocast
 from tests.gpu.helpers import WIDE, run_overrides
 from tests.models.helpers import VOCAB, random_ids, tiny_model

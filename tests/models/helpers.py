@@ -7,7 +7,7 @@ import torch
 from cramlm.config.loader import load_preset
 from cramlm.config.registry import config_class
 from cramlm.models import build_model
-from cramlm.models.transformer import TransformerConfig
+from cramlm.models.config import TransformerConfig
 
 VOCAB = 300
 # small widths applied to every preset: same choices, seconds on 2 cores

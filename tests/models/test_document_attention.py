@@ -1,5 +1,5 @@
 """Packed documents without a dense mask: the FlexAttention block mask (the CUDA default, see
-model.DOCUMENT_ATTENTION) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
+model.Trunk.document_kernel, impl.document_attention_kernel) gives exactly what the dense SDPA mask gives. Here on the CPU, forward
 only (FlexAttention has no CPU backward); tests/gpu/test_attention.py checks forward, backward
 and the kernels on a GPU."""
 
@@ -22,12 +22,12 @@ def packed_batch(T: int = 24):
 
 
 @pytest.mark.parametrize("name", ["crammed-bert-tiny", "llama-tiny"])  # bidirectional; causal + grouped-query
-def test_block_mask_gives_the_dense_masks_results(name, monkeypatch):
+def test_block_mask_gives_the_dense_masks_results(name):
     model = tiny_model(name, **WIDE)
     ids, docs, mask = packed_batch()
     outputs = {}
     for mode in ("dense", "flex"):
-        monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", mode)
+        model.trunk.document_kernel = mode
         with torch.no_grad():
             outputs[mode] = model.encode(ids, attention_mask=mask, document_ids=docs)
     keep = mask.bool()
@@ -57,13 +57,21 @@ def test_every_query_sees_a_key():
         assert dense.any(dim=-1).all()
 
 
-def test_when_the_block_mask_is_used(monkeypatch):
+def test_when_the_block_mask_is_used():
     docs = torch.zeros(2, 8, dtype=torch.long)
     assert not modeling.use_block_mask(docs, 16, 0.0)  # auto: on CUDA only (here: the dense mask)
-    monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "flex")
-    assert modeling.use_block_mask(docs, 16, 0.0) and modeling.use_block_mask(docs, 64, 0.0)
-    assert not modeling.use_block_mask(None, 16, 0.0)
-    assert not modeling.use_block_mask(docs, 8, 0.0) and not modeling.use_block_mask(docs, 24, 0.0)  # torch 2.5's head dims
-    assert not modeling.use_block_mask(docs, 16, 0.1)  # attention dropout: FlexAttention has none
-    monkeypatch.setattr(modeling, "DOCUMENT_ATTENTION", "dense")
-    assert not modeling.use_block_mask(docs, 16, 0.0)
+    assert modeling.use_block_mask(docs, 16, 0.0, "flex") and modeling.use_block_mask(docs, 64, 0.0, "flex")
+    assert not modeling.use_block_mask(None, 16, 0.0, "flex")
+    assert not modeling.use_block_mask(docs, 8, 0.0, "flex") and not modeling.use_block_mask(docs, 24, 0.0, "flex")  # torch 2.5's head dims
+    assert not modeling.use_block_mask(docs, 16, 0.1, "flex")  # attention dropout: FlexAttention has none
+    assert not modeling.use_block_mask(docs, 16, 0.0, "dense")
+
+
+def test_the_kernel_is_set_from_the_impl_config():
+    from cramlm.train.impl import ImplConfig
+    from cramlm.train.parallelize import set_document_kernel
+
+    model = tiny_model("crammed-bert-tiny", **WIDE)
+    assert model.trunk.document_kernel == "auto"
+    set_document_kernel(model, ImplConfig(document_attention_kernel="flex").document_attention_kernel)
+    assert model.trunk.document_kernel == "flex"

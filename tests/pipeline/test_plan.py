@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.pipeline.plan import Candidate, batch_for, load_law, plan, rank
-from cramlm.pipeline.run import resolve_recipe
+from cramlm.pipeline.recipe import resolve_recipe
 from cramlm.pipeline.scaling import chinchilla_law
 
 LAW = {"E": 2.0, "A": 400.0, "a": 0.45, "B": 2000.0, "b": 0.45, "r2": 0.99}
@@ -104,7 +104,7 @@ def test_measure_throughput_runs_real_training_steps():
 
 
 def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
-    from cramlm.pipeline.run import AUTO_ARCH
+    from cramlm.pipeline.recipe import AUTO_ARCH
 
     overrides = [f"base_dir={tmp_path}", "budget=15m", "arch=auto"]
     said: list[str] = []
@@ -132,7 +132,7 @@ def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
 def test_arch_auto_never_measures_when_it_must_not(law_file, tmp_path, monkeypatch):
     import cramlm.pipeline.plan as plan_module
     from cramlm.config.loader import ConfigError
-    from cramlm.pipeline.run import AUTO_ARCH
+    from cramlm.pipeline.recipe import AUTO_ARCH
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured")

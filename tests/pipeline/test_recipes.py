@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from cramlm.config.loader import GROUPS, available_presets, recipes_dir
-from cramlm.pipeline.run import recipe_tree, resolve_recipe, run_pipeline
+from cramlm.pipeline.recipe import recipe_tree, resolve_recipe, run_pipeline
 
 # preset -> the issue that adds it
 PENDING: dict[str, int] = {}  # every preset the recipes name exists now

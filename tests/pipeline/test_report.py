@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.report import write_report
-from cramlm.report.runs import load_run_data
+from cramlm.report.rundata import load_run_data
 
 
 def fake_run(folder: Path, name: str, loss0: float, with_extras: bool) -> Path:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from cramlm.cli import main
 from cramlm.config.loader import ConfigError
-from cramlm.pipeline.run import plan, read_record, resolve_recipe, selected, stage_keys
+from cramlm.pipeline.recipe import plan, read_record, resolve_recipe, selected, stage_keys
 
 from .conftest import TINY_RUN, cramlm
 
@@ -126,7 +126,7 @@ def test_list_and_show():
 
 def test_other_ranks_join_only_the_pretrain_stage(tiny_run, tmp_path, monkeypatch):
     """Under torchrun, ranks > 0 decide like rank 0 but only train; they never write the record."""
-    import cramlm.pipeline.run as run_module
+    import cramlm.pipeline.recipe as run_module
 
     shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.pipeline.scaling import FitError, chinchilla_law, fit_chinchilla, fit_compute_law
-from cramlm.pipeline.sweep import _plain, budget_overrides, check_grid, fit_power_law, size_overrides
+from cramlm.pipeline.sweep import _plain, budget_overrides, check_grid, size_overrides
 
 from .conftest import TINY_RUN, cramlm
 
@@ -18,7 +18,7 @@ from .conftest import TINY_RUN, cramlm
 def test_compute_law_fit_recovers_the_irreducible_loss():
     compute = [1e12, 3e12, 1e13, 3e13, 1e14, 3e14]
     loss = [1.7 + 3e4 * c**-0.35 for c in compute]
-    fit = fit_power_law(compute, loss)
+    fit = fit_compute_law(compute, loss)
     assert fit["E"] == pytest.approx(1.7, rel=1e-3) and fit["alpha"] == pytest.approx(0.35, rel=1e-3)
     assert fit["A"] == pytest.approx(3e4, rel=1e-2) and fit["r2"] == pytest.approx(1.0)
     # a pure power law is the E = 0 case, inside the bounds

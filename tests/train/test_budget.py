@@ -7,7 +7,7 @@ import pytest
 
 from cramlm.config.loader import ConfigError
 from cramlm.train.budget import BatchPlan, Budget, BudgetConfig, Usage
-from cramlm.train.trainer import TrainConfig
+from cramlm.train.config import TrainConfig
 
 from .helpers import records, run_inprocess
 
@@ -47,6 +47,13 @@ def test_wall_clock_budget(tmp_path):
     elapsed = [r["elapsed"] for r in records(tmp_path / "clock")]
     assert elapsed[-1] == pytest.approx(s["train_seconds"], abs=1e-3) and all(e <= 2.0 for e in elapsed[:-1])  # (rounded to ms)
     assert s["budget_counts"] == {"compile": True, "eval": False, "setup": False, "checkpoints": True}
+
+
+def test_what_counts_against_the_hours_is_set_beside_them(tmp_path):
+    s = run_inprocess(tmp_path, "counts", "budget=null", "train.budget.steps=2", "count_compile=false", "count_eval=true")
+    assert s["budget_counts"] == {"compile": False, "eval": True, "setup": False, "checkpoints": True}
+    with pytest.raises(Exception, match="train.budget.count_compile: unknown key"):  # one home: the root
+        run_inprocess(tmp_path, "old", "train.budget.count_compile=false")
 
 
 def test_no_budget_is_an_error(tmp_path):

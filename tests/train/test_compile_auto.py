@@ -4,7 +4,8 @@ CPU model."""
 
 import torch
 
-from cramlm.train.impl import ImplConfig, compile_model
+from cramlm.train.impl import ImplConfig
+from cramlm.train.parallelize import compile_model
 
 
 def test_compile_auto_leaves_cpu_models_alone():

@@ -13,7 +13,7 @@ import torch
 from cramlm.data.collate import MLMCollator
 from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.data.dataset import BlockDataset
-from cramlm.pretrain import causal_batch
+from cramlm.data.collate import causal_collate
 from cramlm.train.trainer import StepData
 
 from .helpers import CAUSAL, losses, run_inprocess
@@ -28,11 +28,11 @@ def blocks(tmp_path, cls_id):
 
 def test_step_data_draws_document_boundaries_when_on(tmp_path):
     ds = blocks(tmp_path, cls_id=None)
-    on = StepData(ds, causal_batch, seed=0, documents=True).take(4)
+    on = StepData(ds, causal_collate, seed=0, documents=True).take(4)
     assert set(on) == {"input_ids", "labels", "document_ids", "position_ids"}
-    order = StepData(ds, causal_batch, seed=0).order.take(4)  # the same stream either way
+    order = StepData(ds, causal_collate, seed=0).order.take(4)  # the same stream either way
     assert torch.equal(on["document_ids"], torch.from_numpy(np.stack([ds.boundaries(int(i))["document_ids"] for i in order])))
-    assert set(StepData(ds, causal_batch, seed=0).take(4)) == {"input_ids", "labels"}  # off: plain blocks
+    assert set(StepData(ds, causal_collate, seed=0).take(4)) == {"input_ids", "labels"}  # off: plain blocks
     mlm = StepData(blocks(tmp_path, cls_id=2), MLMCollator(100, 4, 5, 0.25), seed=0, documents=True).take(2)
     assert {"document_ids", "position_ids", "labels"} <= set(mlm) and mlm["document_ids"].shape == (2, 8)
 

@@ -15,11 +15,10 @@ from cramlm.train.hardware import (
     choose_precision,
     decide_precision,
     free_cpus,
-    resolve_precision,
     resolve_threads,
     usable_cpus,
 )
-from cramlm.train.impl import ImplConfig, autocast_dtype
+from cramlm.train.impl import ImplConfig, autocast_dtype, resolve_precision
 
 from .helpers import run_inprocess
 
@@ -65,7 +64,7 @@ def test_precision_on_cuda_and_explicit_settings(monkeypatch, cache):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert autocast_dtype(ImplConfig(), cuda) is torch.float16  # V100, T4: fp16 with loss scaling
     assert autocast_dtype(ImplConfig(precision="fp32"), torch.device("cpu")) is None
-    explicit = resolve_precision("bf16", torch.device("cpu"))
+    explicit = resolve_precision(ImplConfig(precision="bf16"), torch.device("cpu"))
     assert (explicit.precision, explicit.reason, explicit.dtype) == ("bf16", "impl.precision=bf16", torch.bfloat16)
     assert not cache.exists()  # nothing was measured
 

@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cramlm.data.collate import causal_collate
 from cramlm.train.build import build_trainer
 from cramlm.train.impl import ImplConfig
-from cramlm.train.trainer import StepData, TrainConfig, Trainer
+from cramlm.train.config import TrainConfig
+from cramlm.train.trainer import StepData, Trainer
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_assert_async"}
 
@@ -63,7 +65,7 @@ class Blocks:
 def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     torch.manual_seed(0)
     model = Tiny().to(device)
-    data = StepData(Blocks(), lambda x: {"input_ids": x, "labels": x}, seed=0)
+    data = StepData(Blocks(), causal_collate, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
     cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_batches=0, **train)
     return build_trainer(model, data, cfg, impl, tmp_path)

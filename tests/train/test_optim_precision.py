@@ -7,7 +7,8 @@ from torch import nn
 
 from cramlm.config.registry import config_class
 from cramlm.train.optim import build_optimizer, param_groups
-from cramlm.train.impl import ImplConfig, autocast_dtype, compile_model
+from cramlm.train.impl import ImplConfig, autocast_dtype
+from cramlm.train.parallelize import compile_model
 
 from .helpers import CAUSAL, losses, records, run_inprocess
 

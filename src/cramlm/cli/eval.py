@@ -19,6 +19,6 @@ def eval_command(overrides: tuple[str, ...]) -> None:
       cramlm eval checkpoint=bert24 eval=glue-sane eval.glue_dir=glue_data
       cramlm eval checkpoint=bert24-untrained eval=cpu-quick eval.tasks=[path/to/task]
     """
-    from cramlm.eval.run import evaluate
+    from cramlm.eval.evaluate import evaluate
 
     run_or_exit(evaluate, resolve_or_exit("eval", overrides))

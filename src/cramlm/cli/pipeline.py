@@ -18,7 +18,7 @@ def split_recipe(args: tuple[str, ...], default: str) -> tuple[str, list[str]]:
 
 def resolve_recipe_or_exit(recipe: str, overrides: list[str], plan_arch: dict | None = None):
     from cramlm.config.loader import ConfigError
-    from cramlm.pipeline.run import resolve_recipe
+    from cramlm.pipeline.recipe import resolve_recipe
 
     try:
         return resolve_recipe(recipe, overrides, plan_arch)
@@ -46,7 +46,7 @@ def run_command(list_: bool, show: bool, resume: str | None, allow_change: tuple
       cramlm run cpu-1h budget=15m arch=auto
       cramlm run crammed-bert-24h eval.tasks=[glue/SST-2]
     """
-    from cramlm.pipeline.run import DEFAULT_RECIPE, describe, list_recipes, results_summary, run_pipeline
+    from cramlm.pipeline.recipe import DEFAULT_RECIPE, describe, list_recipes, results_summary, run_pipeline
 
     if list_:
         for name, text in list_recipes():
@@ -85,7 +85,7 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     Example:
       cramlm sweep --sizes 64x2,128x4,256x4 --budgets 250ktok,1Mtok,4Mtok impl.threads=2
     """
-    from cramlm.pipeline.run import DEFAULT_RECIPE
+    from cramlm.pipeline.recipe import DEFAULT_RECIPE
     from cramlm.pipeline.sweep import sweep
 
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)

@@ -33,7 +33,7 @@ class ComponentConfig(Config):
     of each section), ``type`` the registered name of the concrete component."""
 
     kind: ClassVar[str] = ""
-    type: str
+    type: str = Field(description="the registered name of the component to build")
 
 
 _NAME = re.compile(r"\w[\w.+=@,-]*")

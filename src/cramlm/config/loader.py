@@ -26,7 +26,7 @@ The rules, in the order they apply (``cramlm config show pretrain ...`` prints t
    match), wrong types and out-of-range values are errors naming their key path; a component's
    ``type`` picks the config class its other keys are checked against.
 
-A run recipe (``recipes/run/*.yaml``, :mod:`cramlm.pipeline.run`) is a tree of this kind whose
+A run recipe (``recipes/run/*.yaml``, :mod:`cramlm.pipeline.recipe`) is a tree of this kind whose
 ``overrides:`` mapping (dotted key -> value) is applied as ``key=<value as JSON>`` overrides
 (JSON is YAML, so every value keeps its type) before the command line's own overrides.
 """

@@ -39,7 +39,7 @@ _REGISTRY: dict[str, dict[str, Entry]] = {}
 # Modules that register (or declare) cramlm's own components; imported lazily so that `import cramlm`
 # and `cramlm --help` stay fast. None of them imports torch: validating a config never does.
 _BUILTIN_MODULES = (
-    "cramlm.models.transformer",
+    "cramlm.models.config",
     "cramlm.train.config",
     "cramlm.train.schedules",
     "cramlm.data.sources",

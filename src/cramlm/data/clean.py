@@ -15,17 +15,23 @@ from typing import Literal
 
 import numpy as np
 
-from cramlm.config.base import Config
+from pydantic import Field
+
+from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
 
 
 class CleanConfig(Config):
-    unicode: Literal["none", "NFC", "NFKC", "NFD", "NFKD"] = "none"  # Unicode normalisation of the text
-    min_chars: int = 0  # drop shorter documents (after normalisation)
-    max_chars: int | None = None  # drop longer documents
-    min_words: int = 0  # drop documents with fewer whitespace-separated words
-    # cramming's "trash" filter: keep a document only if tokens < max_tokens_per_char * chars
-    # (0.25 in cramming; None: off). Catches tables, code dumps and text the tokenizer cannot handle.
-    max_tokens_per_char: float | None = None
+    unicode: Literal["none", "NFC", "NFKC", "NFD", "NFKD"] = Field(
+        "none", description="Unicode normalisation applied to each document's text before any other step (none: as read)")
+    min_chars: NonNegativeInt = Field(
+        0, description="drop documents shorter than this many characters, after normalisation (counted as too_short)")
+    max_chars: PositiveInt | None = Field(
+        None, description="drop documents longer than this many characters (too_long); null: no upper limit")
+    min_words: NonNegativeInt = Field(
+        0, description="drop documents with fewer whitespace-separated words (too_few_words); 0: off")
+    max_tokens_per_char: PositiveFloat | None = Field(
+        None, description="cramming's trash filter: keep a document only if its tokens < this x its characters "
+        "(cramming: 0.25); catches tables, code dumps and text the tokenizer cannot handle. null: off")
 
 
 class Cleaner:
@@ -55,11 +61,13 @@ class Cleaner:
 
 
 class DedupConfig(Config):
-    exact: bool = False  # drop documents whose text equals an earlier one (64-bit hash of the text)
-    near: bool = False  # drop near-duplicates: MinHash LSH over word shingles (needs the `dedup` extra: datasketch)
-    threshold: float = 0.8  # estimated Jaccard similarity above which a document is a near-duplicate
-    num_perm: int = 64  # MinHash permutations (signature size)
-    shingle_words: int = 5  # shingle = this many consecutive words
+    exact: bool = Field(False, description="drop documents whose text equals an earlier one (64-bit hash of the text)")
+    near: bool = Field(
+        False, description="drop near-duplicates: MinHash LSH over word shingles (needs the `dedup` extra: datasketch)")
+    threshold: UnitFloat = Field(
+        0.8, description="estimated Jaccard similarity of shingle sets above which a document is a near-duplicate")
+    num_perm: PositiveInt = Field(64, description="MinHash permutations, i.e. signature length (more: finer estimate, slower)")
+    shingle_words: PositiveInt = Field(5, description="words per shingle (consecutive whitespace-separated words)")
 
 
 def text_hash(text: str) -> int:

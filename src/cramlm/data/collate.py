@@ -1,4 +1,5 @@
-"""Masked-LM collation: BERT's 80/10/10 corruption, never touching special tokens."""
+"""Pretraining collation: masked LM (BERT's 80/10/10 corruption, never touching special tokens) and
+causal LM (labels are the inputs; the model shifts them)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,10 @@ class MLMCollator:
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
 
+
+def causal_collate(batch) -> dict[str, torch.Tensor]:
+    """CLM batches: labels = input_ids (the model shifts them). ``batch``: int64 (B, T) ids, or a dict
+    with ``input_ids`` and the blocks' document boundaries (train.document_attention), passed through."""
+    out = dict(batch) if isinstance(batch, dict) else {"input_ids": batch}
+    out["labels"] = out["input_ids"]
+    return out

@@ -45,9 +45,9 @@ def write_documents(parts: list[PackedTokens], part_of: np.ndarray, local: np.nd
         f.close()
 
 
-def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_size: int, fp: bytes,
-                skipped: Counter, examples: dict) -> dict:
-    """Merge one split of all shards into ``out``; returns its counts."""
+def read_split(cfg, shard_folders: list[Path], split: str, fp: bytes):
+    """One split of every shard, in global read order: (packed parts, document records, part and
+    index within the part of each document, lengths, MinHash signatures or None)."""
     parts, records, part_of, local, signatures = [], [], [], [], []
     for i, folder in enumerate(shard_folders):
         packed = read_packed(folder / f"{split}.cramtok", fingerprint=fp)
@@ -62,8 +62,26 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
             signatures.append(np.fromfile(folder / f"{split}.minhash.bin", dtype="<u4").reshape(-1, cfg.dedup.num_perm))
     docs, part_of, local = np.concatenate(records), np.concatenate(part_of), np.concatenate(local)
     order = np.argsort(docs["number"], kind="stable")  # global read order
-    docs, part_of, local = docs[order], part_of[order], local[order]
     lengths = np.concatenate([p.lengths() for p in parts])[order] if parts else np.zeros(0, np.int64)
+    sigs = np.concatenate(signatures)[order] if cfg.dedup.near else None
+    return parts, docs[order], part_of[order], local[order], lengths, sigs
+
+
+def ordered(cfg, sequence: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The documents to write in ``data.ordering``: as read, shuffled by seed, or shortest first."""
+    if cfg.ordering == "random":
+        return sequence[Permutation(len(sequence), cfg.seed)(np.arange(len(sequence)))] if len(sequence) else sequence
+    if cfg.ordering == "sentence-length-curriculum":
+        # cramming orders sequences so that many short sentences come first; at document level:
+        # shortest documents first (ties keep read order)
+        return sequence[np.argsort(lengths[sequence], kind="stable")]
+    return sequence
+
+
+def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_size: int, fp: bytes,
+                skipped: Counter, examples: dict) -> dict:
+    """Merge one split of all shards into ``out``; returns its counts."""
+    parts, docs, part_of, local, lengths, sigs = read_split(cfg, shard_folders, split, fp)
     keep = np.ones(len(docs), bool)
 
     def drop(mask: np.ndarray, reason: str) -> None:
@@ -76,7 +94,6 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
     if cfg.dedup.exact:
         drop(~first_occurrences(docs["hash"]), "duplicate")
     if cfg.dedup.near:
-        sigs = np.concatenate(signatures)[order]
         kept = np.flatnonzero(keep)
         near = np.zeros(len(docs), bool)
         near[kept] = near_duplicates(sigs[kept], cfg.dedup)
@@ -86,12 +103,7 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
     drop(keep & (copies == 0), "subsampled")
     sequence = np.repeat(np.arange(len(docs)), copies)  # documents, repeated by mixture weight
 
-    if cfg.ordering == "random":
-        sequence = sequence[Permutation(len(sequence), cfg.seed)(np.arange(len(sequence)))] if len(sequence) else sequence
-    elif cfg.ordering == "sentence-length-curriculum":
-        # cramming orders sequences so that many short sentences come first; at document level:
-        # shortest documents first (ties keep read order)
-        sequence = sequence[np.argsort(lengths[sequence], kind="stable")]
+    sequence = ordered(cfg, sequence, lengths)
     capped = 0
     if split == "train" and cfg.max_seq_in_tokenized_dataset:
         budget = cfg.max_seq_in_tokenized_dataset * (cfg.seq_length - 1)

@@ -106,14 +106,3 @@ def convert_pbin(src: str | Path, dst: str | Path, vocab_size: int | None = None
             o = offsets[a : a + step + 1].astype(np.int64)
             w.add_batch(tokens[o[0] : o[-1]], np.diff(o))
     return Path(dst)
-
-
-def write_pbin(path: str | Path, documents: list, width: int = 2) -> Path:
-    """Write a ``.pbin`` the way Modalities does (for tests and round trips)."""
-    data = b"".join(np.asarray(d, f"<u{width}").tobytes() for d in documents)
-    index, pos = [], 0
-    for d in documents:
-        index.append((pos, len(d) * width))
-        pos += len(d) * width
-    Path(path).write_bytes(len(data).to_bytes(8, "little") + width.to_bytes(4, "little") + data + pickle.dumps(index))
-    return Path(path)

@@ -15,9 +15,7 @@ A document longer than 256k characters is tokenized in pieces that give the same
 from __future__ import annotations
 
 import json
-import os
 import queue
-import shutil
 import threading
 import time
 import zlib
@@ -34,6 +32,7 @@ from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.cramtok import PackedWriter
 from cramlm.data.sources import SkipReport
 from cramlm.data.tokenizer import PIECE_CHARS, split_text
+from cramlm.io import atomic_dir
 from cramlm.progress import progress_bar
 
 DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2")])
@@ -192,73 +191,45 @@ def read_shard_info(folder: Path) -> dict:
 
 def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[int, int] = (0, 1),
                batch_chars: int = 2_000_000, progress: bool = True) -> dict:
-    """Write shard ``shard=(index, count)`` of ``cfg`` into ``folder`` (skipped if already done)."""
-    done_marker = folder / "shard.json"
-    if done_marker.is_file():
+    """Write shard ``shard=(index, count)`` of ``cfg`` into ``folder`` (skipped if already done):
+    read and clean -> tokenize -> filter -> split -> append with separators, then ``shard.json``."""
+    if (folder / "shard.json").is_file():
         return read_shard_info(folder)
     start = time.perf_counter()
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    with atomic_dir(folder) as tmp:  # a crash leaves no shard folder, so the next run packs it again
+        info = _pack_into(tmp, cfg, tok, separator, shard, batch_chars, progress, start)
+        (tmp / "shard.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _pack_into(tmp: Path, cfg, tok: Tokenizer, separator: int, shard: tuple[int, int], batch_chars: int,
+               progress: bool, start: float) -> dict:
+    """Pack every batch of documents of this shard into ``tmp``; the shard's info (counts)."""
     from cramlm.data.tokenizer import fingerprint
 
     report = SkipReport(shard, cfg.max_entries_in_raw_dataset)
     cleaner = Cleaner(cfg.clean)
     hasher = MinHasher(cfg.dedup) if cfg.dedup.near else None
-    vocab_size, fp = tok.get_vocab_size(), fingerprint(tok)
-    writers = {s: ShardWriter(tmp, s, vocab_size, fp, hasher is not None) for s in SPLITS}
-    dtype = writers["train"].packed.dtype
+    writers = {s: ShardWriter(tmp, s, tok.get_vocab_size(), fingerprint(tok), hasher is not None) for s in SPLITS}
     bar = progress_bar(desc=f"packing shard {shard[0]}/{shard[1]}", unit=" docs", enabled=progress)
     total_tokens = 0
     try:
         for batch in prefetch(read_batches(cfg, report, cleaner, batch_chars)):
-            ids = encode(tok, batch.texts, batch_chars)
-            lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-            chars = np.fromiter(map(len, batch.texts), np.int64, len(ids))
-            keep = lengths > 0
-            for i in np.flatnonzero(~keep):
-                report.skip("no_tokens", f"record {batch.numbers[i]}")
-            trash = cleaner.trash(lengths, chars) & keep
-            for i in np.flatnonzero(trash):
-                report.skip("trash", f"record {batch.numbers[i]}")
-            keep &= ~trash
-            is_val = np.array([is_validation(t, cfg.validation_fraction) for t in batch.texts], bool)
-            records = np.zeros(len(ids), DOC_RECORD)
-            records["number"], records["source"] = batch.numbers, batch.sources
-            if cfg.dedup.exact:
-                records["hash"] = [text_hash(t) for t in batch.texts]
-            for split, in_split in (("train", keep & ~is_val), ("val", keep & is_val)):
-                docs = np.flatnonzero(in_split)
-                if len(docs) == 0:
-                    continue
-                n = lengths[docs]
-                pieces = [ids[i] for i in docs]
-                if any(isinstance(p, np.ndarray) for p in pieces):  # long documents: already arrays
-                    flat = np.concatenate([np.asarray(p, dtype) for p in pieces])
-                else:
-                    flat = np.fromiter(chain.from_iterable(pieces), dtype, int(n.sum()))
-                # append the separator after each document: scatter tokens around separator slots
-                out = np.full(int(n.sum()) + len(docs), separator, dtype)
-                ends = np.cumsum(n + 1) - 1
-                mask = np.ones(len(out), bool)
-                mask[ends] = False
-                out[mask] = flat
-                signatures = np.stack([hasher.signature(batch.texts[i]) for i in docs]) if hasher else None
-                writers[split].add(out, n + 1, records[docs], signatures)
-            total_tokens += int(lengths[keep].sum()) + int(keep.sum())
+            total_tokens += _pack_batch(batch, cfg, tok, separator, report, cleaner, hasher, writers, batch_chars)
             bar.set_postfix_str(f"{total_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s", refresh=False)
-            bar.update(len(ids))
+            bar.update(len(batch.texts))
     except BaseException:
         for w in writers.values():
             w.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         bar.close()
     for w in writers.values():
         w.close()
     packed = sum(w.documents for w in writers.values())
-    info = {
+    if report.read != packed + sum(report.skipped.values()):  # the "nothing lost" invariant
+        raise RuntimeError(f"shard {shard}: read {report.read} != packed {packed} + skipped {dict(report.skipped)}")
+    return {
         "shard": list(shard),
         "read": report.read,
         "packed": packed,
@@ -268,10 +239,45 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
         "minhash": hasher is not None,
         "seconds": round(time.perf_counter() - start, 3),
     }
-    if report.read != packed + sum(report.skipped.values()):  # the "nothing lost" invariant
-        raise RuntimeError(f"shard {shard}: read {report.read} != packed {packed} + skipped {dict(report.skipped)}")
-    (tmp / "shard.json").write_text(json.dumps(info, indent=2))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.replace(tmp, folder)
-    return info
+
+
+def _pack_batch(batch, cfg, tok: Tokenizer, separator: int, report: SkipReport, cleaner: Cleaner,
+                hasher: MinHasher | None, writers: dict, batch_chars: int) -> int:
+    """Tokenize one batch, count what is dropped (no tokens, trash), split train/val and append each
+    kept document with its separator; the tokens added."""
+    ids = encode(tok, batch.texts, batch_chars)
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    chars = np.fromiter(map(len, batch.texts), np.int64, len(ids))
+    keep = lengths > 0
+    for i in np.flatnonzero(~keep):
+        report.skip("no_tokens", f"record {batch.numbers[i]}")
+    trash = cleaner.trash(lengths, chars) & keep
+    for i in np.flatnonzero(trash):
+        report.skip("trash", f"record {batch.numbers[i]}")
+    keep &= ~trash
+    is_val = np.array([is_validation(t, cfg.validation_fraction) for t in batch.texts], bool)
+    records = np.zeros(len(ids), DOC_RECORD)
+    records["number"], records["source"] = batch.numbers, batch.sources
+    if cfg.dedup.exact:
+        records["hash"] = [text_hash(t) for t in batch.texts]
+    for split, in_split in (("train", keep & ~is_val), ("val", keep & is_val)):
+        docs = np.flatnonzero(in_split)
+        if len(docs):
+            signatures = np.stack([hasher.signature(batch.texts[i]) for i in docs]) if hasher else None
+            out = with_separators([ids[i] for i in docs], lengths[docs], separator, writers[split].packed.dtype)
+            writers[split].add(out, lengths[docs] + 1, records[docs], signatures)
+    return int(lengths[keep].sum()) + int(keep.sum())
+
+
+def with_separators(pieces: list, n: np.ndarray, separator: int, dtype) -> np.ndarray:
+    """The documents' token ids concatenated, ``separator`` after each one (``n``: their lengths)."""
+    if any(isinstance(p, np.ndarray) for p in pieces):  # long documents: already arrays
+        flat = np.concatenate([np.asarray(p, dtype) for p in pieces])
+    else:
+        flat = np.fromiter(chain.from_iterable(pieces), dtype, int(n.sum()))
+    # scatter tokens around separator slots
+    out = np.full(int(n.sum()) + len(pieces), separator, dtype)
+    mask = np.ones(len(out), bool)
+    mask[np.cumsum(n + 1) - 1] = False
+    out[mask] = flat
+    return out

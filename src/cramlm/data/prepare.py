@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from cramlm.data.cramtok import VERSION as FORMAT_VERSION
 from cramlm.data.cramtok import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
-from cramlm.io import atomic_write
+from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
 
 PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of the cache key (4: deterministic tokenizers)
@@ -41,10 +40,12 @@ PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of
 
 class DataConfig(Config):
     name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>")
-    sources: list[component(SourceConfig)] = [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")]
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    clean: CleanConfig = CleanConfig()
-    dedup: DedupConfig = DedupConfig()
+    sources: list[component(SourceConfig)] = Field(
+        [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")],
+        description="the corpora to read, in order; each a component with its own type (jsonl, text, parquet, auto, hf)")
+    tokenizer: TokenizerConfig = Field(TokenizerConfig(), description="the tokenizer trained (or loaded) for this corpus")
+    clean: CleanConfig = Field(CleanConfig(), description="text normalisation and length filters, applied while reading")
+    dedup: DedupConfig = Field(DedupConfig(), description="exact and near-duplicate removal, applied when merging shards")
     seq_length: Annotated[int, Field(ge=2)] = Field(128, description="tokens per sequence ([CLS] + at least one token)")
     validation_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.02, description="documents held out (chosen by a hash of their text)"
@@ -55,7 +56,9 @@ class DataConfig(Config):
     max_seq_in_tokenized_dataset: PositiveInt | None = Field(
         None, description="keep at most this many training sequences (cramming)"
     )
-    ordering: Literal["as-read", "random", "sentence-length-curriculum"] = "as-read"
+    ordering: Literal["as-read", "random", "sentence-length-curriculum"] = Field(
+        "as-read", description="order of the training sequences: as read from the sources, shuffled once by seed, or "
+        "shortest documents first (cramming's short-sentences-first curriculum at document level)")
     seed: int = Field(0, description="for random ordering and fractional mixture weights")
 
     def cache_key(self) -> str:
@@ -73,12 +76,14 @@ class DataConfig(Config):
 class PrepareConfig(Config):
     """Root config of ``cramlm data prepare`` (same keys as in ``cramlm pretrain``)."""
 
-    data: DataConfig = DataConfig()
+    data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
     objective: Literal["mlm", "clm"] = Field(
         "mlm", description="the kind of model the data is for (data.tokenizer.kind=auto follows it)"
     )
-    cache: str | None = Field(None, description="null: the per-user cache (see the module docstring)")
-    plugins: list[str] = []
+    cache: str | None = Field(
+        None, description="folder of the prepared-data cache; null: per user, $CRAMLM_CACHE/data, $XDG_CACHE_HOME/cramlm/data or "
+        "~/.cache/cramlm/data)")
+    plugins: list[str] = Field([], description="modules to import first, which register their own components (sources)")
 
     @model_validator(mode="after")
     def _tokenizer_for_objective(self):
@@ -203,17 +208,8 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
                       (shard_index, num_shards), batch_chars, progress)
 
 
-def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
-    """Merge the ``num_shards`` finished shards into the output folder."""
-    folder = output_folder(cfg, cache_root)
-    if (folder / "manifest.json").is_file():
-        return load_prepared(folder)
-    start = time.perf_counter()
-    root = shards_folder(cfg, cache_root)
-    tok = get_tokenizer(cfg, root)
-    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shards: int, start: float) -> None:
+    """The merged train/val files, the tokenizer and the manifest, written into ``tmp``."""
     shutil.copyfile(root / "tokenizer.json", tmp / "tokenizer.json")
     fp = fingerprint(tok)
     shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]
@@ -234,10 +230,18 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
     manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
                              for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if folder.exists():  # another process finished first; keep its result
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, folder)
+
+
+def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
+    """Merge the ``num_shards`` finished shards into the output folder."""
+    folder = output_folder(cfg, cache_root)
+    if (folder / "manifest.json").is_file():
+        return load_prepared(folder)
+    start = time.perf_counter()
+    root = shards_folder(cfg, cache_root)
+    tok = get_tokenizer(cfg, root)
+    with atomic_dir(folder, if_exists="keep") as tmp:  # another process finished first: its result stands
+        _merge_into(tmp, cfg, root, tok, num_shards, start)
     if not keep_shards:
         shutil.rmtree(root, ignore_errors=True)
     return load_prepared(folder)

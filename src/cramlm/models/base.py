@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from cramlm.config.base import ComponentConfig, PositiveInt
 
 
@@ -14,7 +16,10 @@ class ModelConfig(ComponentConfig):
     # input_ids + labels with -100 at unscored positions) or causal LM (input_ids + labels shifted
     # inside the model). The data stage builds batches to match.
     objective: ClassVar[Literal["mlm", "clm"]] = "mlm"
-    max_seq_length: PositiveInt = 128
+    type: str = Field(description="the architecture: crammed-bert (masked LM: cramming, BERT, ModernBERT-like), "
+                      "gpt2 or llama (causal LMs), or a plugin's registered name")
+    max_seq_length: PositiveInt = Field(
+        128, description="longest input in tokens the model accepts (sizes position tables; data.seq_length <= it)")
 
 
 def takes_document_ids(model) -> bool:

@@ -2,7 +2,7 @@
 feed-forward, scaled sinusoidal positions and an MLM head evaluated only at masked positions.
 Every architectural choice is a config field, so the original BERT (``arch=bert-original``) and a
 ModernBERT-like encoder (``arch=crammed-bert-modern``) are presets of this same class. The layers
-are in model.py, the config in transformer.py; this file is the registered MLM wrapper."""
+are in model.py, the config in config.py; this file is the registered MLM wrapper."""
 
 from __future__ import annotations
 
@@ -11,38 +11,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.model import IGNORE_INDEX, MLMHead, Trunk, init_weights
-from cramlm.models.transformer import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
+from cramlm.models.config import CrammedBertConfig, trunk_flops_per_token  # the config lives torch-free there
+from cramlm.models.lm import TransformerLM
+from cramlm.models.model import IGNORE_INDEX, MLMHead
 
-__all__ = ["CrammedBert", "CrammedBertConfig"]
 
-
-class CrammedBert(nn.Module):
+class CrammedBert(TransformerLM):
     """Encoder (model.Trunk) + MLM head (model.MLMHead). ``encode`` gives hidden states for
     downstream heads (heads.py). Forward arguments and outputs: see ``forward``."""
 
     def __init__(self, cfg: CrammedBertConfig, vocab_size: int):
-        super().__init__()
-        self.cfg = cfg
-        self.hidden_size = cfg.hidden_size
-        self.vocab_size = vocab_size
-        self.trunk = Trunk(cfg, vocab_size, causal=False)
+        super().__init__(cfg, vocab_size)
         self.head = MLMHead(cfg, vocab_size)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers, cfg.zero_init_out)
-        if cfg.tie_embeddings:
-            self.head.decoder.weight = self.trunk.tokens.weight
-
-    @property
-    def tokens(self) -> nn.Embedding:  # the token embedding (its weight is the tied decoder's)
-        return self.trunk.tokens
+        self.init_and_tie(self.head.decoder)
 
     @property
     def decoder(self) -> nn.Linear:
         return self.head.decoder
-
-    def encode(self, input_ids, attention_mask=None, position_ids=None, document_ids=None, token_type_ids=None) -> torch.Tensor:
-        """(B, T) -> (B, T, H): the trunk's last hidden states."""
-        return self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)
 
     def forward(
         self,
@@ -75,11 +60,6 @@ class CrammedBert(nn.Module):
         H = self.hidden_size
         head = (2 * H * H if self.cfg.head_transform else 0) + 2 * H * self.vocab_size
         return trunk_flops_per_token(self.cfg, seq_len) + predicted_fraction * head
-
-    def flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:
-        """Training FLOPs per token (forward + backward = 3 x forward: every matmul's backward is
-        two matmuls of the same size, one for the input gradient, one for the weight gradient)."""
-        return 3 * self.forward_flops_per_token(seq_len, predicted_fraction)
 
 
 @register("model", "crammed-bert", CrammedBertConfig)

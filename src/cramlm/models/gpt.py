@@ -1,7 +1,7 @@
 """Decoder-only language models: GPT-2 (learned positions, LayerNorm, GELU, biases) and a
 llama-like decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases). Both are the
 same class; the registered types only change the defaults. The layers are in model.py, the
-configs in transformer.py; this file is the registered causal-LM wrapper."""
+configs in config.py; this file is the registered causal-LM wrapper."""
 
 from __future__ import annotations
 
@@ -9,33 +9,22 @@ import torch
 from torch import nn
 
 from cramlm.config.registry import register
-from cramlm.models.model import IGNORE_INDEX, Trunk, init_weights, linear_cross_entropy, soft_cap
-from cramlm.models.transformer import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # noqa: F401  (configs: torch-free there)
+from cramlm.models.config import GPT2Config, LlamaConfig, TransformerConfig, trunk_flops_per_token  # configs: torch-free there
+from cramlm.models.lm import TransformerLM
+from cramlm.models.model import IGNORE_INDEX, linear_cross_entropy, soft_cap
 
 
-class CausalLM(nn.Module):
+class CausalLM(TransformerLM):
     """Decoder (model.Trunk, causal) + LM head (one linear layer). Forward arguments and outputs
     are CrammedBert's (see ``forward``); ``labels`` are the input ids themselves (or -100 where
     unscored): the model shifts them, so position t is scored on predicting token t + 1."""
 
+    causal = True
+
     def __init__(self, cfg: TransformerConfig, vocab_size: int):
-        super().__init__()
-        self.cfg = cfg
-        self.hidden_size = cfg.hidden_size
-        self.vocab_size = vocab_size
-        self.trunk = Trunk(cfg, vocab_size, causal=True)
+        super().__init__(cfg, vocab_size)
         self.lm_head = nn.Linear(cfg.hidden_size, vocab_size, bias=False)
-        init_weights(self, cfg.init_std, cfg.init, cfg.num_layers, cfg.zero_init_out)
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.trunk.tokens.weight
-
-    @property
-    def tokens(self) -> nn.Embedding:
-        return self.trunk.tokens
-
-    def encode(self, input_ids, attention_mask=None, position_ids=None, document_ids=None, token_type_ids=None) -> torch.Tensor:
-        """(B, T) -> (B, T, H): the trunk's last hidden states."""
-        return self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)
+        self.init_and_tie(self.lm_head)
 
     def forward(
         self,
@@ -59,15 +48,12 @@ class CausalLM(nn.Module):
         loss = linear_cross_entropy(hidden, self.lm_head.weight, None, targets[scored], softcap=self.cfg.logit_softcap)
         return {"loss": loss, "logits": None}
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
+    def forward_flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:
         """Forward FLOPs per token: the trunk, and the head on the T - 1 positions that predict a
-        next token (the last one has none; unscored padding is counted too)."""
+        next token (the last one has none; unscored padding is counted too). ``predicted_fraction``
+        (what MLMs score) changes nothing here."""
         head = 2 * self.hidden_size * self.vocab_size * (seq_len - 1) / seq_len
         return trunk_flops_per_token(self.cfg, seq_len) + head
-
-    def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token, forward + backward (= 3 x forward)."""
-        return 3 * self.forward_flops_per_token(seq_len)
 
 
 @register("model", "gpt2", GPT2Config)

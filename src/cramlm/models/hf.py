@@ -1,10 +1,11 @@
-"""Hugging Face checkpoints, both ways.
+"""Hugging Face export: cramlm checkpoints as transformers folders.
 
 Export: a model whose choices match a stock transformers class exactly is written as that class
 (weights renamed and split, config.json in its terms): bert-original -> BertForMaskedLM, the
 ModernBERT-like crammed variant -> ModernBertForMaskedLM, GPT-2 -> GPT2LMHeadModel, llama-like ->
 LlamaForCausalLM. Any other variant becomes a remote-code package (our own model.py beside the
-weights, loaded with ``trust_remote_code=True``). Import: an HF BERT folder -> bert-original.
+weights, loaded with ``trust_remote_code=True``). (HF checkpoints are evaluated through transformers:
+eval/checkpoints.py.)
 
 A name table per architecture lists (HF name, our name, how): ``None`` copies, ``("part", i, sizes)``
 takes the i-th slice of our fused tensor along dim 0 (fused QKV, fused GLU up-projection), "T"
@@ -18,12 +19,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from cramlm.data.tokenizer import EOT
-from cramlm.models.crammed_bert import CrammedBert, CrammedBertConfig
-from cramlm.models.transformer import TransformerConfig
+from cramlm.models.config import TransformerConfig
 from cramlm.io import save_safetensors
 
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu-tanh": "gelu_new", "relu": "relu", "silu": "silu"}
@@ -86,73 +85,85 @@ def _halves(cfg: TransformerConfig) -> list[int]:
 
 
 def names(cfg: TransformerConfig, arch: str) -> Iterator[tuple[str, str, object]]:
-    L, qkv, halves = cfg.num_layers, _qkv(cfg), _halves(cfg)
-    if arch == "bert":
-        e = "bert.embeddings."
-        yield e + "word_embeddings.weight", "trunk.tokens.weight", None
-        yield e + "position_embeddings.weight", "trunk.positions.table", None
-        yield e + "token_type_embeddings.weight", "trunk.token_types.weight", None
-        for s in ("weight", "bias"):
-            yield e + f"LayerNorm.{s}", f"trunk.embedding_norm.{s}", None
-            for i in range(L):
-                h, o = f"bert.encoder.layer.{i}.", f"trunk.blocks.{i}."
-                for j, name in enumerate(("query", "key", "value")):
-                    yield h + f"attention.self.{name}.{s}", o + f"attn.qkv.{s}", ("part", j, qkv)
-                yield h + f"attention.output.dense.{s}", o + f"attn.out.{s}", None
-                yield h + f"attention.output.LayerNorm.{s}", o + f"norm1.{s}", None
-                yield h + f"intermediate.dense.{s}", o + f"ffn.up.{s}", None
-                yield h + f"output.dense.{s}", o + f"ffn.down.{s}", None
-                yield h + f"output.LayerNorm.{s}", o + f"norm2.{s}", None
-            yield f"cls.predictions.transform.dense.{s}", f"head.dense.{s}", None
-            yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
-        yield "cls.predictions.decoder.weight", "head.decoder.weight", None
-        yield "cls.predictions.bias", "head.decoder.bias", None
-    elif arch == "modernbert":
-        yield "model.embeddings.tok_embeddings.weight", "trunk.tokens.weight", None
-        yield "model.embeddings.norm.weight", "trunk.embedding_norm.weight", None
-        for i in range(L):
-            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
-            if i > 0:
-                yield h + "attn_norm.weight", o + "norm1.weight", None
-            yield h + "attn.Wqkv.weight", o + "attn.qkv.weight", None
-            yield h + "attn.Wo.weight", o + "attn.out.weight", None
-            yield h + "mlp_norm.weight", o + "norm2.weight", None
-            yield h + "mlp.Wi.weight", o + "ffn.up.weight", None
-            yield h + "mlp.Wo.weight", o + "ffn.down.weight", None
-        yield "model.final_norm.weight", "trunk.final_norm.weight", None
-        yield "head.dense.weight", "head.dense.weight", None
-        yield "head.norm.weight", "head.norm.weight", None
-        yield "decoder.weight", "head.decoder.weight", None
-    elif arch == "gpt2":
-        yield "transformer.wte.weight", "trunk.tokens.weight", None
-        yield "transformer.wpe.weight", "trunk.positions.table", None
-        for i in range(L):
-            h, o = f"transformer.h.{i}.", f"trunk.blocks.{i}."
-            for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
-                for s in ("weight", "bias"):
-                    yield h + f"{theirs}.{s}", o + f"{ours}.{s}", None
-            for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
-                yield h + f"{theirs}.weight", o + f"{ours}.weight", "T"
-                yield h + f"{theirs}.bias", o + f"{ours}.bias", None
-        for s in ("weight", "bias"):
-            yield f"transformer.ln_f.{s}", f"trunk.final_norm.{s}", None
-        yield "lm_head.weight", "lm_head.weight", None
-    elif arch == "llama":
-        yield "model.embed_tokens.weight", "trunk.tokens.weight", None
-        for i in range(L):
-            h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
-            yield h + "input_layernorm.weight", o + "norm1.weight", None
-            for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-                yield h + f"self_attn.{name}.weight", o + "attn.qkv.weight", ("part", j, qkv)
-            yield h + "self_attn.o_proj.weight", o + "attn.out.weight", None
-            yield h + "post_attention_layernorm.weight", o + "norm2.weight", None
-            yield h + "mlp.gate_proj.weight", o + "ffn.up.weight", ("part", 0, halves)
-            yield h + "mlp.up_proj.weight", o + "ffn.up.weight", ("part", 1, halves)
-            yield h + "mlp.down_proj.weight", o + "ffn.down.weight", None
-        yield "model.norm.weight", "trunk.final_norm.weight", None
-        yield "lm_head.weight", "lm_head.weight", None
-    else:
+    """(HF name, our name, how) of every weight of ``arch``'s stock class, in its order."""
+    if arch not in _NAMES:
         raise ValueError(f"unknown architecture '{arch}'")
+    return _NAMES[arch](cfg.num_layers, _qkv(cfg), _halves(cfg))
+
+
+def _bert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    e = "bert.embeddings."
+    yield e + "word_embeddings.weight", "trunk.tokens.weight", None
+    yield e + "position_embeddings.weight", "trunk.positions.table", None
+    yield e + "token_type_embeddings.weight", "trunk.token_types.weight", None
+    for s in ("weight", "bias"):
+        yield e + f"LayerNorm.{s}", f"trunk.embedding_norm.{s}", None
+        for i in range(L):
+            h, o = f"bert.encoder.layer.{i}.", f"trunk.blocks.{i}."
+            for j, name in enumerate(("query", "key", "value")):
+                yield h + f"attention.self.{name}.{s}", o + f"attn.qkv.{s}", ("part", j, qkv)
+            yield h + f"attention.output.dense.{s}", o + f"attn.out.{s}", None
+            yield h + f"attention.output.LayerNorm.{s}", o + f"norm1.{s}", None
+            yield h + f"intermediate.dense.{s}", o + f"ffn.up.{s}", None
+            yield h + f"output.dense.{s}", o + f"ffn.down.{s}", None
+            yield h + f"output.LayerNorm.{s}", o + f"norm2.{s}", None
+        yield f"cls.predictions.transform.dense.{s}", f"head.dense.{s}", None
+        yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
+    yield "cls.predictions.decoder.weight", "head.decoder.weight", None
+    yield "cls.predictions.bias", "head.decoder.bias", None
+
+
+def _modernbert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "model.embeddings.tok_embeddings.weight", "trunk.tokens.weight", None
+    yield "model.embeddings.norm.weight", "trunk.embedding_norm.weight", None
+    for i in range(L):
+        h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+        if i > 0:
+            yield h + "attn_norm.weight", o + "norm1.weight", None
+        yield h + "attn.Wqkv.weight", o + "attn.qkv.weight", None
+        yield h + "attn.Wo.weight", o + "attn.out.weight", None
+        yield h + "mlp_norm.weight", o + "norm2.weight", None
+        yield h + "mlp.Wi.weight", o + "ffn.up.weight", None
+        yield h + "mlp.Wo.weight", o + "ffn.down.weight", None
+    yield "model.final_norm.weight", "trunk.final_norm.weight", None
+    yield "head.dense.weight", "head.dense.weight", None
+    yield "head.norm.weight", "head.norm.weight", None
+    yield "decoder.weight", "head.decoder.weight", None
+
+
+def _gpt2_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "transformer.wte.weight", "trunk.tokens.weight", None
+    yield "transformer.wpe.weight", "trunk.positions.table", None
+    for i in range(L):
+        h, o = f"transformer.h.{i}.", f"trunk.blocks.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            for s in ("weight", "bias"):
+                yield h + f"{theirs}.{s}", o + f"{ours}.{s}", None
+        for ours, theirs in (("attn.qkv", "attn.c_attn"), ("attn.out", "attn.c_proj"), ("ffn.up", "mlp.c_fc"), ("ffn.down", "mlp.c_proj")):
+            yield h + f"{theirs}.weight", o + f"{ours}.weight", "T"
+            yield h + f"{theirs}.bias", o + f"{ours}.bias", None
+    for s in ("weight", "bias"):
+        yield f"transformer.ln_f.{s}", f"trunk.final_norm.{s}", None
+    yield "lm_head.weight", "lm_head.weight", None
+
+
+def _llama_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
+    yield "model.embed_tokens.weight", "trunk.tokens.weight", None
+    for i in range(L):
+        h, o = f"model.layers.{i}.", f"trunk.blocks.{i}."
+        yield h + "input_layernorm.weight", o + "norm1.weight", None
+        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            yield h + f"self_attn.{name}.weight", o + "attn.qkv.weight", ("part", j, qkv)
+        yield h + "self_attn.o_proj.weight", o + "attn.out.weight", None
+        yield h + "post_attention_layernorm.weight", o + "norm2.weight", None
+        yield h + "mlp.gate_proj.weight", o + "ffn.up.weight", ("part", 0, halves)
+        yield h + "mlp.up_proj.weight", o + "ffn.up.weight", ("part", 1, halves)
+        yield h + "mlp.down_proj.weight", o + "ffn.down.weight", None
+    yield "model.norm.weight", "trunk.final_norm.weight", None
+    yield "lm_head.weight", "lm_head.weight", None
+
+
+_NAMES = {"bert": _bert_names, "modernbert": _modernbert_names, "gpt2": _gpt2_names, "llama": _llama_names}
 
 
 # the output embedding each stock class ties to its input embedding when tie_word_embeddings is set
@@ -175,25 +186,6 @@ def to_hf_state_dict(model: torch.nn.Module, arch: str) -> dict[str, torch.Tenso
             _, j, sizes = how
             t = t.split(sizes, dim=0)[j]
         out[theirs] = t.detach().contiguous().clone()  # own storage each: safetensors refuses shared tensors
-    return out
-
-
-def from_hf_state_dict(hf: dict[str, torch.Tensor], cfg: TransformerConfig, arch: str) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`to_hf_state_dict`; HF names missing from ``hf`` are left out."""
-    parts: dict[str, dict[int, torch.Tensor]] = {}
-    out = {}
-    for theirs, name, how in names(cfg, arch):
-        if theirs not in hf:
-            continue
-        t = hf[theirs]
-        if how == "T":
-            out[name] = t.t().contiguous()
-        elif how is not None:
-            parts.setdefault(name, {})[how[1]] = t
-        else:
-            out[name] = t
-    for name, pieces in parts.items():
-        out[name] = torch.cat([pieces[j] for j in sorted(pieces)], dim=0)
     return out
 
 
@@ -316,72 +308,4 @@ def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: 
     return STOCK_CLASSES[arch]
 
 
-def bert_config_from_hf(hf: dict) -> CrammedBertConfig:
-    """An HF BERT config.json -> the bert-original config of the same shape."""
-    if hf.get("model_type") != "bert":
-        raise ValueError(f"import supports BERT checkpoints (model_type 'bert'), not '{hf.get('model_type')}'")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("import supports absolute position embeddings only")
-    activation = {v: k for k, v in HF_ACTIVATIONS.items()}.get(hf.get("hidden_act", "gelu"))
-    if activation is None:
-        raise ValueError(f"unsupported hidden_act '{hf.get('hidden_act')}'")
-    return CrammedBertConfig(
-        hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"], max_seq_length=hf.get("max_position_embeddings", 512),
-        norm_eps=hf.get("layer_norm_eps", 1e-12), norm_scheme="post", norm_bias=True, embedding_norm=True,
-        final_norm=False, ffn="plain", activation=activation, bias=True, positions="learned",
-        type_vocab_size=hf.get("type_vocab_size", 2), tie_embeddings=hf.get("tie_word_embeddings", True),
-        sparse_prediction=False, dropout=hf.get("hidden_dropout_prob", 0.1),
-        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), init_std=hf.get("initializer_range", 0.02),
-    )
-
-
-def resolve_hf_path(name: str | Path) -> Path:
-    """A local folder, or ``hf://owner/name`` fetched through the hub cache (offline: cache only)."""
-    name = str(name)
-    if name.startswith("hf://"):
-        from huggingface_hub import snapshot_download
-
-        try:
-            return Path(snapshot_download(name[len("hf://"):]))
-        except Exception as e:  # offline and not cached, unknown name, ...
-            raise FileNotFoundError(f"{name}: cannot fetch from the Hugging Face hub ({type(e).__name__}: {e})") from None
-    path = Path(name)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: not an HF checkpoint folder (no config.json)")
-    return path
-
-
-def import_hf_bert(path: str | Path) -> tuple[CrammedBert, Tokenizer, CrammedBertConfig, list[str]]:
-    """(model, tokenizer, config, missing) from an HF BERT folder (BertModel or BertForMaskedLM
-    weights; ``missing`` lists our parameters the checkpoint lacks, e.g. the MLM head of a
-    BertModel, which keep their fresh initialisation). The tokenizer keeps the checkpoint's own ids."""
-    path = resolve_hf_path(path)
-    cfg = bert_config_from_hf(json.loads((path / "config.json").read_text()))
-    weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise FileNotFoundError(f"{path}: no model.safetensors")
-    hf = load_file(str(weights))
-    if not any(k.startswith("bert.") for k in hf):  # BertModel: no "bert." prefix
-        hf = {("bert." + k if not k.startswith("cls.") else k): v for k, v in hf.items()}
-    vocab_size = hf["bert.embeddings.word_embeddings.weight"].shape[0]
-    model = CrammedBert(cfg, vocab_size)
-    ours = from_hf_state_dict(hf, cfg, "bert")
-    if "head.decoder.weight" not in ours and cfg.tie_embeddings:
-        ours["head.decoder.weight"] = ours["trunk.tokens.weight"]
-    result = model.load_state_dict(ours, strict=False)
-    if result.unexpected_keys:
-        raise ValueError(f"{path}: unexpected weights {result.unexpected_keys}")
-    tok = load_hf_tokenizer(path)
-    return model.eval(), tok, cfg, list(result.missing_keys)
-
-
-def load_hf_tokenizer(path: Path) -> Tokenizer:
-    if (path / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(path / "tokenizer.json"))
-    from transformers import AutoTokenizer  # vocab.txt only: let transformers build the fast tokenizer
-
-    return AutoTokenizer.from_pretrained(str(path)).backend_tokenizer
-
-
-__all__ = ["export_hf", "import_hf_bert", "stock_architecture", "mismatches", "to_hf_state_dict"]
+__all__ = ["export_hf", "stock_architecture", "mismatches", "to_hf_state_dict"]

@@ -12,7 +12,6 @@ exported and trained models run the very same code.
 from __future__ import annotations
 
 import math
-import os
 from functools import cache, partial
 
 import torch
@@ -27,16 +26,10 @@ except ImportError:  # older torch: packed documents use the dense SDPA mask
 # = cramlm.constants.IGNORE_INDEX, restated: this file is copied verbatim into remote-code exports
 IGNORE_INDEX = -100  # label value of positions that carry no target
 
-# How attention keeps packed documents apart (``document_ids``). "auto": FlexAttention with a block
-# mask on CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
-# between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a CPU runs
-# torch's unfused reference: for tests, not for speed).
-DOCUMENT_ATTENTION = os.environ.get("CRAMLM_DOCUMENT_ATTENTION", "auto")
-
 
 # ---- config --------------------------------------------------------------------------------------
 # The config: ``cfg`` everywhere below is anything with the fields of
-# ``cramlm.models.transformer.TransformerConfig`` (the torch-free pydantic configs; in a remote-code
+# ``cramlm.models.config.TransformerConfig`` (the torch-free pydantic configs; in a remote-code
 # export a SimpleNamespace of the same fields). Every architectural choice is one of those fields.
 
 
@@ -48,6 +41,12 @@ class Trunk(nn.Module):
     def __init__(self, cfg, vocab_size: int, causal: bool):
         super().__init__()
         self.cfg, self.causal = cfg, causal
+        # How attention keeps packed documents apart (``document_ids``), set from outside
+        # (impl.document_attention_kernel, train/parallelize.py). "auto": FlexAttention with a block mask on
+        # CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
+        # between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a
+        # CPU runs torch's unfused reference: for tests, not for speed).
+        self.document_kernel = "auto"
         H = cfg.hidden_size
         self.tokens = nn.Embedding(vocab_size, H)
         self.token_types = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size else None
@@ -83,7 +82,7 @@ class Trunk(nn.Module):
         x = self.embedding_dropout(self.embedding_norm(x))
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         dropout = self.cfg.attention_dropout if self.training else 0.0
-        flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout)
+        flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout, self.document_kernel)
         mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T, block_mask=flex)
         for block in self.blocks:
             x = block(x, mask, rotary, is_causal)
@@ -161,14 +160,14 @@ def attention_mask_for(
     return mask, False
 
 
-def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float) -> bool:
-    """Whether packed documents go through FlexAttention (see DOCUMENT_ATTENTION): it has no
-    attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
-    if document_ids is None or BlockMask is None or dropout > 0 or DOCUMENT_ATTENTION == "dense":
+def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float, kernel: str = "auto") -> bool:
+    """Whether packed documents go through FlexAttention (``kernel``: see Trunk.document_kernel): it
+    has no attention dropout, and torch 2.5 takes only power-of-two head dims of at least 16."""
+    if document_ids is None or BlockMask is None or dropout > 0 or kernel == "dense":
         return False
     if head_dim < 16 or head_dim & (head_dim - 1):
         return False
-    return DOCUMENT_ATTENTION == "flex" or document_ids.device.type == "cuda"
+    return kernel == "flex" or document_ids.device.type == "cuda"
 
 
 def document_block_mask(
@@ -361,12 +360,11 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
 class MLMHead(nn.Module):
     """[dense -> activation -> norm ->] decoder to the vocabulary. BERT's head has the transform in
     brackets; cramming's final crammed-bert skips it (``skip_head_transform``: the tied decoder
-    alone), which ``cfg.head_transform = False`` selects. Configs without the field (exports written
-    before it existed) had the transform."""
+    alone), which ``cfg.head_transform = False`` selects."""
 
     def __init__(self, cfg, vocab_size: int):
         super().__init__()
-        self.transform = getattr(cfg, "head_transform", True)
+        self.transform = cfg.head_transform
         if self.transform:
             self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
             self.act = ACTIVATIONS[cfg.activation]

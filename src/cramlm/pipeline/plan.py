@@ -207,6 +207,31 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     seconds = cfg.budget * 3600
     law = load_law(law_path)
     sizes = sizes or (list(throughput) if throughput else DEFAULT_SIZES)
+    ranked = rank(measure_candidates(cfg, sizes, throughput, say), law, seconds)
+    chosen, tied = choose(ranked, law)
+    hidden, layers = shape(chosen.size)
+    batch = batch_for(chosen.tokens, cfg.data.seq_length)
+    micro = min(batch, cfg.impl.microbatch_size)
+    while batch % micro:
+        micro //= 2
+    choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "lr": LR, "mlm_probability": MASKING}
+    why = reasons(cfg, law, ranked, chosen, tied, batch)
+    overrides = [*size_overrides(chosen.size), f"train.batch_size={batch}", f"impl.microbatch_size={micro}",
+                 f"train.optim.lr={LR:g}", f"train.mlm_probability={MASKING}"]
+    command = f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(overrides)
+    say(table(ranked, chosen))
+    for line in why:
+        say("- " + line)
+    say(f"run it: {command}")
+    return {"choice": choice, "overrides": overrides, "command": command, "why": why, "law": {k: law[k] for k in ("E", "A", "a", "B", "b", "source")},
+            "candidates": [asdict(c) for c in ranked], "hidden": hidden, "layers": layers}
+
+
+def measure_candidates(cfg, sizes: list[str], throughput: dict[str, float] | None, say=print) -> list[Candidate]:
+    """Each shape of ``sizes`` as the recipe's crammed-bert at that width and depth: its parameters
+    and its training throughput (measured on this machine unless ``throughput`` gives it)."""
+    from cramlm.pipeline.scaling import size_overrides
+
     vocab = cfg.data.tokenizer.vocab_size
     base = cfg.arch.model_dump(mode="json")
     if base.get("type") != "crammed-bert":
@@ -216,7 +241,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         from cramlm.train.impl import setup_device
 
         device = setup_device(cfg.impl)  # the run's device, and threads as the run will have them
-    candidates = []
+    out = []
     for size in sizes:
         shape(size)
         arch = dict(base)
@@ -231,15 +256,14 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         else:
             say(f"cramlm plan: measuring {size} ...")
             tps = measure_throughput(cfg, arch, vocab, device=device)
-        candidates.append(Candidate(size, total, non_embedding, tps))
-    ranked = rank(candidates, law, seconds)
-    chosen, tied = choose(ranked, law)
-    hidden, layers = shape(chosen.size)
-    batch = batch_for(chosen.tokens, cfg.data.seq_length)
-    micro = min(batch, cfg.impl.microbatch_size)
-    while batch % micro:
-        micro //= 2
-    choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "lr": LR, "mlm_probability": MASKING}
+        out.append(Candidate(size, total, non_embedding, tps))
+    return out
+
+
+def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate, tied: list[Candidate],
+            batch: int) -> list[str]:
+    """Why this shape and batch, one line each (printed, and kept in plan.json)."""
+    vocab, seconds = cfg.data.tokenizer.vocab_size, cfg.budget * 3600
     runner_up = next((c for c in ranked if c is not chosen), None)
     why = [
         f"budget {seconds / 3600:g} h; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
@@ -261,12 +285,4 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")
     if law.get("data") and isinstance(law["data"], dict) and law["data"].get("vocab_size") not in (None, vocab):
         why.append(f"note: the law was fitted at vocab {law['data']['vocab_size']}, this plan is for vocab {vocab}")
-    overrides = [*size_overrides(chosen.size), f"train.batch_size={batch}", f"impl.microbatch_size={micro}",
-                 f"train.optim.lr={LR:g}", f"train.mlm_probability={MASKING}"]
-    command = f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(overrides)
-    say(table(ranked, chosen))
-    for line in why:
-        say("- " + line)
-    say(f"run it: {command}")
-    return {"choice": choice, "overrides": overrides, "command": command, "why": why, "law": {k: law[k] for k in ("E", "A", "a", "B", "b", "source")},
-            "candidates": [asdict(c) for c in ranked], "hidden": hidden, "layers": layers}
+    return why

@@ -23,8 +23,8 @@ import numpy as np
 
 from cramlm.pipeline import scaling
 from cramlm.pipeline.scaling import FitError, check_compute_fit, compute_law, distinct, fit_chinchilla, fit_compute_law, size_overrides
-from cramlm.pipeline.run import resolve_recipe, run_pipeline
-from cramlm.report.runs import is_number, load_run_data
+from cramlm.pipeline.recipe import resolve_recipe, run_pipeline
+from cramlm.report.rundata import is_number, load_run_data
 from cramlm.io import write_json
 
 
@@ -103,11 +103,6 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     return 6.0 * summary["parameters"] * tokens, "6*params*tokens"
 
 
-def fit_power_law(compute: list[float], loss: list[float]) -> dict[str, float]:
-    """L = E + A * C^-alpha (kept under its old name; see pipeline/scaling.py)."""
-    return fit_compute_law(compute, loss)
-
-
 def non_embedding_parameters(run_dir: Path) -> int:
     """Parameters outside the token / position / type embeddings (N of the Chinchilla law),
     counted on the meta device from the run's config and tokenizer."""
@@ -169,36 +164,29 @@ def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str],
-          report: bool = True) -> dict[str, Any]:
-    """Run the grid (finished points are skipped), fit, and write sweep.json, sweep.png and (with
-    ``report``) report.html comparing the runs' curves."""
-    from cramlm.report import write_report
+def run_point(recipe: str, overrides: list[str], folder: Path, size: str, budget: str) -> dict[str, Any] | None:
+    """Pretrain one grid point (skipped when finished) under ``folder``; its point, or None without a loss."""
+    cfg = resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
+                                  f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
+    print(f"cramlm sweep: {size} for {budget}")
+    run_pipeline(cfg)
+    loss, kind = final_loss(cfg.run_dir)
+    if loss is None:
+        return None
+    flops, how = training_flops(cfg.run_dir)
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    return {"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
+            "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
+            "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind}
 
-    fitting = check_grid(sizes, budgets)  # before anything runs
-    base = resolve_recipe(recipe, overrides)
-    folder = Path(base.base_dir) / name
-    points = []
-    for size in sizes:
-        for budget in budgets:
-            cfg = resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
-                                          f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
-            print(f"cramlm sweep: {size} for {budget}")
-            run_pipeline(cfg)
-            loss, kind = final_loss(cfg.run_dir)
-            if loss is None:
-                continue
-            flops, how = training_flops(cfg.run_dir)
-            summary = json.loads((cfg.run_dir / "summary.json").read_text())
-            points.append({"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
-                           "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
-                           "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind})
-    if not points:
-        raise ValueError("the sweep produced no losses")
+
+def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None, dict | None, dict[str, str]]:
+    """(compute-law fit, L(N, D) fit, why a fit is missing). One wall-clock budget (``fitting``
+    false) is a comparison at equal compute: each point gets its distance to the best instead."""
     fit, fit_nd, errors = None, None, {}
-    best = min(points, key=lambda p: p["loss"])
     if not fitting:
         errors["fit"] = "one wall-clock budget: a comparison of shapes at equal compute, not fitted"
+        best = min(points, key=lambda p: p["loss"])
         for p in points:
             p["vs_best"] = round(p["loss"] / best["loss"] - 1, 4)
     try:
@@ -211,6 +199,24 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
                                 [p["loss"] for p in points])
     except FitError as e:
         errors["fit_nd"] = str(e)
+    return fit, fit_nd, errors
+
+
+def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, overrides: list[str],
+          report: bool = True) -> dict[str, Any]:
+    """Run the grid (finished points are skipped), fit, and write sweep.json, sweep.png and (with
+    ``report``) report.html comparing the runs' curves."""
+    from cramlm.report import write_report
+
+    fitting = check_grid(sizes, budgets)  # before anything runs
+    base = resolve_recipe(recipe, overrides)
+    folder = Path(base.base_dir) / name
+    points = [p for size in sizes for budget in budgets
+              if (p := run_point(recipe, overrides, folder, size, budget)) is not None]
+    if not points:
+        raise ValueError("the sweep produced no losses")
+    best = min(points, key=lambda p: p["loss"])
+    fit, fit_nd, errors = fit_points(points, fitting)
     result = {"recipe": recipe, "overrides": overrides, "sizes": sizes, "budgets": budgets, "points": points,
               "fit": fit, "law": "loss = E + A * flops^-alpha (scipy curve_fit, E >= 0)",
               "fit_nd": fit_nd, "law_nd": "loss = E + A / N^a + B / D^b (N non-embedding parameters, D tokens)",

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import yaml
 
 from cramlm.io import write_text
-from cramlm.report.runs import RunData, as_percent, is_number, load_run_data, result_score
+from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, result_score
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from cramlm.report.runs import RunData, as_percent, result_score  # noqa: E402
+from cramlm.report.rundata import RunData, as_percent, result_score  # noqa: E402
 
 DPI = 110
 

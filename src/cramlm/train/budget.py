@@ -1,7 +1,8 @@
 """Budgets: how much a run may spend, and the run's progress t in [0, 1] through it.
 
 A run has up to four budgets: wall-clock hours (the root key ``budget``, as in cramming:
-``budget=24``) and, in ``train.budget``, tokens, FLOPs and optimizer steps. ``t`` is the largest
+``budget=24``, with the root keys ``count_compile`` and ``count_eval`` saying what counts against
+them) and, in ``train.budget``, tokens, FLOPs and optimizer steps. ``t`` is the largest
 fraction used of any budget that is set, so the run ends when the first one is spent; the lr
 schedule and the batch ramp are functions of ``t``. Token, FLOP and step budgets mean the same on
 any hardware (and make a resumed run bitwise reproducible); set ``budget=null`` to drop the clock.
@@ -20,15 +21,21 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from pydantic import Field
+
 from cramlm.config.base import Config
 
 
 class BudgetConfig(Config):
-    tokens: float | None = None  # input tokens trained on, all processes together
-    flops: float | None = None  # training FLOPs = tokens * the model's FLOPs per token + steps * the optimizer's per step
-    steps: int | None = None  # optimizer steps
-    count_compile: bool = True  # the first step (where torch.compile and warm-up happen) counts against the hours
-    count_eval: bool = False  # held-out validation time counts against the hours
+    """The budgets that mean the same on any hardware (``train.budget``). The hours and what counts
+    against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (runs.py)."""
+
+    tokens: float | None = Field(
+        None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget")
+    flops: float | None = Field(
+        None, description="training FLOPs, counted as tokens x the model's forward+backward FLOPs per token, plus "
+        "steps x the optimizer's own FLOPs per step (Muon's Newton-Schulz); null: none")
+    steps: int | None = Field(None, description="optimizer steps; null: no step budget")
 
 
 @dataclass
@@ -46,7 +53,6 @@ class Usage:
 
 class Budget:
     def __init__(self, cfg: BudgetConfig, hours: float | None, flops_per_token: float):
-        self.cfg = cfg
         self.flops_per_token = flops_per_token
         self.limits = {
             "seconds": hours * 3600 if hours else None,
@@ -90,13 +96,9 @@ class BatchPlan:
     ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates)."""
 
     def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget):
-        size = cfg.max_batch_size if cfg.batch_size == "auto" else cfg.batch_size
-        if size % (micro * world):
-            raise ValueError(
-                f"train.batch_size={size} must be a multiple of impl.microbatch_size={micro} x {world} processes"
-            )
+        cfg.check_microbatches(micro, world)
         self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
-        self.full = size // micro
+        self.full = cfg.full_batch() // micro
         self.optimizer_flops_per_step = 0.0  # the trainer sets it (Muon's Newton-Schulz)
 
     def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
@@ -151,9 +153,10 @@ class Meter:
     step, so t, the lr and the stop decision agree on every process. The throughput is measured
     from the second step on (the first one includes compilation)."""
 
-    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None):
+    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None,
+                 count_compile: bool = True, count_eval: bool = False):
         self.budget, self.costs, self.world, self.max_steps = budget, costs, world, max_steps
-        self.count = {"compile": budget.cfg.count_compile, "eval": budget.cfg.count_eval}
+        self.count = {"compile": count_compile, "eval": count_eval}  # the root keys count_compile, count_eval
         self.used = Usage()
         self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
         self.rate_tokens, self.rate_seconds, self.rate_steps = 0, 0.0, 0

@@ -2,7 +2,7 @@
 
 They live here, without torch, so that validating a config (``cramlm pretrain`` with a typo,
 ``cramlm config show``) imports no torch; optim.py registers the builders of the optimizers
-declared here and re-exports these names, trainer.py re-exports ``TrainConfig``."""
+declared here."""
 
 from __future__ import annotations
 
@@ -29,42 +29,50 @@ Beta = Annotated[float, Field(ge=0, lt=1)]  # a moving-average coefficient
 
 class OptimizerConfig(ComponentConfig):
     kind: ClassVar[str] = "optimizer"
-    lr: PositiveFloat = 1e-3
-    weight_decay: NonNegativeFloat = 0.01
+    type: str = Field(description="the optimizer: adamw, adam, sgd, adafactor, lion (torch.optim), or a plugin's "
+                      "registered name")
+    lr: PositiveFloat = Field(1e-3, description="peak learning rate; the schedule multiplies it by a factor in [0, 1]")
+    weight_decay: NonNegativeFloat = Field(
+        0.01, description="weight decay coefficient (decoupled for adamw, lion and adafactor; L2 for adam and sgd); never "
+        "applied to biases and norm weights")
     decay_embeddings: bool = Field(True, description="apply weight decay to embedding matrices too")
 
 class AdamWConfig(OptimizerConfig):
     type: Literal["adamw"] = "adamw"
-    betas: tuple[Beta, Beta] = (0.9, 0.98)
-    eps: PositiveFloat = 1e-12
+    betas: tuple[Beta, Beta] = Field(
+        (0.9, 0.98), description="moving-average coefficients of the gradient and its square (cramming: 0.9, 0.98)")
+    eps: PositiveFloat = Field(1e-12, description="added to the root of the second moment (cramming: 1e-12)")
     fused: bool | None = Field(
         None, description="None: the fused kernel where torch has one (CPU, CUDA; not for FSDP-sharded parameters)"
     )
 
-class AdamConfig(OptimizerConfig):
-    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam)."""
+class AdamConfig(AdamWConfig):
+    """Adam with L2 weight decay (bert-original used Adam; set weight_decay=0 for plain Adam); the
+    fields are AdamW's, with BERT's defaults."""
 
     type: Literal["adam"] = "adam"
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     eps: PositiveFloat = 1e-6
-    fused: bool | None = None
 
 class SGDConfig(OptimizerConfig):
     type: Literal["sgd"] = "sgd"
-    momentum: Beta = 0.9
-    nesterov: bool = False
+    momentum: Beta = Field(0.9, description="momentum coefficient (0: plain SGD)")
+    nesterov: bool = Field(False, description="Nesterov momentum")
 
 class AdafactorConfig(OptimizerConfig):
     """torch.optim.Adafactor (factored second moments: memory O(rows + cols) per matrix)."""
 
     type: Literal["adafactor"] = "adafactor"
     beta2_decay: Annotated[float, Field(le=0)] = Field(-0.8, description="torch requires <= 0")
-    eps: tuple[NonNegativeFloat | None, NonNegativeFloat] = (None, 1e-3)
+    eps: tuple[NonNegativeFloat | None, NonNegativeFloat] = Field(
+        (None, 1e-3), description="torch's (eps1, eps2): added to the squared gradient (None: the dtype's eps) and the "
+        "floor of the parameter scale of the update")
 
 class LionConfig(OptimizerConfig):
     type: Literal["lion"] = "lion"
     lr: PositiveFloat = 1e-4
-    betas: tuple[Beta, Beta] = (0.9, 0.99)
+    betas: tuple[Beta, Beta] = Field(
+        (0.9, 0.99), description="Lion's (beta1, beta2): interpolation for the update's sign, and the momentum decay")
     weight_decay: NonNegativeFloat = 0.1
 
 
@@ -97,9 +105,11 @@ for _name, _config in {"adamw": AdamWConfig, "adam": AdamConfig, "sgd": SGDConfi
 
 
 class TrainConfig(Config):
-    optim: component(OptimizerConfig) = AdamWConfig()
-    schedule: component(ScheduleConfig) = BudgetTriangleConfig()
-    budget: BudgetConfig = Field(BudgetConfig(), description="tokens / FLOPs / steps (hours: the root key `budget`)")
+    optim: component(OptimizerConfig) = Field(AdamWConfig(), description="the optimizer (a component: its type picks the class)")
+    schedule: component(ScheduleConfig) = Field(
+        BudgetTriangleConfig(), description="the lr schedule as a function of the budget fraction t (a component)")
+    budget: BudgetConfig = Field(BudgetConfig(), description="token, FLOP and step budgets (the hours and what counts against them: the root keys budget, "
+                                "count_compile, count_eval)")
     batch_size: PositiveInt | Literal["auto"] = Field(
         8192, description="sequences per optimizer step, all processes together"
     )
@@ -111,7 +121,9 @@ class TrainConfig(Config):
         100, description="cap the batch so the budget allows at least this many optimizer steps (0: off)"
     )
     grad_clip: PositiveFloat | None = Field(0.5, description="max gradient norm (null: no clipping)")
-    mlm_probability: Probability = 0.25
+    mlm_probability: Probability = Field(
+        0.25, description="masked LMs: fraction of tokens selected for prediction, then 80% [MASK] / 10% random / "
+        "10% kept (cramming: 0.25, BERT: 0.15); causal LMs ignore it")
     log_every: PositiveInt = Field(10, description="optimizer steps between metric lines")
     validate_every: UnitFloat = Field(
         0.25, description="held-out loss every this fraction of t, and at the end (0: only at the end)"
@@ -130,3 +142,14 @@ class TrainConfig(Config):
         False, description="tokens attend only within their own document of a packed block (document_ids per "
         "token, positions reset at each document); off: across the whole block, as cramming does"
     )
+
+    def full_batch(self) -> int:
+        """Sequences per optimizer step at the end of the ramp (``max_batch_size`` under ``auto``)."""
+        return self.max_batch_size if self.batch_size == "auto" else self.batch_size
+
+    def check_microbatches(self, micro: int, world: int = 1) -> None:
+        """The full batch must be a whole number of microbatches on every process (ValueError naming the key)."""
+        if self.full_batch() % (micro * world):
+            key = "train.max_batch_size" if self.batch_size == "auto" else "train.batch_size"
+            processes = f" x {world} processes" if world > 1 else ""
+            raise ValueError(f"{key}={self.full_batch()} must be a multiple of impl.microbatch_size={micro}{processes}")

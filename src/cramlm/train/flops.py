@@ -81,7 +81,9 @@ def peak_flops(device: torch.device, dtype: torch.dtype | None = None) -> tuple[
         name = torch.cuda.get_device_name(device)
         peak = gpu_peak_flops(name)
         return peak, f"{name} bf16 table" if peak else f"{name}: not in the peak table"
-    label = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    from cramlm.train.hardware import PRECISION_DTYPES
+
+    label = next((name for name, d in PRECISION_DTYPES.items() if d == dtype), str(dtype))
     return cpu_peak_flops(dtype=dtype), f"measured {label} GEMM on one core (CPU time) x {torch.get_num_threads()} threads"
 
 

@@ -34,6 +34,7 @@ import torch
 BF16_MIN_SPEEDUP = 1.1  # bf16 rounds more than fp32: take it only when it clearly pays
 PROBE_SECONDS = 0.4  # the timed part of the precision probe, both precisions together
 CACHE_VERSION = 2
+PRECISION_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
 
 
 # ---- threads ----------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class PrecisionChoice:
 
     @property
     def dtype(self) -> torch.dtype | None:  # the autocast dtype; None: plain fp32
-        return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        return PRECISION_DTYPES[self.precision]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -298,12 +299,3 @@ def choose_precision(device: torch.device, hidden: int = 768, intermediate: int 
         if lock is not None:
             lock.release()
 
-
-def resolve_precision(setting: str, device: torch.device, model: torch.nn.Module | None = None) -> PrecisionChoice:
-    """impl.precision -> the choice, with its reason. ``model`` gives the widths the probe times."""
-    if setting != "auto":
-        return PrecisionChoice(setting, f"impl.precision={setting}", None, "config")
-    cfg = getattr(model, "cfg", None)
-    hidden = getattr(cfg, "hidden_size", None) or getattr(model, "hidden_size", None) or 768
-    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    return choose_precision(device, hidden, intermediate)

@@ -1,4 +1,6 @@
-"""Implementation settings (the ``impl`` group): device, precision, compile, parallelism, logging.
+"""Implementation settings (the ``impl`` group): device, precision, compile, parallelism, logging;
+the device and the precision they resolve to (the ``auto`` probe itself: train/hardware.py).
+Compilation and activation checkpointing are applied from outside the model by train/parallelize.py.
 
 Nothing here changes the maths of a run (up to floating-point rounding): the same ``arch``/``train``
 config trains the same model on a laptop CPU or on many GPUs."""
@@ -45,6 +47,9 @@ class ImplConfig(Config):
     inductor: dict[str, Any] = Field(
         {}, description="torch._inductor.config options, e.g. {coordinate_descent_tuning: true}"
     )
+    document_attention_kernel: Literal["auto", "flex", "dense"] = Field(
+        "auto", description="how attention keeps packed documents apart (train.document_attention=true): auto = "
+        "FlexAttention's block mask on CUDA, the dense SDPA mask elsewhere; flex / dense force one (same results)")
     activation_checkpointing: bool = Field(
         False, description="recompute each block (every child of an nn.ModuleList) in backward"
     )
@@ -58,8 +63,9 @@ class ImplConfig(Config):
         False, description="also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)"
     )
     wandb: bool = Field(False, description="also log to Weights & Biases (needs `wandb`)")
-    wandb_mode: Literal["offline", "online"] = "offline"
-    wandb_project: str = "cramlm"
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B mode: offline writes <run>/wandb to sync later (`wandb sync`); online uploads live")
+    wandb_project: str = Field("cramlm", description="the W&B project the run is logged under")
 
     @field_validator("device")
     @classmethod
@@ -110,19 +116,6 @@ def check_available(device: torch.device, key: str) -> None:
         raise ConfigError(f"impl.device={key}: MPS (Apple GPU) is not available here; use impl.device=auto or impl.device=cpu")
 
 
-def __getattr__(name: str) -> Any:
-    # PRECISION_DTYPES holds torch dtypes: built on first use, so that importing ImplConfig needs no torch
-    if name == "PRECISION_DTYPES":
-        return _precision_dtypes()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _precision_dtypes() -> dict[str, torch.dtype | None]:
-    import torch
-
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
-
-
 def launcher_env() -> tuple[int, int, int]:
     """(RANK, LOCAL_RANK, WORLD_SIZE) as torchrun sets them; (0, 0, 1) in a plain process. Read
     without torch, so the pipeline knows which process writes before it imports torch."""
@@ -131,14 +124,20 @@ def launcher_env() -> tuple[int, int, int]:
 
 
 def resolve_precision(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None):
-    """The precision in use and why (``auto``: measured once per machine, see train/hardware.py)."""
-    from cramlm.train.hardware import resolve_precision as choose
+    """``impl.precision`` -> a :class:`~cramlm.train.hardware.PrecisionChoice` with its reason. ``auto``
+    is measured once per machine at the model's widths (train/hardware.py); ``model`` gives them."""
+    from cramlm.train.hardware import PrecisionChoice, choose_precision
 
-    return choose(impl.precision, device, model)
+    if impl.precision != "auto":
+        return PrecisionChoice(impl.precision, f"impl.precision={impl.precision}", None, "config")
+    cfg = getattr(model, "cfg", None)
+    hidden = getattr(cfg, "hidden_size", None) or getattr(model, "hidden_size", None) or 768
+    intermediate = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    return choose_precision(device, hidden, intermediate)
 
 
 def autocast_dtype(impl: ImplConfig, device: torch.device, model: torch.nn.Module | None = None) -> torch.dtype | None:
-    return _precision_dtypes()[resolve_precision(impl, device, model).precision]
+    return resolve_precision(impl, device, model).dtype
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -147,45 +146,3 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     import torch
 
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def apply_activation_checkpointing(model: torch.nn.Module) -> int:
-    """Wrap every child of every nn.ModuleList (the transformer blocks, whatever the model) so its
-    activations are recomputed in backward. Applied from outside: the model code stays plain."""
-    import torch
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
-
-    blocks = {id(b) for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m}
-    apply(model, check_fn=lambda m: id(m) in blocks)
-    return len(blocks)
-
-
-def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
-    """torch.compile (inductor). ``compile=auto`` compiles where it pays and is proven: a model on a
-    CUDA device that no DDP/FSDP wrapper holds; on a CPU, inductor's minutes of C++ code generation
-    rarely pay back within a budget, so the model is returned as it is."""
-    import torch
-
-    if impl.inductor:
-        import torch._inductor.config as inductor_config
-
-        for key, value in impl.inductor.items():  # dotted keys reach sub-configs: triton.cudagraphs
-            *parents, leaf = key.split(".")
-            node = inductor_config
-            for part in parents:
-                node = getattr(node, part)
-            if not hasattr(node, leaf):
-                raise ValueError(f"impl.inductor.{key}: no such torch._inductor.config option")
-            setattr(node, leaf, value)
-    if impl.compile == "auto" and not _compiles_by_default(model):
-        return model
-    return torch.compile(model, mode=impl.compile_mode)
-
-
-def _compiles_by_default(model: torch.nn.Module) -> bool:
-    import torch
-
-    param = next(model.parameters(), None)
-    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
-        type(m).__name__.startswith("FSDP") for m in model.modules())  # fully_shard makes FSDP<Class> types
-    return param is not None and param.device.type == "cuda" and not wrapped

@@ -12,15 +12,7 @@ from torch import nn
 
 from cramlm.config.registry import register
 # the configs live torch-free in train/config.py (validating a config imports no torch)
-from cramlm.train.config import (  # noqa: F401
-    AdafactorConfig,
-    AdamConfig,
-    AdamWConfig,
-    LionConfig,
-    MuonConfig,
-    OptimizerConfig,
-    SGDConfig,
-)
+from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, MuonConfig, OptimizerConfig, SGDConfig
 
 MUON_TORCH = "2.9"  # the first torch with torch.optim.Muon
 

@@ -1,6 +1,7 @@
 """Make a plain model ready to train on this device and these processes (torchtitan's
 ``parallelize``): the model code stays free of distributed and performance code, all of it is
-applied here, from outside, in this order:
+applied here, from outside, in this order (after the attention kernel for packed documents,
+``impl.document_attention_kernel``, is set on the model):
 
 1. activation checkpointing (``impl.activation_checkpointing``): each block (every child of an
    ``nn.ModuleList``) is wrapped to recompute its activations in backward. First, so that FSDP2
@@ -25,7 +26,7 @@ from torch import nn
 
 from cramlm.models.base import tied_aliases
 from cramlm.train.distributed import Dist, wrap_model
-from cramlm.train.impl import ImplConfig, apply_activation_checkpointing, compile_model
+from cramlm.train.impl import ImplConfig
 
 
 @dataclass
@@ -44,9 +45,54 @@ def parallelize(model: nn.Module, impl: ImplConfig, dist: Dist, device: torch.de
     """Activation checkpointing, then DDP/FSDP2, then torch.compile (see the module docstring).
     ``model`` must already be on ``device``."""
     aliases = tied_aliases(model)  # before wrapping renames anything
+    set_document_kernel(model, impl.document_attention_kernel)
     if impl.activation_checkpointing:
         apply_activation_checkpointing(model)
     wrapped = wrap_model(model, dist, device)  # DDP wrapper, or the same module sharded by FSDP2
     if impl.compile:
         wrapped = compile_model(wrapped, impl)
     return Parallel(module=model, model=wrapped, dist=dist, device=device, aliases=aliases)
+
+
+def set_document_kernel(model: nn.Module, kernel: str) -> None:
+    """How every trunk of ``model`` attends within packed documents: auto, flex or dense (model.Trunk)."""
+    for module in model.modules():
+        if hasattr(module, "document_kernel"):
+            module.document_kernel = kernel
+
+
+def apply_activation_checkpointing(model: torch.nn.Module) -> int:
+    """Wrap every child of every nn.ModuleList (the transformer blocks, whatever the model) so its
+    activations are recomputed in backward. Applied from outside: the model code stays plain."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing as apply
+
+    blocks = {id(b) for m in model.modules() if isinstance(m, torch.nn.ModuleList) for b in m}
+    apply(model, check_fn=lambda m: id(m) in blocks)
+    return len(blocks)
+
+
+def compile_model(model: torch.nn.Module, impl: ImplConfig) -> torch.nn.Module:
+    """torch.compile (inductor). ``compile=auto`` compiles where it pays and is proven: a model on a
+    CUDA device that no DDP/FSDP wrapper holds; on a CPU, inductor's minutes of C++ code generation
+    rarely pay back within a budget, so the model is returned as it is."""
+    if impl.inductor:
+        import torch._inductor.config as inductor_config
+
+        for key, value in impl.inductor.items():  # dotted keys reach sub-configs: triton.cudagraphs
+            *parents, leaf = key.split(".")
+            node = inductor_config
+            for part in parents:
+                node = getattr(node, part)
+            if not hasattr(node, leaf):
+                raise ValueError(f"impl.inductor.{key}: no such torch._inductor.config option")
+            setattr(node, leaf, value)
+    if impl.compile == "auto" and not _compiles_by_default(model):
+        return model
+    return torch.compile(model, mode=impl.compile_mode)
+
+
+def _compiles_by_default(model: torch.nn.Module) -> bool:
+    param = next(model.parameters(), None)
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel) or any(
+        type(m).__name__.startswith("FSDP") for m in model.modules())  # fully_shard makes FSDP<Class> types
+    return param is not None and param.device.type == "cuda" and not wrapped

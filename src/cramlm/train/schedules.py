@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Callable, ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from cramlm.config.base import ComponentConfig, NonNegativeFloat, PositiveFloat, UnitFloat
 from cramlm.config.registry import register
@@ -19,6 +19,8 @@ Schedule = Callable[[float], float]
 
 class ScheduleConfig(ComponentConfig):
     kind: ClassVar[str] = "schedule"
+    type: str = Field(description="the lr schedule: budget-triangle2 (cramming), constant, cosine, one-cycle, "
+                      "warmup-stable-decay, polynomial (bert-original), or a plugin's registered name")
 
 
 def _clip(t: float) -> float:
@@ -43,8 +45,9 @@ class BudgetTriangleConfig(ScheduleConfig):
     """cramming's budget-triangle2: min(base + t, (1 - t) / falloff); peak at t = 1 - falloff."""
 
     type: Literal["budget-triangle2"] = "budget-triangle2"
-    base: NonNegativeFloat = 0.25
-    falloff: PositiveFloat = 0.25
+    base: NonNegativeFloat = Field(0.25, description="lr factor at t=0; the rise is base + t (cramming: 0.25)")
+    falloff: PositiveFloat = Field(
+        0.25, description="fraction of t over which the lr falls linearly from the peak to 0 at t=1 (cramming: 0.25)")
 
 
 @register("schedule", "budget-triangle2", BudgetTriangleConfig)
@@ -54,7 +57,7 @@ def budget_triangle(cfg: BudgetTriangleConfig) -> Schedule:
 
 class ConstantConfig(ScheduleConfig):
     type: Literal["constant"] = "constant"
-    warmup: UnitFloat = 0.0  # linear warm-up over this fraction of the run
+    warmup: UnitFloat = Field(0.0, description="linear warm-up from 0 over this fraction of t, then the peak lr (0: none)")
 
 
 @register("schedule", "constant", ConstantConfig)
@@ -66,8 +69,8 @@ class CosineConfig(ScheduleConfig):
     """Linear warm-up over ``warmup`` of the run, then cosine decay to ``min_factor``."""
 
     type: Literal["cosine"] = "cosine"
-    warmup: UnitFloat = 0.1
-    min_factor: UnitFloat = 0.0
+    warmup: UnitFloat = Field(0.1, description="linear warm-up from 0 to the peak lr over this fraction of t")
+    min_factor: UnitFloat = Field(0.0, description="lr factor the cosine decays to at t=1 (0.1: a tenth of the peak)")
 
 
 @register("schedule", "cosine", CosineConfig)
@@ -80,9 +83,9 @@ class OneCycleConfig(ScheduleConfig):
     ``peak``, then down to ``end_factor``."""
 
     type: Literal["one-cycle"] = "one-cycle"
-    peak: UnitFloat = 0.3
-    start_factor: UnitFloat = 0.04  # torch: 1 / div_factor (25)
-    end_factor: UnitFloat = 4e-6  # torch: start / final_div_factor (1e4)
+    peak: UnitFloat = Field(0.3, description="fraction of t at which the lr reaches its peak (torch: pct_start)")
+    start_factor: UnitFloat = Field(0.04, description="lr factor at t=0 (torch: 1 / div_factor, 1/25)")
+    end_factor: UnitFloat = Field(4e-6, description="lr factor at t=1 (torch: start_factor / final_div_factor, 1e4)")
 
 
 @register("schedule", "one-cycle", OneCycleConfig)
@@ -104,10 +107,11 @@ class WarmupStableDecayConfig(ScheduleConfig):
     (WSD / trapezoid; MiniCPM, modded-nanogpt)."""
 
     type: Literal["warmup-stable-decay"] = "warmup-stable-decay"
-    warmup: UnitFloat = 0.05
-    decay: UnitFloat = 0.2
-    decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"
-    min_factor: UnitFloat = 0.0
+    warmup: UnitFloat = Field(0.05, description="linear warm-up from 0 to the peak lr over this fraction of t")
+    decay: UnitFloat = Field(0.2, description="fraction of t, at the end, over which the lr decays (warmup + decay <= 1)")
+    decay_shape: Literal["linear", "cosine", "sqrt"] = Field(
+        "linear", description="shape of the final decay: linear, half-cosine, or 1 - sqrt(p)")
+    min_factor: UnitFloat = Field(0.0, description="lr factor at the end of the decay (t=1)")
 
     @model_validator(mode="after")
     def _phases(self):
@@ -136,9 +140,9 @@ class PolynomialConfig(ScheduleConfig):
     (BERT: 10k warm-up steps of 1M, power 1)."""
 
     type: Literal["polynomial"] = "polynomial"
-    warmup: UnitFloat = 0.01
-    power: NonNegativeFloat = 1.0
-    end_factor: UnitFloat = 0.0
+    warmup: UnitFloat = Field(0.01, description="linear warm-up from 0 to the peak lr over this fraction of t (BERT: 1%)")
+    power: NonNegativeFloat = Field(1.0, description="exponent of the decay (1 - p)^power; 1: linear (BERT)")
+    end_factor: UnitFloat = Field(0.0, description="lr factor the decay ends at (t=1)")
 
 
 @register("schedule", "polynomial", PolynomialConfig)

@@ -48,8 +48,8 @@ from tqdm import tqdm
 from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
-from cramlm.train.budget import BatchPlan, Meter  # noqa: F401  (BatchPlan: moved to budget.py)
-from cramlm.train.config import TrainConfig  # noqa: F401  (torch-free there, so configs validate without torch)
+from cramlm.train.budget import BatchPlan, Meter
+from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
 from cramlm.train.optim import build_optimizer, optimizer_flops_per_step

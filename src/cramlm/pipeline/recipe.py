@@ -31,6 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
 from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
@@ -50,17 +52,19 @@ RECORD = "pipeline.json"
 class PipelineConfig(PretrainConfig):
     """Everything ``cramlm pretrain`` takes, plus the evaluation and which stages to run."""
 
-    description: str = ""  # one line shown by `cramlm run --list`
-    eval: EvalConfig = EvalConfig()
-    stages: list[Stage] = list(STAGES)  # the stages to run, in pipeline order
-    untrained_twin: bool = True  # also evaluate the untrained twin (the eval-untrained stage): the baseline pretraining must beat
-    force: list[Stage] = []  # stages to redo even when finished (later stages follow)
+    description: str = Field("", description="one line about the recipe, shown by `cramlm run --list`")
+    eval: EvalConfig = Field(EvalConfig(), description="the tasks and fine-tuning protocol of the eval stages (the eval group)")
+    stages: list[Stage] = Field(
+        list(STAGES), description="the stages to run, in pipeline order: data, pretrain, eval, eval-untrained, report")
+    untrained_twin: bool = Field(
+        True, description="also evaluate the untrained twin (the eval-untrained stage): the baseline pretraining must beat")
+    force: list[Stage] = Field([], description="stages to redo even when recorded as finished (the later stages follow)")
 
     def pretrain_config(self) -> PretrainConfig:
         return _subset(PretrainConfig, self)
 
     def eval_config(self, untrained: bool = False):
-        from cramlm.eval.run import EvalRunConfig
+        from cramlm.eval.evaluate import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
@@ -230,14 +234,14 @@ def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def run_eval(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.eval.run import evaluate
+    from cramlm.eval.evaluate import evaluate
 
     results = evaluate(cfg.eval_config())
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}
 
 
 def run_eval_untrained(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.eval.run import evaluate
+    from cramlm.eval.evaluate import evaluate
 
     results = evaluate(cfg.eval_config(untrained=True))
     return {r.get("task", str(i)): r.get("score") for i, r in enumerate(results)}

@@ -21,9 +21,9 @@ Dropout = Annotated[float, Field(ge=0, lt=1)]
 
 
 class TransformerConfig(ModelConfig):
-    hidden_size: PositiveInt = 768
-    num_layers: PositiveInt = 12
-    num_heads: PositiveInt = 12
+    hidden_size: PositiveInt = Field(768, description="width of the residual stream (and of each token embedding)")
+    num_layers: PositiveInt = Field(12, description="transformer blocks (attention + FFN each)")
+    num_heads: PositiveInt = Field(12, description="attention heads; must divide hidden_size (head dim = hidden_size / num_heads)")
     num_kv_heads: PositiveInt | None = Field(
         None, description="grouped-query attention: fewer key/value heads (None: = num_heads)"
     )
@@ -34,12 +34,16 @@ class TransformerConfig(ModelConfig):
             'down-projection reads intermediate_size / 2 (HF\'s "intermediate_size" of a GLU model)'
         ),
     )
-    ffn: Literal["glu", "plain"] = "plain"
+    ffn: Literal["glu", "plain"] = Field(
+        "plain", description="feed-forward block: plain = up, activation, down (BERT, GPT-2); glu = activation(gate) x "
+        "value, then down (cramming's GELU-GLU, llama's SwiGLU)")
     activation: Literal["gelu", "gelu-tanh", "relu", "silu", "relu2"] = Field(
-        "gelu", description="FFN activation; relu2: ReLU^2 (Primer, modded-nanogpt; exports as remote code)")
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    norm_eps: PositiveFloat = 1e-12
-    norm_scheme: Literal["pre", "post"] = "pre"
+        "gelu", description="FFN nonlinearity (and the MLM head transform's): exact GELU, GPT-2's tanh-approximated "
+        "GELU, ReLU, SiLU (SwiGLU with ffn=glu), or relu2: ReLU^2 (Primer, modded-nanogpt; exports as remote code)")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="every norm of the model: LayerNorm or RMSNorm")
+    norm_eps: PositiveFloat = Field(1e-12, description="epsilon inside every norm (BERT: 1e-12, GPT-2 and llama: 1e-5)")
+    norm_scheme: Literal["pre", "post"] = Field(
+        "pre", description="pre: x + f(norm(x)) (cramming, GPT-2, llama); post: norm(x + f(x)) (the original BERT)")
     norm_bias: bool = Field(True, description="LayerNorm bias (RMSNorm has none)")
     embedding_norm: bool = Field(False, description="a norm right after token + position embedding")
     first_attn_norm: bool = Field(
@@ -47,13 +51,16 @@ class TransformerConfig(ModelConfig):
     )
     final_norm: bool = Field(True, description="a norm after the last block (pre-norm models need it)")
     bias: bool = Field(True, description="biases in linear layers (and in the MLM decoder)")
-    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "learned"
-    rope_theta: PositiveFloat = 10000.0
+    positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = Field(
+        "learned", description="position information: a learned table, a fixed sinusoidal table, cramming's sinusoidal "
+        "table x one learned scalar, rotary embeddings on queries and keys, or none")
+    rope_theta: PositiveFloat = Field(10000.0, description="base of the rotary frequencies (positions=rope only)")
     type_vocab_size: NonNegativeInt = Field(0, description="BERT's token-type (segment) embeddings; 0: none")
     tie_embeddings: bool = Field(True, description="output decoder shares the token-embedding matrix")
-    dropout: Dropout = 0.0
-    attention_dropout: Dropout = 0.0
-    init_std: PositiveFloat = 0.02
+    dropout: Dropout = Field(0.0, description="dropout probability after embeddings and on each block's residual "
+                             "branches, during training (cramming: 0; BERT: 0.1)")
+    attention_dropout: Dropout = Field(0.0, description="dropout probability on the attention weights, during training")
+    init_std: PositiveFloat = Field(0.02, description="standard deviation of the normal init of linear and embedding weights")
     init: Literal["normal", "scaled-residual"] = Field(
         "normal", description="scaled-residual: GPT-2's std/sqrt(2L) on residual outputs"
     )
@@ -78,9 +85,9 @@ class TransformerConfig(ModelConfig):
 
 
 class CrammedBertConfig(TransformerConfig):
-    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml), except
-    ``head_transform``: True by default so that run configs written before the field existed (whose
-    models have the transform) keep loading; the crammed-bert presets set it false."""
+    """Defaults are cramming's final architecture (recipes/arch/crammed-bert.yaml). Every run and
+    export written by cramlm records every field, ``head_transform`` included; a config without it
+    gets cramming's choice (no transform), not BERT's."""
 
     type: Literal["crammed-bert"] = "crammed-bert"
     num_layers: PositiveInt = 16
@@ -91,7 +98,7 @@ class CrammedBertConfig(TransformerConfig):
     positions: Literal["learned", "sinusoidal", "scaled-sinusoidal", "rope", "none"] = "scaled-sinusoidal"
     sparse_prediction: bool = Field(True, description="run the MLM head only where labels != -100")
     head_transform: bool = Field(
-        True, description="dense + activation + norm before the MLM decoder (BERT, ModernBERT); cramming "
+        False, description="dense + activation + norm before the MLM decoder (BERT, ModernBERT); cramming "
         "skips it (skip_head_transform: True): 591,360 fewer parameters at hidden 768")
     pooler_size: PositiveInt | None = Field(
         None, description="width of the downstream classifier's pooler (first token -> dense -> tanh); "

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from cramlm.config.base import Config
 from cramlm.constants import OUTPUTS_DIR
 from cramlm.eval.config import EvalConfig
@@ -23,22 +25,24 @@ DEFAULTS: dict[str, Any] = {"eval": "default", "impl": "default"}
 
 
 class EvalRunConfig(Config):
-    name: str = "latest"  # the run to evaluate (<base_dir>/<name>) when checkpoint is not set
-    base_dir: str = OUTPUTS_DIR
-    checkpoint: str | None = None  # run name/folder, latest, HF folder, hf://name; suffix -untrained
-    untrained: bool = False  # same architecture, random weights
-    trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
-    out_dir: str | None = None  # where results go (default: see the module docstring)
-    plugins: list[str] = []
-    eval: EvalConfig = EvalConfig()
-    impl: ImplConfig = ImplConfig()
+    name: str = Field("latest", description="the run to evaluate, <base_dir>/<name>, when checkpoint is not set; latest: the newest run")
+    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders")
+    checkpoint: str | None = Field(
+        None, description="what to evaluate: a run name or folder, latest, a Hugging Face folder or hf://name; "
+        "suffix -untrained for the random-weights twin. null: name")
+    untrained: bool = Field(False, description="the untrained twin: the same architecture with random weights (the baseline)")
+    trust_remote_code: bool = Field(False, description="let transformers run a checkpoint's own modeling code (HF folders)")
+    out_dir: str | None = Field(
+        None, description="where eval.{json,md,csv} go; null: the run folder (HF checkpoints: <base_dir>/eval/<name>)")
+    plugins: list[str] = Field([], description="modules to import first (they may register components)")
+    eval: EvalConfig = Field(EvalConfig(), description="the tasks and the fine-tuning protocol (the eval group)")
+    impl: ImplConfig = Field(ImplConfig(), description="device, precision and threads (the impl group)")
 
 
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
-    from cramlm.eval.finetune import finetune
-    from cramlm.eval.tables import majority_scores, markdown, means, task_rows, to_csv
+    from cramlm.eval.tables import markdown, means, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
 
@@ -67,17 +71,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
                   + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else "")
                   + f" ({lm['sequences']} sequences of {val}, as pretraining's val_loss)")
 
-    rows = []
-    for task in tasks:
-        hp = ev.for_task(task.name)
-        runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
-        task_result = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
-        for r in task_result:
-            r["hparams"] = hp.model_dump(mode="json")
-            r["skipped_rows"] = task.skipped
-            print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
-        rows += task_result
-
+    rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device)]
     mean = means(rows)
     title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
     table = markdown(rows, mean, title)
@@ -99,4 +93,21 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     print("\n" + table)
     print(f"results in {stem}.{{md,csv,json}}")
     print(json.dumps({"checkpoint": ckpt.label, "mean": mean, "lm_loss": lm and lm["loss"]}))
+    return rows
+
+
+def finetune_task(cfg: EvalRunConfig, ckpt, task, device) -> list[dict]:
+    """Fine-tune ``ckpt`` on ``task`` with ``eval.seeds`` seeds: its result rows (median over seeds,
+    one per dev split), printed as they come."""
+    from cramlm.eval.finetune import finetune
+    from cramlm.eval.tables import majority_scores, task_rows
+
+    ev = cfg.eval
+    hp = ev.for_task(task.name)
+    runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
+    rows = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
+    for r in rows:
+        r["hparams"] = hp.model_dump(mode="json")
+        r["skipped_rows"] = task.skipped
+        print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
     return rows

@@ -1,0 +1,47 @@
+"""io.atomic_dir: a folder appears complete under its name or not at all."""
+
+from __future__ import annotations
+
+import pytest
+
+from cramlm.io import atomic_dir
+
+
+def test_a_folder_appears_only_when_complete(tmp_path):
+    final = tmp_path / "out"
+    with atomic_dir(final) as tmp:
+        (tmp / "a.txt").write_text("a")
+        assert tmp.name.startswith(".") and not final.exists()  # hidden while written
+    assert (final / "a.txt").read_text() == "a" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_failed_write_leaves_nothing_and_keeps_the_old_folder(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(final) as tmp:
+            (tmp / "half.txt").write_text("x")
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (final / "old.txt").is_file()
+
+
+def test_replace_or_keep_an_existing_folder(tmp_path):
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "first.txt").write_text("1")
+    with atomic_dir(final, if_exists="keep") as tmp:  # another process finished first: its result stands
+        (tmp / "second.txt").write_text("2")
+    assert [p.name for p in final.iterdir()] == ["first.txt"]
+    with atomic_dir(final, durable=True) as tmp:
+        (tmp / "second.txt").write_text("2")
+    assert [p.name for p in final.iterdir()] == ["second.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_killed_writers_leftover_is_cleared(tmp_path):
+    leftover = tmp_path / ".out.tmp-1"
+    leftover.mkdir()
+    (leftover / "junk").write_text("x")
+    with atomic_dir(tmp_path / "out", tmp=leftover) as tmp:
+        assert list(tmp.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
