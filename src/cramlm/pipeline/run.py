@@ -36,7 +36,7 @@ from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
 from cramlm.train.impl import launcher_env
-from cramlm.runs import PretrainConfig
+from cramlm.runs import PretrainConfig, format_hours, readable_budget
 
 STAGES = ("data", "pretrain", "eval", "eval-untrained", "report")
 Stage = Literal["data", "pretrain", "eval", "eval-untrained", "report"]
@@ -153,7 +153,7 @@ def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any
     if launcher_env()[2] > 1:
         raise ConfigError(f"arch=auto under torchrun: plan once first, without torchrun (`cramlm run {recipe} ... "
                           "arch=auto stages=[data]` records the plan in <run>/plan.json), then every process reuses it")
-    say(f"cramlm run: arch=auto: planning the model for {cfg.budget:g} h on this machine (cramlm plan) ...")
+    say(f"cramlm run: arch=auto: planning the model for {format_hours(cfg.budget)} on this machine (cramlm plan) ...")
     result = plan_budget(cfg, recipe, **args)
     overrides = result["overrides"]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -339,4 +339,7 @@ def results_summary(cfg: PipelineConfig) -> str:
 
 
 def describe(cfg: PipelineConfig) -> str:
-    return to_yaml(cfg)
+    """`cramlm run --show`: the resolved config, its budget as written ('1m', not 0.0166...)."""
+    import yaml
+
+    return yaml.safe_dump(readable_budget(cfg.model_dump(mode="json")), sort_keys=False)
