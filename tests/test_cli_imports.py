@@ -34,7 +34,7 @@ CASES = [
     (["config", "show", "eval", "--doc"], 0, "eval.lr"),
     (["config", "show", "pretrain", "budget=45s"], 0, "budget: 45s\n"),  # as written, not 0.0125 (issue 22.7)
     (["run", "--show"], 0, "budget: 1m\n"),
-    (["eval", "eval.learning_rate=1e-4"], 1, "eval.learning_rate"),
+    (["eval", "eval.learning_rate=1e-4"], 1, "Did you mean 'eval.lr'"),  # HF's name (issue 22.7)
 ]
 
 
