@@ -26,8 +26,8 @@ class Hparams(Config):
     dropout: float = 0.1  # classifier dropout
     pooling: Literal["first", "mean"] = "first"  # sentence vector: first token ([CLS]) or mean over tokens
     grad_clip: float | None = None
-    max_train_examples: int | None = None  # random subset of the training split (None: all)
-    max_dev_examples: int | None = None  # first N of each dev split (None: all)
+    max_train_examples: int | None = None  # seeded sample of the training split, same for every model and seed (None: all)
+    max_dev_examples: int | None = None  # seeded sample of each dev split, same for every model and seed (None: all)
     eval_batch_size: int = 128
 
 
