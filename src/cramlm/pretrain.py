@@ -94,6 +94,14 @@ def dryrun_plan(cfg: PretrainConfig, world: int) -> tuple[TrainConfig, None]:
     return train, None
 
 
+def arch_banner(arch) -> str:
+    """The architecture as the banner names it: 'crammed-bert', 'bert-original (type crammed-bert)'."""
+    from cramlm.models.hf import architecture_name
+
+    name = architecture_name(arch)
+    return name if name == arch.type else f"{name} (type {arch.type})"
+
+
 def _si(x: float) -> str:
     """12,345 -> '12.3k', 4.2e9 -> '4.2G' (console figures)."""
     for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -316,7 +324,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         say("cramlm: resume=auto found no checkpoint; starting fresh")
     setup_seconds = time.perf_counter() - setup_start
     say(
-        f"cramlm pretrain: {cfg.arch.type} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
+        f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
         f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
         + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else "")

@@ -47,6 +47,8 @@ DEFAULT_RECIPE = "default"
 RECORD = "pipeline.json"
 
 
+DRYRUN_MICROBATCH = 8  # sequences per microbatch of a dry run's pretraining steps (cramlm run dryrun=true)
+
 class PipelineConfig(PretrainConfig):
     """Everything ``cramlm pretrain`` takes, plus the evaluation and which stages to run."""
 
@@ -57,14 +59,19 @@ class PipelineConfig(PretrainConfig):
     force: list[Stage] = []  # stages to redo even when finished (later stages follow)
 
     def pretrain_config(self) -> PretrainConfig:
-        return _subset(PretrainConfig, self)
+        cfg = _subset(PretrainConfig, self)
+        if self.dryrun:  # a dry run shows that every stage runs, not how well: small steps, one held-out batch
+            impl = cfg.impl.model_copy(update={"microbatch_size": min(cfg.impl.microbatch_size, DRYRUN_MICROBATCH)})
+            cfg = cfg.model_copy(update={"impl": impl, "train": cfg.train.model_copy(update={"validate_batches": 1})})
+        return cfg
 
     def eval_config(self, untrained: bool = False):
         from cramlm.eval.run import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
-            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64)}
+            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64),
+                     "max_dev_examples": min(self.eval.max_dev_examples or 64, 64)}
             cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
         return cfg
 
