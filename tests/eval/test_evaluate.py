@@ -65,7 +65,7 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert "arithmetic mean" in result.output
     # the console: one aligned table in % (issue 22.7), no Markdown and no raw JSON of the means
     assert not [line for line in result.output.splitlines() if line.startswith("|")] and '"harmonic"' not in result.output
-    assert re.search(r"^arithmetic mean +\d+\.\d\d +\d+\.\d\d$", result.output, re.M), result.output
+    assert re.search(r"^arithmetic mean +-?\d+\.\d\d +-?\d+\.\d\d$", result.output, re.M), result.output
 
     base = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[{task}]", *QUICK)
     assert base.exit_code == 0, base.output
