@@ -133,3 +133,19 @@ def test_trainer_fine_tunes_an_export_and_the_result_reloads(name, tokenizer, tm
         torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
     classify = transformers.pipeline("text-classification", model=str(tmp_path / "tuned"), trust_remote_code=True)
     assert classify(["call me ishmael"])[0]["label"] in {"LABEL_0", "LABEL_1"}
+
+
+def test_causal_remote_code_head_pools_the_last_real_token(tokenizer, tmp_path):
+    """A causal export's sequence head reads the last non-padding token (the one that has seen the
+    whole input), so right padding does not change a row's logits."""
+    export("gpt2-tiny", {"norm": "rmsnorm"}, tokenizer, tmp_path)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path, trust_remote_code=True, num_labels=2).eval()
+    assert hf.config.classifier_pooling == "last"
+    ids = torch.tensor([[40, 41, 42, 43, 44]])
+    padded = torch.tensor([[40, 41, 42, 43, 44, 5, 5]])
+    with torch.no_grad():
+        alone = hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        in_batch = hf(input_ids=padded, attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0, 0]])).logits
+        first = hf(input_ids=ids[:, :1], attention_mask=torch.ones(1, 1, dtype=torch.long)).logits
+    torch.testing.assert_close(in_batch, alone, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(alone, first)  # not the first token's

@@ -45,9 +45,8 @@ TWIN = "eval-untrained"
 INDEPENDENT = {TWIN}
 DEFAULT_RECIPE = "default"
 RECORD = "pipeline.json"
-
-
 DRYRUN_MICROBATCH = 8  # sequences per microbatch of a dry run's pretraining steps (cramlm run dryrun=true)
+
 
 class PipelineConfig(PretrainConfig):
     """Everything ``cramlm pretrain`` takes, plus the evaluation and which stages to run."""
