@@ -140,7 +140,7 @@ def run_all(args, runs: list[dict]) -> None:
 def curve(folder: Path) -> dict:
     """A run's held-out curve: FLOPs (tokens x FLOPs per token + steps x the optimizer's FLOPs per
     step, as the budget counts them), counted seconds, tokens and val_loss at each validation."""
-    from cramlm.report.runs import is_number, load_run_data
+    from cramlm.report.rundata import is_number, load_run_data
 
     run = load_run_data(folder)
     s = run.summary

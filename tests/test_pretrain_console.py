@@ -69,3 +69,17 @@ def test_config_show_prints_budgets_in_their_units_and_they_parse_back(budget, s
     assert f"\nbudget: {shown}\n" in out
     again = resolve(PretrainConfig, DEFAULTS, [f"budget={shown}"])
     assert again.budget == pytest.approx(resolve(PretrainConfig, DEFAULTS, [f"budget={budget}"]).budget)
+
+
+@pytest.mark.parametrize("preset,banner", [
+    ("crammed-bert-tiny", "crammed-bert"),
+    ("bert-original-tiny", "bert-original (type crammed-bert)"),  # was 'crammed-bert' (issue 22.7)
+    ("crammed-bert-modern", "crammed-bert-modern (type crammed-bert)"),
+    ("gpt2-tiny", "gpt2"),
+    ("llama-tiny", "llama"),
+])
+def test_banner_names_the_architecture_not_only_its_type(preset, banner):
+    from cramlm.pretrain import arch_banner
+    from tests.models.helpers import preset as tiny_preset
+
+    assert arch_banner(tiny_preset(preset)) == banner

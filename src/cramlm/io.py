@@ -194,9 +194,48 @@ def package_path(spec: str) -> Path:
     return Path(spec).expanduser()
 
 
+# Hugging Face's names (TrainingArguments, run_glue.py, BERT configs) -> cramlm's, tried in order: the
+# first whose first part is a key here is suggested (``eval.learning_rate`` -> ``eval.lr``,
+# ``train.learning_rate`` -> ``train.optim.lr``); the spelling is too far apart for difflib.
+HF_NAMES: dict[str, tuple[str, ...]] = {
+    "learning_rate": ("lr", "optim.lr"),
+    "num_train_epochs": ("epochs",),
+    "num_epochs": ("epochs",),
+    "per_device_train_batch_size": ("batch_size",),
+    "train_batch_size": ("batch_size",),
+    "per_device_eval_batch_size": ("eval_batch_size",),
+    "eval_batch_size": ("eval_batch_size",),
+    "weight_decay": ("weight_decay", "optim.weight_decay"),
+    "warmup_ratio": ("warmup",),
+    "warmup_steps": ("warmup",),
+    "lr_scheduler_type": ("schedule",),
+    "max_grad_norm": ("grad_clip",),
+    "adam_beta1": ("betas", "optim.betas"),
+    "adam_beta2": ("betas", "optim.betas"),
+    "adam_epsilon": ("eps", "optim.eps"),
+    "max_steps": ("budget.steps",),
+    "max_length": ("max_seq_length",),
+    "model_max_length": ("max_seq_length",),
+    "max_train_samples": ("max_train_examples",),
+    "max_eval_samples": ("max_dev_examples",),
+    "classifier_dropout": ("dropout",),
+    "hidden_dropout_prob": ("dropout",),
+    "attention_probs_dropout_prob": ("attention_dropout",),
+    "num_hidden_layers": ("num_layers",),
+    "num_attention_heads": ("num_heads",),
+    "max_position_embeddings": ("max_seq_length",),
+    "seed": ("seed",),
+}
+
+
 def did_you_mean(word: Any, known: Iterable[str], prefix: str = "") -> str:
-    """`` Did you mean '<prefix><closest>'?`` for an error message, or "" when nothing is close."""
-    close = difflib.get_close_matches(str(word), list(known), n=1)
+    """`` Did you mean '<prefix><closest>'?`` for an error message, or "" when nothing is close
+    (Hugging Face's names for a key, HF_NAMES, first)."""
+    known = list(known)
+    alias = next((a for a in HF_NAMES.get(str(word), ()) if a.split(".")[0] in known), None)
+    if alias is not None:
+        return f" Did you mean '{prefix}{alias}'? ('{word}' is Hugging Face's name)"
+    close = difflib.get_close_matches(str(word), known, n=1)
     return f" Did you mean '{prefix}{close[0]}'?" if close else ""
 
 

@@ -41,6 +41,14 @@ if TYPE_CHECKING:
 DEFAULTS: dict[str, Any] = {"arch": "crammed-bert-tiny", "train": "bert-o4-cpu", "data": "default", "impl": "default"}
 
 
+def arch_banner(arch) -> str:
+    """The architecture as the banner names it: 'crammed-bert', 'bert-original (type crammed-bert)'."""
+    from cramlm.models.hf import architecture_name
+
+    name = architecture_name(arch)
+    return name if name == arch.type else f"{name} (type {arch.type})"
+
+
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
     from cramlm.data.collate import MLMCollator, causal_collate
 
@@ -168,7 +176,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     elif cfg.resume == "auto":
         say("cramlm: resume=auto found no checkpoint; starting fresh")
     setup_seconds = time.perf_counter() - setup_start
-    say(f"cramlm pretrain: {cfg.arch.type} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
+    say(
+        f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
         f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
         + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))

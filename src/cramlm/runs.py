@@ -42,6 +42,22 @@ def parse_hours(value: Any) -> Any:
     return value
 
 
+def format_hours(hours: float) -> str:
+    """Hours in the unit a person would write: 24h, 1.5h, 5m, 90s (what ``budget=`` accepts, so it parses back)."""
+    seconds = round(hours * 3600, 6)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and (seconds / size * 100).is_integer():  # at most two decimals
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def readable_budget(tree: dict) -> dict:
+    """A dumped config whose top-level ``budget`` reads '1m', not 0.016666666666666666 (for showing)."""
+    if isinstance(tree.get("budget"), float):
+        tree["budget"] = format_hours(tree["budget"])
+    return tree
+
+
 class PretrainConfig(Config):
     name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')")
     base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders (relative to the working directory)")

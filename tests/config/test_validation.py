@@ -111,6 +111,28 @@ def test_unknown_source_key_lists_the_keys_of_that_source_type():
         pretrain_cfg("data.sources=[{type: jsonl, path: x}, {type: text, path: y, txt_key: z}]")
 
 
+@pytest.mark.parametrize("key,ours", [
+    ("train.learning_rate", "train.optim.lr"), ("train.max_grad_norm", "train.grad_clip"),
+    ("train.max_steps", "train.budget.steps"), ("arch.num_hidden_layers", "arch.num_layers"),
+])
+def test_hugging_face_names_get_a_hint(key, ours):
+    """HF's TrainingArguments / config names are too far from ours for difflib (issue 22.7)."""
+    with pytest.raises(ConfigError, match=f"{key}: unknown key. Did you mean '{ours}'\\? \\(.* Hugging Face's name\\)"):
+        pretrain_cfg(f"{key}=1")
+
+
+@pytest.mark.parametrize("key,ours", [
+    ("learning_rate", "lr"), ("num_train_epochs", "epochs"), ("per_device_train_batch_size", "batch_size"),
+    ("per_device_eval_batch_size", "eval_batch_size"), ("warmup_ratio", "warmup"), ("lr_scheduler_type", "schedule"),
+    ("max_eval_samples", "max_dev_examples"),
+])
+def test_hugging_face_training_arguments_get_the_eval_key(key, ours):
+    from cramlm.eval.evaluate import DEFAULTS as EVAL_DEFAULTS, EvalRunConfig
+
+    with pytest.raises(ConfigError, match=f"eval.{key}: unknown key. Did you mean 'eval.{ours}'"):
+        resolve(EvalRunConfig, EVAL_DEFAULTS, [f"eval.{key}=1"])
+
+
 def test_list_items_can_be_overridden_by_index():
     cfg = pretrain_cfg("data.sources.0.text_key=body")
     assert cfg.data.sources[0].text_key == "body"

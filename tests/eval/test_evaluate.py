@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -62,6 +63,9 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert (out / "eval.csv").read_text().startswith("task,metric,last,best")
     assert "| whales | accuracy |" in (out / "eval.md").read_text()
     assert "arithmetic mean" in result.output
+    # the console: one aligned table in % (issue 22.7), no Markdown and no raw JSON of the means
+    assert not [line for line in result.output.splitlines() if line.startswith("|")] and '"harmonic"' not in result.output
+    assert re.search(r"^arithmetic mean +-?\d+\.\d\d +-?\d+\.\d\d$", result.output, re.M), result.output
 
     base = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[{task}]", *QUICK)
     assert base.exit_code == 0, base.output

@@ -151,3 +151,43 @@ def test_demo_and_cpu_presets_mean_pool_glue_keeps_crammings_first_token():
     for preset, how in [("default", "mean"), ("cpu-quick", "mean"), ("glue-sane", "first"), ("glue", "first")]:
         assert resolve_or_exit("eval", [f"eval={preset}"]).eval.pooling == how, preset
     assert resolve_or_exit("eval", ["eval.pooling=first"]).eval.for_task("any").pooling == "first"
+
+
+def test_dev_and_train_samples_are_the_same_for_every_model_and_seed_and_not_the_first_rows():
+    """eval.max_dev_examples / max_train_examples: a seeded sample, fixed across models and seeds,
+    in file order; the majority floor is scored on the same dev rows (issue 22.6)."""
+    from cramlm.eval.tables import majority_scores, sample_note, task_rows
+    from cramlm.eval.metrics import score
+
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 3, 100)
+    texts = [f"row{i} {WORDS[y]} {s}" for i, (s, y) in enumerate(zip(_sentences(rng, 100), labels))]
+    examples = [Example(t, None, int(y)) for t, y in zip(texts, labels)]
+    task = Task("colors", WORDS, ["accuracy"], examples[:60], {"dev": examples[60:]})
+    hp = HP.model_copy(update={"epochs": 1, "max_train_examples": 20, "max_dev_examples": 10})
+    seen = []
+    for model_seed in (0, 1):  # two different models
+        ckpt = _tiny_checkpoint(texts)
+        torch.manual_seed(model_seed)
+        ckpt.encoder.apply(lambda m: m.reset_parameters() if isinstance(m, torch.nn.Linear) else None)
+        encode = ckpt.tokenizer.encode
+
+        def recording(exs, max_len, encode=encode):
+            seen.append([e.text_a for e in exs])
+            return encode(exs, max_len)
+
+        ckpt.tokenizer.encode = recording
+        for seed in (0, 1, 2):
+            run = finetune(ckpt, task, hp, seed, IMPL, torch.device("cpu"))
+            assert run["train_examples"] == 20 and run["dev_examples"] == {"dev": 10}
+    trains, devs = seen[0::2], seen[1::2]  # finetune encodes the train split, then each dev split
+    assert len(devs) == 6 and all(d == devs[0] for d in devs) and all(t == trains[0] for t in trains)
+    rows = [int(t.split()[0][3:]) for t in devs[0]]
+    assert rows == sorted(rows) and rows != list(range(60, 70)) and len(set(rows)) == 10  # file order, not the first 10
+    assert [int(t.split()[0][3:]) for t in trains[0]] != list(range(20))
+    dev_labels = np.array([examples[i].label for i in rows])
+    majority = np.bincount([e.label for e in task.train]).argmax()
+    assert majority_scores(task, 10)["dev"] == score("accuracy", np.full(10, majority), dev_labels)
+    result = task_rows(task, [run], majority_scores(task, 10))
+    result[0]["hparams"] = hp.model_dump()
+    assert "colors train 20, colors dev 10 examples" in sample_note(result) and "fixed seed 0" in sample_note(result)

@@ -45,7 +45,14 @@ def test_plan_picks_the_lowest_predicted_loss_for_the_budget(law_file):
     assert order.index(hour["choice"]["size"]) > order.index(minute["choice"]["size"])
     text = "\n".join(lines)
     assert all(size in text for size in THROUGHPUT) and "<- chosen" in text and "lowest predicted" in text
-    assert minute["command"].startswith("cramlm run default budget=")
+    assert minute["command"].startswith("cramlm run default budget=1m ")  # as written, not 0.0166667
+    # the batch line says the steps it gives, and a floor that misses the target as a shortfall (issue 22.7)
+    batch_line = next(line for line in minute["why"] if line.startswith("batch "))
+    steps = int(batch_line.split(" optimizer steps")[0].split()[-1].replace(",", "").strip("("))
+    if minute["choice"]["batch_size"] == 32 and steps < 1000:
+        assert "the smallest the planner picks" in batch_line and "fewer than the 1,000" in batch_line
+    else:
+        assert "at least 1,000 optimizer steps" in batch_line and steps >= 1000
     assert f"arch.hidden_size={minute['hidden']}" in minute["command"] and "train.mlm_probability=0.25" in minute["command"]
 
 
@@ -54,6 +61,14 @@ def test_extrapolated_shapes_are_flagged_and_not_chosen_while_others_remain():
     ranked = rank([Candidate("a", 0, 2e5, 1000.0), Candidate("b", 0, 5e7, 1000.0)], law, 3600)
     flagged = {c.size: c.extrapolated for c in ranked}
     assert flagged == {"a": False, "b": True}  # 5e7 parameters is 50x the largest fitted
+
+
+def test_batch_reason_names_the_steps_and_a_shortfall():
+    from cramlm.pipeline.plan import batch_reason
+
+    assert batch_reason(32, 251.4) == ("batch 32 sequences, the smallest the planner picks: 251 optimizer steps, "
+                                       "fewer than the 1,000 it aims for")
+    assert batch_reason(256, 1342.0) == "batch 256 sequences: the largest power of two giving at least 1,000 optimizer steps (1,342)"
 
 
 def test_batch_rule():
@@ -85,7 +100,7 @@ def test_plan_command(law_file, tmp_path, monkeypatch):
     ok = runner.invoke(main, ["plan", "default", "budget=15m", "--law", str(law_file),
                               "--throughput", "64x2=40000,128x4=9000,256x4=3000"])
     assert ok.exit_code == 0, ok.output
-    assert "run it: cramlm run default budget=0.25 " in ok.output and "tokens/s" in ok.output
+    assert "run it: cramlm run default budget=15m " in ok.output and "tokens/s" in ok.output
     bad = runner.invoke(main, ["plan", "default", "budget=15m", "--throughput", "64x2:fast"])
     assert bad.exit_code == 1 and bad.output.startswith("Error:") and "--throughput" in bad.output
     missing = runner.invoke(main, ["plan", "default", "budget=15m", "--law", str(law_file), "--sizes", "64x2,96x3",

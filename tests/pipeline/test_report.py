@@ -223,3 +223,31 @@ def test_eval_chart_has_twin_and_majority_reference_lines(tmp_path, monkeypatch)
     levels = sorted(round(float(seg[0][1]), 1) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
     assert levels == [0.0, 10.0, 55.6, 73.4]  # majority 55.6 and 0; twin 73.4 and 10
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pretrained", "untrained twin", "majority class"]
+
+
+def test_budget_cell_says_whichever_only_for_several_budgets(tmp_path):
+    from cramlm.report.html import _budget
+
+    cells = {}
+    for name, config in {"steps": "budget: null\ntrain: {budget: {steps: 40}}\n",
+                         "clock": "budget: 0.016666666666666666\n",
+                         "both": "budget: 0.016666666666666666\ntrain: {budget: {steps: 40}}\n"}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.yaml").write_text(f"name: {name}\n{config}")
+        (folder / "summary.json").write_text(json.dumps({"name": name, "steps": 40}))
+        cells[name] = _budget(load_run_data(folder))
+    assert cells == {"steps": "40 steps of training", "clock": "1m of training",
+                     "both": "1m or 40 steps, whichever is spent first"}
+
+
+def test_mfu_is_drawn_in_percent_as_the_table_states_it(tmp_path, monkeypatch):
+    from cramlm.report import plots
+
+    run = load_run_data(fake_run(tmp_path / "a", "a", 9.0, with_extras=True))  # mfu 0.3 logged
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots.throughput_figure([run], tmp_path / "throughput.png")
+    ax = drawn["fig"].axes[1]
+    assert ax.get_ylabel() == "MFU (%)"
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([30.0] * 30)

@@ -245,3 +245,20 @@ def test_eval_of_a_damaged_pytorch_model_bin_names_the_file(hf_folder, tmp_path,
     with pytest.raises(CheckpointError, match=f"^{weights}: cannot load the weights: ") as e:
         load_checkpoint(str(folder), tmp_path)
     assert "\n" not in str(e.value) and not marker.exists()
+
+
+def test_tensorboard_lists_a_run_by_its_name(tmp_path):
+    """Event files go in the run folder itself, so `tensorboard --logdir outputs` shows `bo`, not
+    `bo/tensorboard` (issue 22.7)."""
+    pytest.importorskip("tensorboard")
+    from types import SimpleNamespace
+
+    from cramlm.train.metrics import MetricsLog
+
+    run = tmp_path / "outputs" / "bo"
+    run.mkdir(parents=True)
+    log = MetricsLog(run, SimpleNamespace(tensorboard=True, wandb=False), {})
+    log.write({"step": 1, "loss": 2.0})
+    log.close()
+    events = list((tmp_path / "outputs").rglob("events.out.tfevents.*"))
+    assert [e.parent.relative_to(tmp_path / "outputs").as_posix() for e in events] == ["bo"]

@@ -22,10 +22,10 @@ def config_show(command: str, overrides: tuple[str, ...], doc: bool) -> None:
     """Print the fully resolved config of COMMAND (pretrain, eval, data) with OVERRIDES."""
     import yaml
 
+    from cramlm.runs import readable_budget
+
     cfg = resolve_or_exit(command, overrides, check_extras=False)
-    tree = cfg.model_dump(mode="json")
-    if isinstance(tree.get("budget"), float):
-        tree["budget"] = format_hours(tree["budget"])  # '1m', not 0.016666666666666666 (parses back)
+    tree = readable_budget(cfg.model_dump(mode="json"))  # '1m', not 0.016666666666666666 (parses back)
     if doc:
         from cramlm.config.doc import describe, format_docs
 
@@ -33,11 +33,3 @@ def config_show(command: str, overrides: tuple[str, ...], doc: bool) -> None:
     else:
         sys.stdout.write(yaml.safe_dump(tree, sort_keys=False))
 
-
-def format_hours(hours: float) -> str:
-    """Hours in the unit a person would write: 24h, 1.5h, 5m, 90s (what `budget=` accepts)."""
-    seconds = round(hours * 3600, 6)
-    for unit, size in (("h", 3600), ("m", 60)):
-        if seconds >= size and (seconds / size * 100).is_integer():  # at most two decimals
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"

@@ -89,7 +89,6 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
     from cramlm.pipeline.sweep import sweep
 
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
-    overrides = [*overrides, *with_allowed_changes(resume, allow_change)]
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
     run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)
 

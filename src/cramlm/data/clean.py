@@ -13,11 +13,14 @@ import re
 import unicodedata
 from typing import Literal
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveInt, UnitFloat
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: the configs here stay light to import
+    import numpy as np
 
 
 class CleanConfig(Config):
@@ -56,6 +59,8 @@ class Cleaner:
     def trash(self, num_tokens: np.ndarray, num_chars: np.ndarray) -> np.ndarray:
         """Boolean mask of documents the trash filter removes."""
         if self.cfg.max_tokens_per_char is None:
+            import numpy as np
+
             return np.zeros(len(num_tokens), bool)
         return num_tokens >= self.cfg.max_tokens_per_char * num_chars
 
@@ -95,7 +100,7 @@ class MinHasher:
         shingles = {" ".join(words[i : i + n]).encode() for i in range(max(1, len(words) - n + 1))}
         m = self.MinHash(num_perm=self.cfg.num_perm, seed=1, scheme=SCHEME)
         m.update_batch(list(shingles))
-        return m.hashvalues.astype(np.uint32)
+        return m.hashvalues.astype("uint32")
 
 
 class NearDuplicateIndex:
@@ -118,12 +123,16 @@ class NearDuplicateIndex:
 
 def near_duplicates(signatures: np.ndarray, cfg: DedupConfig) -> np.ndarray:
     """Mask over documents (in the given order): True where an earlier kept document is similar."""
+    import numpy as np
+
     index = NearDuplicateIndex(cfg)
     return np.array([index.seen(i, sig) for i, sig in enumerate(signatures)], bool)
 
 
 def first_occurrences(hashes: np.ndarray) -> np.ndarray:
     """Mask: True where a hash appears for the first time in this order."""
+    import numpy as np
+
     _, first = np.unique(hashes, return_index=True)
     keep = np.zeros(len(hashes), bool)
     keep[first] = True

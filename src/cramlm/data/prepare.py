@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterator, Literal
+from typing import TYPE_CHECKING, Annotated, Iterator, Literal
 
 from pydantic import Field, model_validator
 from tokenizers import Tokenizer
@@ -26,16 +26,19 @@ from tokenizers import Tokenizer
 from cramlm.config.base import Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.merge import merge_shards
-from cramlm.data.packing import pack_shard, read_shard_info
-from cramlm.data.cramtok import VERSION as FORMAT_VERSION
-from cramlm.data.cramtok import PackedTokens, read_packed
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
 
+if TYPE_CHECKING:
+    from cramlm.data.cramtok import PackedTokens
+
+# merge, packing and cramtok (numpy) are imported where data is read or written: the config classes
+# here are what `cramlm --help`, a config error and `config show` import, and those stay light.
+
 PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of the cache key (4: deterministic tokenizers)
+
 
 
 class DataConfig(Config):
@@ -180,6 +183,8 @@ class _Documents:
 
 
 def load_prepared(folder: Path, verify: bool = True) -> PreparedData:
+    from cramlm.data.cramtok import read_packed
+
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except ValueError as e:  # damaged cache: name the file, not only the JSON position
@@ -202,6 +207,8 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
     """Pack shard ``shard_index`` of ``num_shards`` (a no-op if that shard is already done)."""
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard index {shard_index} not in [0, {num_shards})")
+    from cramlm.data.packing import pack_shard
+
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
     return pack_shard(cfg, tok, separator_id(tok, cfg.tokenizer.separator), root / shard_name(shard_index, num_shards),
@@ -210,6 +217,11 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
 
 def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shards: int, start: float) -> None:
     """The merged train/val files, the tokenizer and the manifest, written into ``tmp``."""
+    from cramlm.data.cramtok import VERSION as FORMAT_VERSION
+    from cramlm.data.cramtok import read_packed
+    from cramlm.data.merge import merge_shards
+    from cramlm.data.packing import read_shard_info
+
     shutil.copyfile(root / "tokenizer.json", tmp / "tokenizer.json")
     fp = fingerprint(tok)
     shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]

@@ -34,8 +34,8 @@ class Hparams(Config):
         "([CLS]) or the mean over non-padding tokens")
     grad_clip: float | None = Field(None, description="max gradient norm (null: no clipping)")
     max_train_examples: int | None = Field(
-        None, description="fine-tune on a random subset of this many training examples (seeded); null: all")
-    max_dev_examples: int | None = Field(None, description="score only the first this many examples of each dev split; null: all")
+        None, description="fine-tune on a sample of this many training examples, drawn with a fixed seed (the same rows for every model and every eval.seeds), kept in file order; null: all")
+    max_dev_examples: int | None = Field(None, description="score a sample of this many examples of each dev split, drawn with a fixed seed (the same rows for every model and seed), kept in file order; null: all")
     eval_batch_size: int = Field(128, description="examples per forward pass when scoring dev splits (no effect on scores)")
 
 

@@ -9,7 +9,6 @@ task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headl
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ class EvalRunConfig(Config):
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
-    from cramlm.eval.tables import markdown, means, to_csv
+    from cramlm.eval.tables import markdown, means, text_table, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
 
@@ -90,9 +89,8 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     write_json(stem.with_suffix(".json"), result)
     write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
     write_text(stem.with_suffix(".md"), table + (f"\nheld-out {lm['objective']} loss: {lm['loss']:.4f}\n" if lm else ""))
-    print("\n" + table)
+    print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
     print(f"results in {stem}.{{md,csv,json}}")
-    print(json.dumps({"checkpoint": ckpt.label, "mean": mean, "lm_loss": lm and lm["loss"]}))
     return rows
 
 

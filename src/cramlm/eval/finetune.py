@@ -21,7 +21,7 @@ import torch
 # the configs live torch-free in eval/config.py (validating a config imports no torch)
 from cramlm.eval.config import Hparams
 from cramlm.eval.metrics import score_all
-from cramlm.eval.tasks import Task
+from cramlm.eval.tasks import Task, sample
 from cramlm.models.heads import SequenceClassifier
 from cramlm.progress import progress_bar
 from cramlm.train.config import AdamWConfig
@@ -83,10 +83,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     Returns ``{"seed", "epochs": [{split: {metric: value}}], "train_examples", "seconds"}``."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    train = task.train
-    if hp.max_train_examples and len(train) > hp.max_train_examples:
-        train = [train[i] for i in sorted(rng.choice(len(train), hp.max_train_examples, replace=False))]
-    dev = {split: exs[: hp.max_dev_examples] if hp.max_dev_examples else exs for split, exs in task.dev.items()}
+    train = sample(task.train, hp.max_train_examples)  # the same rows for every model and seed
+    dev = {split: sample(exs, hp.max_dev_examples) for split, exs in task.dev.items()}
     max_len = min(hp.max_seq_length, checkpoint.max_length)
     tok, pad_id = checkpoint.tokenizer, checkpoint.tokenizer.pad_id
     train_ids = tok.encode(train, max_len)

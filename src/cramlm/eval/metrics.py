@@ -1,10 +1,15 @@
-"""Task metrics from scikit-learn and scipy, and the means over tasks that tables report."""
+"""Task metrics from scikit-learn and scipy, and the means over tasks that tables report.
+
+scikit-learn, scipy and numpy are imported where a score is computed, not at import: the task
+and config modules import the metric names from here, and the command line's ``--help``, config
+errors and ``config show`` must not pay for them (about 2 s of scipy.stats + sklearn.metrics)."""
 
 from __future__ import annotations
 
-import numpy as np
-from scipy.stats import hmean, pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
 REGRESSION_METRICS = ("pearson", "spearman")
@@ -12,6 +17,10 @@ REGRESSION_METRICS = ("pearson", "spearman")
 
 def score(metric: str, predictions: np.ndarray, labels: np.ndarray) -> float:
     """``predictions`` are class indices (or values for regression). F1 is binary, positive class 1."""
+    import numpy as np
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
     if metric == "accuracy":
         return float(accuracy_score(labels, predictions))
     if metric == "f1":
@@ -31,6 +40,8 @@ def score_all(metrics: list[str], predictions: np.ndarray, labels: np.ndarray) -
 
 
 def arithmetic_mean(values: list[float]) -> float:
+    import numpy as np
+
     return float(np.mean(values)) if values else float("nan")
 
 
@@ -40,4 +51,6 @@ def harmonic_mean(values: list[float]) -> float | None:
     read as a measured mean; the tables say "undefined" instead."""
     if not values or min(values) <= 0:
         return None
+    from scipy.stats import hmean
+
     return float(hmean(values))

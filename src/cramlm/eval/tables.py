@@ -19,7 +19,7 @@ import statistics
 import numpy as np
 
 from cramlm.eval.metrics import arithmetic_mean, harmonic_mean, score
-from cramlm.eval.tasks import Task
+from cramlm.eval.tasks import SAMPLE_SEED, Task, sample
 
 
 def majority_scores(task: Task, max_dev_examples: int | None = None) -> dict[str, float]:
@@ -29,7 +29,7 @@ def majority_scores(task: Task, max_dev_examples: int | None = None) -> dict[str
     constant = train_y.mean() if task.is_regression else np.bincount(train_y.astype(int)).argmax()
     out = {}
     for split, exs in task.dev.items():
-        dev_y = np.asarray([e.label for e in (exs[:max_dev_examples] if max_dev_examples else exs)])
+        dev_y = np.asarray([e.label for e in sample(exs, max_dev_examples)])
         out[split] = score(task.metric, np.full(len(dev_y), constant), dev_y)
     return out
 
@@ -82,22 +82,51 @@ def _others(row: dict) -> str:
     return ", ".join(f"{m} {_pct(row['last_metrics'][m])}" for m in row["metrics"][1:])
 
 
-def markdown(rows: list[dict], mean: dict, title: str) -> str:
-    lines = [
-        f"**{title}**",
-        "",
-        "| task | metric | last epoch | best epoch | other metrics (last) | seeds | train | dev | majority class |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['task']} | {r['metric']} | {_pct(r['score'])} | {_pct(r['best'])} "
-            f"| {_others(r)} | {len(r['seeds'])} | {r['train_examples']} | {r['dev_examples']} "
-            f"| {_pct(r['majority']) if r.get('majority') is not None else '-'} |"
-        )
+HEADER = ["task", "metric", "last epoch", "best epoch", "other metrics (last)", "seeds", "train", "dev", "majority class"]
+LEFT = {0, 1, 4}  # text columns; the others are numbers
+
+
+def _cells(rows: list[dict], mean: dict) -> list[list[str]]:
+    """The eval table's cells (scores in %, two decimals), the means last: eval.md and the console share them."""
+    cells = [[r["task"], r["metric"], _pct(r["score"]), _pct(r["best"]), _others(r), str(len(r["seeds"])),
+              str(r["train_examples"]), str(r["dev_examples"]), _pct(r["majority"]) if r.get("majority") is not None else "-"]
+             for r in rows]
     for kind in ("arithmetic", "harmonic"):
-        lines.append(f"| **{kind} mean** | | {_pct(mean['last'][kind])} | {_pct(mean['best'][kind])} | | | | | |")
-    return "\n".join(lines) + "\n"
+        cells.append([f"{kind} mean", "", _pct(mean["last"][kind]), _pct(mean["best"][kind]), "", "", "", "", ""])
+    return cells
+
+
+def markdown(rows: list[dict], mean: dict, title: str) -> str:
+    lines = [f"**{title}**", "", "| " + " | ".join(HEADER) + " |",
+             "|" + "|".join("---" if i in LEFT else "---:" for i in range(len(HEADER))) + "|"]
+    for c in _cells(rows, mean):
+        if c[0].endswith(" mean"):
+            c = [f"**{c[0]}**", *c[1:]]
+        lines.append("|" + "|".join(f" {v} " if v else " " for v in c) + "|")
+    note = sample_note(rows)
+    return "\n".join(lines) + "\n" + (f"\n{note}\n" if note else "")
+
+
+def sample_note(rows: list[dict]) -> str:
+    """What eval.md says when max_train_examples / max_dev_examples cut a split ("" when none did)."""
+    cut = []
+    for r in rows:
+        hp = r.get("hparams") or {}
+        for key, count, what in (("max_train_examples", "train_examples", "train"), ("max_dev_examples", "dev_examples", "dev")):
+            if hp.get(key) and r.get(count) == hp[key]:
+                cut.append(f"{r['task']} {what} {hp[key]:,}")
+    if not cut:
+        return ""
+    return (f"Sampled ({', '.join(cut)} examples): a random sample with the fixed seed {SAMPLE_SEED}, the same "
+            "for every model and seed, in file order (`eval.max_train_examples`, `eval.max_dev_examples`).")
+
+
+def text_table(rows: list[dict], mean: dict, title: str) -> str:
+    """The same table as plain aligned text, for the console."""
+    cells = [HEADER, *_cells(rows, mean)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    line = lambda c: "  ".join(v.ljust(w) if i in LEFT else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()  # noqa: E731
+    return f"{title}:\n" + "\n".join(line(c) for c in cells) + "\n"
 
 
 def to_csv(rows: list[dict], mean: dict) -> str:

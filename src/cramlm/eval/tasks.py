@@ -72,6 +72,22 @@ class Task:
         return len(self.labels) or 1
 
 
+SAMPLE_SEED = 0  # eval.max_train_examples / max_dev_examples: one sample for every model and seed
+
+
+def sample(examples: list[Example], n: int | None) -> list[Example]:
+    """At most ``n`` of ``examples``: a random sample drawn with the fixed SAMPLE_SEED (not
+    ``eval.seed``), so every model and every fine-tuning seed sees the same rows, kept in file order
+    (the first N of a file are often one genre or source: STS-B's dev file is captions, then forum,
+    then news)."""
+    if not n or len(examples) <= n:
+        return examples
+    import numpy as np
+
+    keep = np.random.default_rng(SAMPLE_SEED).choice(len(examples), n, replace=False)
+    return [examples[i] for i in sorted(keep)]
+
+
 class Columns(Config):
     sentence1: str | int = Field(description="the first text's column: a header name, or a 0-based index (header: false)")
     sentence2: str | int | None = Field(None, description="the second text's column for sentence-pair tasks; null: single sentences")

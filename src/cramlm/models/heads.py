@@ -13,9 +13,16 @@ from torch import nn
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor | None, how: str) -> torch.Tensor:
-    """(B, T, H) -> (B, H): the first token ([CLS]) or the mean over non-padding tokens."""
+    """(B, T, H) -> (B, H): the first token ([CLS]), the mean over non-padding tokens, or the last
+    non-padding token (padding on the right; a causal LM's summary of the whole input). Copied
+    verbatim into remote-code exports (hf_remote.py), so it uses nothing but torch."""
     if how == "first":
         return hidden[:, 0]
+    if how == "last":
+        if attention_mask is None:
+            return hidden[:, -1]
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)  # (B,)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     if how == "mean":
         if attention_mask is None:
             return hidden.mean(dim=1)
@@ -36,7 +43,7 @@ class SequenceClassifier(nn.Module):
         num_labels: int,
         dropout: float = 0.1,
         init_std: float = 0.02,
-        pooling: Literal["first", "mean"] = "first",
+        pooling: Literal["first", "mean", "last"] = "first",
         pooler_size: int | None = None,
     ):
         super().__init__()

@@ -72,6 +72,17 @@ def stock_architecture(cfg: TransformerConfig) -> str | None:
     return next((arch for arch in REQUIREMENTS if not mismatches(cfg, arch)), None)
 
 
+# the preset family each stock class stands for (the names a person picked with arch=...)
+FAMILIES = {"bert": "bert-original", "modernbert": "crammed-bert-modern", "gpt2": "gpt2", "llama": "llama"}
+
+
+def architecture_name(cfg) -> str:
+    """What to call a model in messages: the preset family whose choices ``cfg`` has exactly
+    (``arch=bert-original-tiny`` is type crammed-bert with BERT's choices: "bert-original"), else its type."""
+    arch = stock_architecture(cfg) if isinstance(cfg, TransformerConfig) else None
+    return FAMILIES[arch] if arch else cfg.type
+
+
 # ---- name tables ------------------------------------------------------------------------------
 
 

@@ -1,10 +1,14 @@
 """transformers wrappers around model.py for remote-code exports (written by `cramlm export hf`).
 
 The exported ``modeling_cramlm.py`` is model.py's source followed by this file's source, with the
-two cramlm imports marked ``# export:`` rewritten (model.py's names are then defined above; the
-config comes from ``configuration_cramlm.py`` beside it). So the exported model runs the very code
-that was trained, and the weights keep our names. Forward arguments are the cramlm models' own
-(crammed_bert.py, gpt.py) plus transformers' ``**kwargs``."""
+cramlm imports marked ``# export:`` rewritten (model.py's names are then defined above, heads.py's
+``pool`` is copied in; the config comes from ``configuration_cramlm.py`` beside it). So the exported
+model runs the very code that was trained, and the weights keep our names. Forward arguments are
+the cramlm models' own (crammed_bert.py, gpt.py) plus transformers' ``**kwargs``.
+
+Besides the LM classes, the fine-tuning classes transformers' Auto classes, ``pipeline`` and
+``Trainer`` look for: ``CramlmForSequenceClassification`` (cramlm's eval head, heads.py) and, for
+masked LMs, ``CramlmForTokenClassification``; their head weights are new (initialised here)."""
 
 from types import SimpleNamespace
 
@@ -12,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput
+from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
 
+from cramlm.models.heads import pool  # export: copied in
 from cramlm.models.hf_configuration import CramlmConfig  # export: from .configuration_cramlm import CramlmConfig
 from cramlm.models.model import IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, sinusoidal_table, soft_cap  # export: above
 
@@ -29,6 +34,10 @@ class CramlmPreTrainedModel(PreTrainedModel):
             module.table.copy_(sinusoidal_table(*module.table.shape))
         elif isinstance(module, Rotary):
             module.inv_freq.copy_(module.inverse_frequencies())
+        elif isinstance(module, nn.Linear) and any(module is getattr(self, n, None) for n in ("pooler", "classifier")):
+            # a fine-tuning head (not in the pretrained checkpoint): as heads.py initialises it
+            nn.init.normal_(module.weight, std=self.arch.init_std)
+            nn.init.zeros_(module.bias)
 
     def _build(self, config, causal):
         self.arch = SimpleNamespace(**config.cramlm)
@@ -86,3 +95,70 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
             shifted = logits[:, :-1].float().flatten(0, 1)
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
         return CausalLMOutput(loss=loss, logits=logits)
+
+
+def classification_loss(config, logits, labels):
+    """transformers' convention: regression for one label, else single- or multi-label by ``problem_type``
+    (inferred from the labels' dtype when unset)."""
+    if config.problem_type is None:
+        if config.num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float().view(-1)) if config.num_labels == 1 else \
+            F.mse_loss(logits.float(), labels.float())
+    if config.problem_type == "single_label_classification":
+        return F.cross_entropy(logits.float().view(-1, config.num_labels), labels.view(-1), ignore_index=IGNORE_INDEX)
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class CramlmForSequenceClassification(CramlmPreTrainedModel):
+    """cramlm's eval head (heads.py's SequenceClassifier, cramming's GLUE head): pooled state -> dense
+    -> tanh -> dropout -> linear. ``config.classifier_pooling``: ``first`` token (cramming, BERT; the
+    default of a masked LM), ``mean`` over non-padding tokens (cramlm's ``default`` eval preset), or
+    ``last`` real token (the default of a causal LM: the only position that has seen the whole input).
+    The dense width is the architecture's ``pooler_size`` (crammed-bert: 1024), else the hidden size."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self._build(config, causal=config.objective == "clm")
+        H = self.arch.hidden_size
+        width = getattr(self.arch, "pooler_size", None) or H
+        self.pooler = nn.Linear(H, width)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(width, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        pooling = self.config.classifier_pooling or ("last" if self.config.objective == "clm" else "first")
+        pooled = torch.tanh(self.pooler(pool(hidden, attention_mask, pooling)))  # (B, W)
+        logits = self.classifier(self.dropout(pooled))  # (B, C)
+        loss = None if labels is None else classification_loss(self.config, logits, labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+class CramlmForTokenClassification(CramlmPreTrainedModel):
+    """A label per token (NER, POS): hidden state -> dropout -> linear, as BertForTokenClassification."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self._build(config, causal=config.objective == "clm")
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(self.arch.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return TokenClassifierOutput(loss=loss, logits=logits)

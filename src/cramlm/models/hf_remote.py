@@ -6,6 +6,7 @@ the very code that was trained; the weights keep our names."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 from pathlib import Path
@@ -15,8 +16,10 @@ import torch
 from cramlm.io import save_safetensors
 from cramlm.models.base import tied_aliases
 
-# hf_modeling.py's cramlm imports -> what they become in the export
+# hf_modeling.py's cramlm imports -> what they become in the export (a module's name: the imported
+# functions' source, copied in; they must need nothing but torch)
 EXPORT_IMPORTS = {
+    "from cramlm.models.heads import": "cramlm.models.heads",
     "from cramlm.models.hf_configuration import": "from .configuration_cramlm import CramlmConfig",
     "from cramlm.models.model import": None,  # model.py's names: its source precedes the wrappers
 }
@@ -28,6 +31,13 @@ def module_source(module) -> str:
     return importlib.util.find_spec(module).loader.get_source(module)
 
 
+def function_sources(module: str, names: list[str]) -> str:
+    """The source of the top-level functions ``names`` of ``module``, as written there."""
+    source = module_source(module)
+    defs = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+    return "\n\n\n".join(ast.get_source_segment(source, defs[name]) for name in names)
+
+
 def exported_modeling() -> str:
     """modeling_cramlm.py: model.py verbatim, then hf_modeling.py with its cramlm imports rewritten
     (model.py's names are defined above it; the config sits beside it as configuration_cramlm.py)."""
@@ -37,9 +47,14 @@ def exported_modeling() -> str:
             prefix = next((p for p in EXPORT_IMPORTS if line.startswith(p)), None)
             if prefix is None:  # the export would not run without cramlm installed
                 raise AssertionError(f"hf_modeling.py: '{line}' has no rewrite in EXPORT_IMPORTS")
-            if EXPORT_IMPORTS[prefix] is None:
+            rewrite = EXPORT_IMPORTS[prefix]
+            if rewrite is None:
                 continue
-            line = EXPORT_IMPORTS[prefix]
+            if rewrite.startswith("cramlm."):
+                names = [n.strip() for n in line[len(prefix):].split("#")[0].split(",")]
+                line = function_sources(rewrite, names) + "\n"
+            else:
+                line = rewrite
         wrappers.append(line)
     body = "\n".join(wrappers)
     header = "\n\n# ---- transformers wrappers (hf_modeling.py, written by `cramlm export hf`) " + "-" * 24 + "\n\n"
@@ -53,17 +68,25 @@ def export_remote(model: torch.nn.Module, out_dir: Path, special: dict[str, int]
     cls = "CramlmForMaskedLM" if mlm else "CramlmForCausalLM"
     (out_dir / "configuration_cramlm.py").write_text(module_source("cramlm.models.hf_configuration"))
     (out_dir / "modeling_cramlm.py").write_text(exported_modeling())
-    auto = "AutoModelForMaskedLM" if mlm else "AutoModelForCausalLM"
+    # the LM class first (cramlm's eval loads the first AutoModelFor* entry's base model), then the
+    # fine-tuning classes: sequence classification for every export, token classification for encoders
+    auto_map = {"AutoConfig": "configuration_cramlm.CramlmConfig",
+                ("AutoModelForMaskedLM" if mlm else "AutoModelForCausalLM"): f"modeling_cramlm.{cls}",
+                "AutoModelForSequenceClassification": "modeling_cramlm.CramlmForSequenceClassification"}
+    if mlm:
+        auto_map["AutoModelForTokenClassification"] = "modeling_cramlm.CramlmForTokenClassification"
     config = {
         "model_type": "cramlm",
         "architectures": [cls],
-        "auto_map": {"AutoConfig": "configuration_cramlm.CramlmConfig", auto: f"modeling_cramlm.{cls}"},
+        "auto_map": auto_map,
         "objective": cfg.objective,
         "vocab_size": model.vocab_size,
         "pad_token_id": special.get("pad"),
         "bos_token_id": special.get("bos"),
         "eos_token_id": special.get("eos"),
         "tie_word_embeddings": cfg.tie_embeddings,
+        "classifier_pooling": "first" if mlm else "last",  # CramlmForSequenceClassification's pooled state
+        "classifier_dropout": 0.1,
         "cramlm": cfg.model_dump(),
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cramlm.pipeline.scaling import chinchilla_law
+from cramlm.runs import format_hours
 
 DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
 LAW = "scaling-cpu.yaml"
@@ -89,11 +90,25 @@ def shape(spec: str) -> tuple[int, int]:
     return int(hidden), int(layers)
 
 
-def batch_for(tokens: float, seq_len: int, min_updates: int = MIN_UPDATES, lo: int = 32, hi: int = 8192) -> int:
+BATCH_RANGE = (32, 8192)  # sequences: the smallest and largest batch the planner picks
+
+
+def batch_for(tokens: float, seq_len: int, min_updates: int = MIN_UPDATES, lo: int = BATCH_RANGE[0],
+              hi: int = BATCH_RANGE[1]) -> int:
     """The largest power-of-two batch (sequences) that still gives ``min_updates`` steps, in [lo, hi]."""
     per_step = tokens / (min_updates * seq_len)
     batch = 2 ** int(math.floor(math.log2(per_step))) if per_step >= 1 else 1
     return int(min(hi, max(lo, batch)))
+
+
+def batch_reason(batch: int, steps: float) -> str:
+    """Why the batch is what it is, with the optimizer steps it gives at this budget."""
+    if batch == BATCH_RANGE[0] and steps < MIN_UPDATES:
+        return (f"batch {batch} sequences, the smallest the planner picks: {steps:,.0f} optimizer steps, "
+                f"fewer than the {MIN_UPDATES:,} it aims for")
+    if batch == BATCH_RANGE[1]:
+        return f"batch {batch} sequences, the largest the planner picks: {steps:,.0f} optimizer steps"
+    return f"batch {batch} sequences: the largest power of two giving at least {MIN_UPDATES:,} optimizer steps ({steps:,.0f})"
 
 
 def rank(candidates: list[Candidate], law: dict[str, Any], seconds: float) -> list[Candidate]:
@@ -218,7 +233,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     why = reasons(cfg, law, ranked, chosen, tied, batch)
     overrides = [*size_overrides(chosen.size), f"train.batch_size={batch}", f"impl.microbatch_size={micro}",
                  f"train.optim.lr={LR:g}", f"train.mlm_probability={MASKING}"]
-    command = f"cramlm run {recipe} budget={cfg.budget:g} " + " ".join(overrides)
+    command = f"cramlm run {recipe} budget={format_hours(cfg.budget)} " + " ".join(overrides)
     say(table(ranked, chosen))
     for line in why:
         say("- " + line)
@@ -263,10 +278,10 @@ def measure_candidates(cfg, sizes: list[str], throughput: dict[str, float] | Non
 def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate, tied: list[Candidate],
             batch: int) -> list[str]:
     """Why this shape and batch, one line each (printed, and kept in plan.json)."""
-    vocab, seconds = cfg.data.tokenizer.vocab_size, cfg.budget * 3600
+    vocab = cfg.data.tokenizer.vocab_size
     runner_up = next((c for c in ranked if c is not chosen), None)
     why = [
-        f"budget {seconds / 3600:g} h; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
+        f"budget {format_hours(cfg.budget)}; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
         f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
         + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
         (f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
@@ -277,9 +292,8 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
          f"tells them apart; {chosen.size} ({chosen.predicted_loss:.3f}) lies nearest the runs the law was fitted to")
         + f": {chosen.tokens / 1e6:,.1f}M tokens at {chosen.tokens_per_second:,.0f} tokens/s, "
         f"{chosen.tokens / max(chosen.non_embedding, 1):,.0f} per non-embedding parameter",
-        f"batch {batch} sequences: the largest power of two giving about {MIN_UPDATES} optimizer steps "
-        f"({chosen.tokens / (batch * cfg.data.seq_length):,.0f}); lr {LR:g} and masking {MASKING:.0%} are bert-o4's "
-        "(the law's runs used them; not fitted)",
+        batch_reason(batch, chosen.tokens / (batch * cfg.data.seq_length))
+        + f"; lr {LR:g} and masking {MASKING:.0%} are bert-o4's (the law's runs used them; not fitted)",
     ]
     if any(c.extrapolated for c in ranked):
         why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")

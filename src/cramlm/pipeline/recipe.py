@@ -38,7 +38,7 @@ from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
 from cramlm.train.impl import launcher_env
-from cramlm.runs import PretrainConfig
+from cramlm.runs import PretrainConfig, format_hours, readable_budget
 
 STAGES = ("data", "pretrain", "eval", "eval-untrained", "report")
 Stage = Literal["data", "pretrain", "eval", "eval-untrained", "report"]
@@ -47,6 +47,7 @@ TWIN = "eval-untrained"
 INDEPENDENT = {TWIN}
 DEFAULT_RECIPE = "default"
 RECORD = "pipeline.json"
+DRYRUN_MICROBATCH = 8  # sequences per microbatch of a dry run's pretraining steps (cramlm run dryrun=true)
 
 
 class PipelineConfig(PretrainConfig):
@@ -61,14 +62,19 @@ class PipelineConfig(PretrainConfig):
     force: list[Stage] = Field([], description="stages to redo even when recorded as finished (the later stages follow)")
 
     def pretrain_config(self) -> PretrainConfig:
-        return _subset(PretrainConfig, self)
+        cfg = _subset(PretrainConfig, self)
+        if self.dryrun:  # a dry run shows that every stage runs, not how well: small steps, one held-out batch
+            impl = cfg.impl.model_copy(update={"microbatch_size": min(cfg.impl.microbatch_size, DRYRUN_MICROBATCH)})
+            cfg = cfg.model_copy(update={"impl": impl, "train": cfg.train.model_copy(update={"validate_batches": 1})})
+        return cfg
 
     def eval_config(self, untrained: bool = False):
         from cramlm.eval.evaluate import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
         if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
-            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64)}
+            small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64),
+                     "max_dev_examples": min(self.eval.max_dev_examples or 64, 64)}
             cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
         return cfg
 
@@ -157,7 +163,7 @@ def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any
     if launcher_env()[2] > 1:
         raise ConfigError(f"arch=auto under torchrun: plan once first, without torchrun (`cramlm run {recipe} ... "
                           "arch=auto stages=[data]` records the plan in <run>/plan.json), then every process reuses it")
-    say(f"cramlm run: arch=auto: planning the model for {cfg.budget:g} h on this machine (cramlm plan) ...")
+    say(f"cramlm run: arch=auto: planning the model for {format_hours(cfg.budget)} on this machine (cramlm plan) ...")
     result = plan_budget(cfg, recipe, **args)
     overrides = result["overrides"]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -343,4 +349,7 @@ def results_summary(cfg: PipelineConfig) -> str:
 
 
 def describe(cfg: PipelineConfig) -> str:
-    return to_yaml(cfg)
+    """`cramlm run --show`: the resolved config, its budget as written ('1m', not 0.0166...)."""
+    import yaml
+
+    return yaml.safe_dump(readable_budget(cfg.model_dump(mode="json")), sort_keys=False)

@@ -136,7 +136,7 @@ def _budget(run: RunData) -> str | None:
     if is_number(limits.get("steps")):
         parts.append(f"{int(limits['steps']):,} steps")
     if parts:
-        return " or ".join(parts) + (" of training" if len(parts) == 1 and is_number(hours) else ", whichever is spent first")
+        return parts[0] + " of training" if len(parts) == 1 else " or ".join(parts) + ", whichever is spent first"
     return str(run.summary["budget"]) if run.summary.get("budget") else None
 
 

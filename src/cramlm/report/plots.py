@@ -55,13 +55,17 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
     return save(fig, path)
 
 
+Y_SCALE = {"mfu": 100}  # logged as a fraction, drawn in percent (as the runs table states it)
+
+
 def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]], path: Path) -> Path:
-    """One subplot per (x key, y key, xlabel, ylabel, x scale), every run overlaid."""
+    """One subplot per (x key, y key, xlabel, ylabel, x scale), every run overlaid (y scaled by Y_SCALE)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     many = len(runs) > 1
     for ax, (x, y, xlabel, ylabel, scale) in zip(axes[0], panels):
         for run, color in zip(runs, colors(len(runs))):
             xs, ys = run.series(x, y)
+            ys = [v * Y_SCALE.get(y, 1) for v in ys]
             ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=run.name if many else None)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
@@ -104,7 +108,7 @@ def schedule_figure(runs: list[RunData], path: Path) -> Path:
 def throughput_figure(runs: list[RunData], path: Path) -> Path:
     panels = [("elapsed", "tokens_per_second", "training time (min)", "tokens / s", 1 / 60)]
     if any(run.has("mfu") for run in runs):
-        panels.append(("elapsed", "mfu", "training time (min)", "MFU", 1 / 60))
+        panels.append(("elapsed", "mfu", "training time (min)", "MFU (%)", 1 / 60))
     return _panels(runs, panels, path)
 
 

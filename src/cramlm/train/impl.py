@@ -60,7 +60,7 @@ class ImplConfig(Config):
     )
     # --- logging
     tensorboard: bool = Field(
-        False, description="also write TensorBoard scalars to <run>/tensorboard (needs `tensorboard`)"
+        False, description="also write TensorBoard scalars to <run>/events.out.tfevents.* (needs `tensorboard`)"
     )
     wandb: bool = Field(False, description="also log to Weights & Biases (needs `wandb`)")
     wandb_mode: Literal["offline", "online"] = Field(

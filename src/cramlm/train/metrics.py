@@ -19,7 +19,8 @@ class MetricsLog:
         if impl.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            # event files in the run folder itself: `tensorboard --logdir outputs` lists the run by its name
+            self.tb = SummaryWriter(str(run_dir))
         if impl.wandb:
             import wandb  # optional extra: pip install cramlm[wandb]
 
