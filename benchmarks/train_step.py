@@ -71,11 +71,11 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else (lambda x: {"input_ids": x, "labels": x}), 0)
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
-    train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
+    train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_sequences=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
     costs = measure_costs(model, SEQ, sample, device, resolve_precision(impl, device, model).dtype)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
-    trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir, val_batches=[sample])
+    trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, run_dir)
     trainer.model.train()
     params = sum(p.numel() for p in model.parameters())
 

@@ -75,11 +75,13 @@ def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
     return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
 
 
-def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[str, torch.Tensor]]:
-    """The held-out microbatches: the same set `cramlm eval` scores (eval/lm.py defines it)."""
-    from cramlm.eval.lm import run_held_out_batches
+def validation_set(cfg: PretrainConfig, data, vocab_size: int):
+    """val_loss's sequences: the first train.validate_sequences of the held-out set that
+    `cramlm eval` scores in full (eval/lm.py defines it); None without validation."""
+    from cramlm.eval.lm import run_heldout_set
 
-    return run_held_out_batches(cfg, data.val, vocab_size)
+    heldout = run_heldout_set(cfg, data.val, vocab_size, data.folder / "val.cramtok")
+    return heldout.first(cfg.train.validate_sequences) if heldout is not None and cfg.train.validate_sequences else None
 
 
 def dryrun_plan(cfg: PretrainConfig, world: int) -> tuple[TrainConfig, None]:
@@ -114,7 +116,7 @@ def console_summary(summary: dict, run_dir: Path) -> str:
         f"{summary['train_seconds']:.1f} s (+{summary['setup_seconds']:.1f} s setup)"
         + (f", {speed:,.0f} tokens/s" if speed else "") + (f", MFU {100 * mfu:.1f}%" if mfu is not None else ""),
         f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} (train), "
-        f"held-out {loss(summary.get('val_loss'))} (validation set; `cramlm eval` scores the same)",
+        f"validation {loss(summary.get('val_loss'))} (val_loss: part of the held-out set; `cramlm eval` scores it all)",
         f"  run folder {run_dir}: model.safetensors, summary.json, metrics.jsonl; "
         f"checkpoint {Path(summary['final_checkpoint']).name}",
     ]
@@ -260,7 +262,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     import torch
 
     from cramlm.data.dataset import BlockDataset
-    from cramlm.eval.lm import block_start
+    from cramlm.eval.lm import block_start, tokenizer_label
     from cramlm.train.budget import Budget, Meter, measure_costs
     from cramlm.train.checkpoint import remove_partial_checkpoints
     from cramlm.train.distributed import barrier, broadcast_object
@@ -302,13 +304,14 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
     barrier(dist)
     train_cfg, budget_hours = dryrun_plan(cfg, dist.world) if cfg.dryrun else (cfg.train, cfg.budget)
-    val_batches = validation_batches(cfg, data, vocab_size)
+    heldout = validation_set(cfg, data, vocab_size)
     precision = resolve_precision(cfg.impl, device, model)  # MFU against the peak of the precision in use
-    costs = measure_costs(model, cfg.data.seq_length, val_batches[0] if val_batches else None, device, precision.dtype)
+    sample = make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset)))))  # training's masking rate
+    costs = measure_costs(model, cfg.data.seq_length, sample, device, precision.dtype)
     meter = Meter(Budget(train_cfg.budget, budget_hours, costs.flops_per_token), costs, dist.world,
                   max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None)
     trainer = Trainer(parallelize(model, cfg.impl, dist, device), steps, train_cfg, cfg.impl, meter, run_dir,
-                      val_batches=val_batches, config=cfg.model_dump(mode="json"))
+                      heldout=heldout, config=cfg.model_dump(mode="json"))
     if resume_from is not None:
         resume_trainer(trainer, resume_from)
         say(f"cramlm: resumed from {resume_from} (step {trainer.used.steps})")
@@ -323,7 +326,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     )
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
-               "data": str(data.folder)}
+               "data": str(data.folder), "objective": cfg.arch.objective,
+               "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     if dist.main:
         with atomic_write(run_dir / "model.safetensors") as tmp:
             shutil.copyfile(Path(result["final_checkpoint"]) / "model.safetensors", tmp)

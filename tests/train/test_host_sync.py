@@ -67,7 +67,7 @@ def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     model = Tiny().to(device)
     data = StepData(Blocks(), lambda x: {"input_ids": x, "labels": x}, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
-    cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_batches=0, **train)
+    cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_sequences=0, **train)
     costs = measure_costs(model, data.seq_len, None, device)
     meter = Meter(Budget(cfg.budget, None, costs.flops_per_token), costs)
     return Trainer(parallelize(model, impl, Dist(), device), data, cfg, impl, meter, tmp_path)

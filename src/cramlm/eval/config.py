@@ -51,7 +51,7 @@ class EvalConfig(Hparams):
     seeds: int = 1  # fine-tune each task with seeds seed, seed+1, ...; the median is reported
     seed: int = 0
     overrides: dict[str, HparamsOverride] = {}  # task name -> hyperparameters, e.g. {rte: {lr: 2e-5}}
-    lm_eval: bool = True  # held-out MLM loss / CLM perplexity: the run's validation set, as its val_loss (eval/lm.py)
+    lm_eval: bool = True  # held-out MLM/CLM loss and bits per byte on the run's validation file (eval/lm.py, heldout-v1)
     lm_data: str | None = None  # a .cramtok file instead of the run's own val.cramtok (same procedure)
 
     def for_task(self, name: str) -> Hparams:

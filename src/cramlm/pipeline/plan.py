@@ -187,7 +187,7 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     costs = measure_costs(model, seq, sample, device, resolve_precision(impl, device, model).dtype)
     meter = Meter(Budget(train.budget, None, costs.flops_per_token), costs)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, Path(tmp), val_batches=[sample])
+        trainer = Trainer(parallelize(model, impl, Dist(), device), data, train, impl, meter, Path(tmp))
         trainer.model.train()
         seconds = []
         for i in range(warmup + steps):
