@@ -211,7 +211,7 @@ def heldout_sums(model: torch.nn.Module, objective: str, batches, device: torch.
         scored, text = scored_counts(objective, batch["labels"], batch["text"])
         with autocast() if autocast else contextlib.nullcontext():
             loss = model(input_ids=batch["input_ids"].to(device), labels=batch["labels"].to(device))["loss"]
-        if counts:
+        if counts and scored:  # (a batch without scored tokens has a NaN mean loss: it adds nothing)
             sums += torch.stack([loss.double() * scored, torch.tensor(float(scored), dtype=torch.float64, device=device),
                                  torch.tensor(float(text), dtype=torch.float64, device=device)])
     return sums
