@@ -20,8 +20,9 @@ from cramlm.config.loader import resolve
 from cramlm.data.cramtok import read_packed
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.eval.checkpoints import load_checkpoint
-from cramlm.eval.lm import HELDOUT_MLM_PROBABILITY, heldout_eval, heldout_mask, heldout_sums, run_heldout_set
+from cramlm.eval.lm import HELDOUT_MLM_PROBABILITY, heldout_eval, heldout_mask, run_heldout_set
 from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.train.validation import heldout_sums
 from tests.conftest import TINY_PRETRAIN
 
 REPO = Path(__file__).resolve().parents[2]

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cramlm.constants import IGNORE_INDEX
 from cramlm.data.permute import mix64, uniform
 from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
 
@@ -48,7 +49,6 @@ HELDOUT_TOKENS = 2**18  # the held-out set holds at most this many tokens of seq
 HELDOUT_SEED = 0  # chooses the sequences (when the file holds more) and draws the mask
 HELDOUT_MLM_PROBABILITY = 0.15  # BERT's rate, for every MLM recipe (cramming trains at 0.25)
 HELDOUT_BATCH = 16  # sequences per forward in `cramlm eval` (the loss does not depend on it)
-IGNORE = -100
 
 
 def block_start(objective: str) -> int | None:
@@ -98,18 +98,6 @@ class HeldOut:
         return out
 
 
-def _targets(objective: str, labels: torch.Tensor) -> torch.Tensor:
-    """The scored targets of each sequence (a causal LM predicts labels[:, 1:])."""
-    return labels[:, 1:] if objective == "clm" else labels
-
-
-def scored_counts(objective: str, labels: torch.Tensor, text: torch.Tensor) -> tuple[int, int]:
-    """(scored tokens, scored tokens that are text) of a batch."""
-    targets = _targets(objective, labels)
-    scored = targets != IGNORE
-    return int(scored.sum()), int((scored & _targets(objective, text)).sum())
-
-
 def heldout_mask(ids: np.ndarray, blocks: np.ndarray, vocab_size: int, p: float = HELDOUT_MLM_PROBABILITY,
                  seed: int = HELDOUT_SEED) -> tuple[np.ndarray, np.ndarray]:
     """(corrupted ids, labels) of MLM blocks ``ids`` (N, T): ``p`` of the non-special positions
@@ -122,7 +110,7 @@ def heldout_mask(ids: np.ndarray, blocks: np.ndarray, vocab_size: int, p: float 
     salt = mix64(np.uint64(seed))
     u_choose, u_roll, u_id = (uniform(counter + np.uint64(k) ^ salt) for k in range(3))
     chosen = (u_choose < p) & (ids >= n_special)
-    labels = np.where(chosen, ids, IGNORE)
+    labels = np.where(chosen, ids, IGNORE_INDEX)
     out = ids.copy()
     out[chosen & (u_roll < 0.8)] = MASK_ID
     random = chosen & (u_roll >= 0.8) & (u_roll < 0.9)
@@ -196,27 +184,6 @@ def run_heldout_set(cfg: Any, val: PackedTokens | None, vocab_size: int, val_pat
                        special_ids=special, bytes_per_token=bpt)
 
 
-def heldout_sums(model: torch.nn.Module, objective: str, batches, device: torch.device | str = "cpu",
-                 autocast=None, progress: bool = False) -> torch.Tensor:
-    """float64 (3,) device tensor: nats, scored tokens and scored text tokens summed over the
-    ``(batch, counts)`` pairs of :meth:`HeldOut.batches` (a batch that does not count adds 0)."""
-    import contextlib
-
-    import torch
-
-    from cramlm.progress import progress_bar
-
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for batch, counts in progress_bar(iterable=batches, desc="held-out", enabled=progress, leave=False):
-        scored, text = scored_counts(objective, batch["labels"], batch["text"])
-        with autocast() if autocast else contextlib.nullcontext():
-            loss = model(input_ids=batch["input_ids"].to(device), labels=batch["labels"].to(device))["loss"]
-        if counts and scored:  # (a batch without scored tokens has a NaN mean loss: it adds nothing)
-            sums += torch.stack([loss.double() * scored, torch.tensor(float(scored), dtype=torch.float64, device=device),
-                                 torch.tensor(float(text), dtype=torch.float64, device=device)])
-    return sums
-
-
 def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.device | str = "cpu",
                  batch_size: int = HELDOUT_BATCH, progress: bool = True) -> dict:
     """``cramlm eval``'s held-out numbers of ``model`` (fp32, one process): loss (nats per scored
@@ -226,6 +193,8 @@ def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.
     if heldout is None or not len(heldout):
         raise ValueError("no held-out sequences: the validation file is shorter than one sequence")
     model = model.to(device).eval()
+    from cramlm.train.validation import heldout_sums
+
     with torch.inference_mode():
         sums = heldout_sums(model, heldout.objective, heldout.batches(batch_size), device, progress=progress)
     return summarize(heldout, *sums.tolist())

@@ -57,6 +57,7 @@ from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.impl import ImplConfig, resolve_precision
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
+from cramlm.train.validation import heldout_sums
 
 
 class StepData:
@@ -327,8 +328,6 @@ class Trainer:
     def validate(self) -> float | None:
         """val_loss: nats over scored tokens of this process's share, summed over processes (the
         same number on any process count and microbatch size, up to rounding)."""
-        from cramlm.eval.lm import heldout_sums
-
         if not self.val_batches:
             return None
         self.model.eval()
