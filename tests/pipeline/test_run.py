@@ -32,10 +32,10 @@ def test_default_recipe_end_to_end(tiny_run):
     assert [r["task"] for r in twin["results"]] == ["rotten_tomatoes_small"]
     assert twin["config"]["eval"] == json.loads((tiny_run / "eval.json").read_text())["config"]["eval"]
     html = (tiny_run / "report.html").read_text()
-    assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 5
+    assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 6
     assert "<th>untrained twin</th><th>margin</th>" in html
     assert re.search(r"<td>report</td><td>done</td>", html)  # the page is the report stage's output: done
-    for name in ("loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"):
+    for name in ("loss_vs_tokens", "loss_vs_time", "bpb", "schedule", "throughput", "eval"):
         assert (tiny_run / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

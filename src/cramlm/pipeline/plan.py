@@ -4,7 +4,7 @@
    real training steps each (Trainer.train_step: masking, forward, backward, clipping, AdamW) on
    random tokens at the recipe's vocabulary, sequence length and implementation settings
    (impl.precision / impl.threads resolve as in a run). Seconds per shape.
-2. Predict each shape's held-out MLM loss after the budget from the Chinchilla law
+2. Predict each shape's validation MLM loss (the sweep's val_loss) after the budget from the Chinchilla law
    L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
    ``cramlm sweep`` to this project's own runs and shipped as ``recipes/plan/scaling-cpu.yaml``
    (which records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
@@ -250,7 +250,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
         f"budget {seconds / 3600:g} h; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
         f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
         + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
-        (f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
+        (f"{chosen.size} has the lowest predicted validation MLM loss ({chosen.predicted_loss:.3f})"
          + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
          if len(tied) == 1 else
          f"{', '.join(c.size for c in tied)} are predicted within the law's error on its own points "
