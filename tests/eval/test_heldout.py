@@ -78,13 +78,13 @@ def test_loss_is_token_weighted_and_process_shares_add_up_exactly(tiny_run):
             scored = int((heldout.labels[i] != -100).sum())
             per_token.append((float(out["loss"]) * scored if scored else 0.0, scored))
         expected = sum(a for a, _ in per_token) / sum(b for _, b in per_token)
-        for world in (1, 2, 3, n + 2):  # more processes than sequences: some score a batch that does not count
-            shares = [heldout.batches(2, world, rank) for rank in range(world)]
+        for world, batch in ((1, 1), (1, 8), (2, 2), (3, 1), (n + 2, 2)):  # n + 2: some score a batch that does not count
+            shares = [heldout.batches(batch, world, rank) for rank in range(world)]
             assert len({len(s) for s in shares}) == 1  # every process runs the same number of forwards
             counted = sorted(i for s in shares for b, c in s if c for i in range(len(b["input_ids"])))
             assert len(counted) == n
             total = sum(heldout_sums(model, "mlm", share) for share in shares)
-            assert float(total[0] / total[1]) == pytest.approx(expected, abs=1e-6), world
+            assert float(total[0] / total[1]) == pytest.approx(expected, abs=1e-6), (world, batch)
     # a mean of per-batch means would weight the tokens unequally: the definitions differ here
     assert len({b for _, b in per_token}) > 1
 
