@@ -180,9 +180,11 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
-    keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
+    from cramlm.eval.lm import DEFINITION  # a new held-out definition re-runs both evaluations
+
+    keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed
-    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"]])
+    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
 
