@@ -173,8 +173,9 @@ def table(res: Path) -> int:
                     f"{r['summary'].get('first_loss')} -> {r['summary'].get('last_loss')}")
         elif name == "eval" and r:
             text = ", ".join(f"{x['task']} {100 * x['score']:.1f}" for x in r.get("results", []))
-            if r.get("lm"):
-                text += f"; held-out {r['lm'].get('objective')} loss {r['lm'].get('loss'):.3f}"
+            held = r.get("heldout") or r.get("lm")  # (lm: eval.json before heldout-v1)
+            if held:
+                text += f"; held-out {held.get('objective')} loss {held.get('loss'):.3f}"
         if s.get("note"):
             text += f" ({s['note']})"
         print(f"| {name} | {s['status']} | {s['seconds']} | {text} |")

@@ -45,7 +45,7 @@ from cramlm.pipeline.scaling import size_overrides  # noqa: E402
 # the smoke mode: a tiny model on a slice of the shipped corpus, a few optimizer steps per run
 SMOKE = ["data.max_entries_in_raw_dataset=40", "data.tokenizer.vocab_size=512", "data.seq_length=32",
          "arch.max_seq_length=32", "train.batch_size=8", "impl.microbatch_size=8", "train.min_updates=0",
-         "train.validate_batches=2", "train.log_every=1", "impl.precision=fp32", "train.checkpoint_minutes=null"]
+         "train.validate_sequences=16", "train.log_every=1", "impl.precision=fp32", "train.checkpoint_minutes=null"]
 
 
 # ---- the multiplier: a pure function of two curves -------------------------------------------------

@@ -8,8 +8,8 @@ with ``train=bert-o4``; cramlm's bert-o4 caps the ramp so the budget gives at le
 kinder than cramming's original), and the twin's evaluation (through the bert-o4 run:
 ``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the
 recipe's twin too). Fine-tuning: the five shared tasks, 3 seeds, median. The held-out MLM loss is
-taken again on one common split (the runs share the data config, so ``val.cramtok`` is the same file)
-with fixed masking, by benchmarks/val_mlm_loss.py. Both runs get the same wall clock, and since they
+eval.json's (definition heldout-v1, eval/lm.py: the runs share the data config, so the same
+sequences and masks), and again by benchmarks/val_mlm_loss.py (the same function). Both runs get the same wall clock, and since they
 train the same model with the same implementation, also (within a fraction of a percent, printed)
 the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.
 
@@ -96,12 +96,12 @@ def summarize(out: Path) -> dict:
         s = load(folder / "summary.json") or {}
         result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
                                                       "mfu", "precision", "val_loss")}
-        result["runs"][name]["common_split"] = val_loss(str(folder), 10**9)
+        result["runs"][name]["common_split"] = val_loss(str(folder))
     for name, ev in evals.items():
         if not ev:
             continue
         result["means"][name] = ev["mean"]["last"]["arithmetic"]
-        result["lm"][name] = (ev.get("lm") or {}).get("loss")
+        result["lm"][name] = (ev.get("heldout") or {}).get("loss")
         for row in ev["results"]:
             entry = result["tasks"].setdefault(row["task"], {"metric": row["metric"], "majority": row.get("majority")})
             entry[name] = {"median": row["score"], "seeds": [s["last"][row["metric"]] for s in row["seeds"]]}
@@ -125,9 +125,9 @@ def table(result: dict) -> str:
                  + " | " + (f"{100 * (result['means']['recipe'] - result['means']['untrained twin']):+.1f}"
                             if {"recipe", "untrained twin"} <= set(result["means"]) else "-") + " |")
     runs = result["runs"]
-    lines.append("| held-out MLM loss, common split | " + " | ".join(
+    lines.append("| held-out MLM loss, benchmarks/val_mlm_loss.py | " + " | ".join(
         f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if n in runs else "-" for n in names) + " | |")
-    lines.append("| held-out MLM loss, the run's own validation batches | " + " | ".join(
+    lines.append("| held-out MLM loss, eval.json | " + " | ".join(
         f"{result['lm'][n]:.3f}" if result["lm"].get(n) is not None else "-" for n in names) + " | |")
     lines.append("")
     for n, r in runs.items():

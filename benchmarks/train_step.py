@@ -72,9 +72,9 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else causal_collate, 0)
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
-    train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_batches=0)
+    train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_sequences=0)
     sample = data.collate(RandomBlocks(vocab, SEQ, 2, seed=1).batch([0, 1]))
-    trainer = build_trainer(model, data, train, impl, run_dir, val_batches=[sample])
+    trainer = build_trainer(model, data, train, impl, run_dir, sample=sample)
     trainer.model.train()
     params = sum(p.numel() for p in model.parameters())
 

@@ -1,5 +1,5 @@
-"""What `cramlm pretrain` tells a person: a short summary (no JSON dump), one held-out loss that
-`cramlm eval` reproduces, help examples kept as lines, `config show` budgets in their units, and
+"""What `cramlm pretrain` tells a person: a short summary (no JSON dump), a validation loss that
+`cramlm eval`'s held-out loss reproduces when the run validates on the whole held-out set, help examples kept as lines, `config show` budgets in their units, and
 a dry run that does not size its steps by the clock (issue 16.2, 16.8)."""
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ def test_console_summary_is_short_and_eval_reports_the_same_held_out_loss(in_tmp
     assert not any(line.lstrip().startswith("{") for line in run.output.splitlines())  # the JSON is in summary.json
     summary = json.loads((in_tmp / "outputs" / "tiny" / "summary.json").read_text())
     assert f"{summary['steps']:,} steps" in tail[0] and "tokens/s" in tail[0] and "MFU" in tail[0]
-    assert f"held-out {summary['val_loss']:.3f}" in tail[1]
+    assert f"validation {summary['val_loss']:.3f}" in tail[1] and "held-out" in tail[1]
     assert "outputs/tiny" in tail[2]
 
     result = _cli("eval", "checkpoint=latest", "eval.tasks=[]", "impl.progress=false")
     assert result.exit_code == 0, result.output
     assert "checkpoint=latest is outputs/tiny" in result.output  # it says which run it took
-    lm = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["lm"]
-    # one definition: the run's validation sequences with the run's masks (was 8.006 vs 7.907)
-    assert lm["loss"] == pytest.approx(summary["val_loss"], abs=1e-5)
-    assert "as pretraining's val_loss" in result.output
+    heldout = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["heldout"]
+    # one definition (eval/lm.py): val_loss scores the first train.validate_sequences (512) of the
+    # held-out sequences with the same masks; this tiny validation file has fewer, so all of them
+    assert summary["val_sequences"] == heldout["sequences"] == heldout["file_sequences"] < 512
+    assert heldout["loss"] == pytest.approx(summary["val_loss"], abs=1e-5)
+    assert heldout["bpb"] == pytest.approx(summary["val_bpb"], abs=1e-5) and 0 < heldout["bpb"] < 20
+    assert "heldout-v1" in result.output and "bits per byte" in result.output
 
 
 def test_dryrun_takes_single_microbatch_steps_whatever_the_budget(in_tmp):

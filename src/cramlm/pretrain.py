@@ -57,11 +57,13 @@ def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
     return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
 
 
-def validation_batches(cfg: PretrainConfig, data, vocab_size: int) -> list[dict[str, torch.Tensor]]:
-    """The held-out microbatches: the same set `cramlm eval` scores (eval/lm.py defines it)."""
-    from cramlm.eval.lm import run_held_out_batches
+def validation_set(cfg: PretrainConfig, data, vocab_size: int):
+    """val_loss's sequences: the first train.validate_sequences of the held-out set that
+    `cramlm eval` scores in full (eval/lm.py defines it); None without validation."""
+    from cramlm.eval.lm import run_heldout_set
 
-    return run_held_out_batches(cfg, data.val, vocab_size)
+    heldout = run_heldout_set(cfg, data.val, vocab_size, data.folder / "val.cramtok")
+    return heldout.first(cfg.train.validate_sequences) if heldout is not None and cfg.train.validate_sequences else None
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
@@ -141,7 +143,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     import torch
 
     from cramlm.data.dataset import BlockDataset
-    from cramlm.eval.lm import block_start
+    from cramlm.eval.lm import block_start, tokenizer_label
     from cramlm.train import checkpoint as ckpt
     from cramlm.train.build import build_trainer, dryrun_config
     from cramlm.train.distributed import barrier, broadcast_object
@@ -162,7 +164,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     train_cfg, hours = (dryrun_config(cfg.train, cfg.impl, dist.world), None) if cfg.dryrun else (cfg.train, cfg.budget)
     config = cfg.model_dump(mode="json")
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours,
-                            val_batches=validation_batches(cfg, data, vocab_size),
+                            heldout=validation_set(cfg, data, vocab_size),
+                            sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
                             max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=config,
                             record={"config": config, "data": data.identity()},  # in every checkpoint it writes
                             count_compile=cfg.count_compile, count_eval=cfg.count_eval)
@@ -183,6 +186,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
-               "data": str(data.folder)}
+               "data": str(data.folder), "objective": cfg.arch.objective,
+               "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary

@@ -104,6 +104,20 @@ class PretrainConfig(Config):
             raise ValueError("must be positive")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _validate_batches(cls, data: Any) -> Any:
+        """Run folders written before train.validate_sequences hold train.validate_batches
+        (microbatches): read as the same number of sequences, so that they still load."""
+        train = data.get("train") if isinstance(data, dict) else None
+        if isinstance(train, dict) and "validate_batches" in train and "validate_sequences" not in train:
+            micro = (data.get("impl") or {}).get("microbatch_size", ImplConfig().microbatch_size)
+            train = dict(train)
+            batches = train.pop("validate_batches")
+            train["validate_sequences"] = batches * micro if isinstance(batches, int) and isinstance(micro, int) else batches
+            data = {**data, "train": train}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self):
         """Checks across groups, so that they fail before any data is prepared."""

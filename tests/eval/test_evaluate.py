@@ -58,7 +58,7 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert row["task"] == "whales" and [s["seed"] for s in row["seeds"]] == [0, 1]
     assert all(len(s["epochs"]) == 2 for s in row["seeds"])  # the per-task override took effect
     assert row["hparams"]["epochs"] == 2
-    assert data["lm"]["objective"] == "mlm" and math.isfinite(data["lm"]["loss"])
+    assert data["heldout"]["objective"] == "mlm" and math.isfinite(data["heldout"]["loss"])
     assert 0.0 <= row["score"] <= 1.0 and row["metric"] == "accuracy" and row["dev_examples"] == 6
     assert (out / "eval.csv").read_text().startswith("task,metric,last,best")
     assert "| whales | accuracy |" in (out / "eval.md").read_text()
@@ -71,7 +71,7 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert base.exit_code == 0, base.output
     untrained = json.loads((in_tmp / "outputs" / "tiny" / "eval-untrained.json").read_text())
     assert untrained["untrained"] and untrained["checkpoint"] == "tiny-untrained"
-    assert untrained["lm"]["loss"] != data["lm"]["loss"]
+    assert untrained["heldout"]["loss"] != data["heldout"]["loss"]
 
 
 def test_eval_config_and_checkpoint_errors(in_tmp, tmp_path):
@@ -113,7 +113,7 @@ def test_eval_hf_folder_and_its_untrained_baseline(in_tmp):
         result = _cli("eval", f"checkpoint={checkpoint}", f"eval.tasks=[{task}]", *QUICK)
         assert result.exit_code == 0, result.output
         data = json.loads((in_tmp / "outputs" / "eval" / label / "eval.json").read_text())
-        assert data["lm"] is None and 0.0 <= data["results"][0]["score"] <= 1.0
+        assert data["heldout"] is None and 0.0 <= data["results"][0]["score"] <= 1.0
 
 
 def test_causal_hf_model_pools_its_last_real_token(tmp_path):

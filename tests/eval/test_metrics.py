@@ -54,9 +54,9 @@ def test_undefined_harmonic_mean_in_tables():
 def test_versus_pairs_pretrained_with_the_untrained_twin():
     pretrained = {"results": [{"task": "a", "metric": "accuracy", "score": 0.61, "majority": 0.556},
                               {"task": "b", "metric": "f1", "score": 0.9}],
-                  "mean": {"last": {"arithmetic": 0.755}}, "lm": {"objective": "mlm", "loss": 7.59}}
+                  "mean": {"last": {"arithmetic": 0.755}}, "heldout": {"objective": "mlm", "loss": 7.59}}
     untrained = {"results": [{"task": "a", "metric": "accuracy", "score": 0.734}],
-                 "mean": {"last": {"arithmetic": 0.734}}, "lm": {"objective": "mlm", "loss": 9.05}}
+                 "mean": {"last": {"arithmetic": 0.734}}, "heldout": {"objective": "mlm", "loss": 9.05}}
     rows = versus(pretrained, untrained)
     assert rows[0]["margin"] == pytest.approx(-0.124) and rows[1]["untrained"] is None and rows[1]["margin"] is None
     text = versus_text(pretrained, untrained)
@@ -133,15 +133,15 @@ def test_verdict_counts_gains_losses_and_seed_noise():
     lm = {"objective": "mlm", "loss": 5.1}
     twin_lm = {"objective": "mlm", "loss": 9.0}
     twin = {"results": [_scored("a", 0.70, [0.69, 0.70, 0.71]), _scored("b", 0.80, [0.80, 0.80, 0.80]),
-                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "lm": twin_lm}
+                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "heldout": twin_lm}
     paid = {"results": [_scored("a", 0.75, [0.74, 0.75, 0.76]), _scored("b", 0.83, [0.83, 0.83, 0.83]),
-                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "lm": lm}
+                        _scored("c", 0.60, [0.6, 0.6, 0.6])], "heldout": lm}
     said = verdict(paid, twin)
     assert said.startswith("pretraining paid: ahead of the untrained twin by >= 2 points on 2 of 3 tasks (a, b), behind by more than 1 point on 0")
     assert "5.10 against the twin's 9.00" in said and "within the fine-tuning seeds' spread on 1" in said
     # level within the seeds' spread on one task, behind on another: did not pay, and says where
     lost = {"results": [_scored("a", 0.71, [0.60, 0.71, 0.80]), _scored("b", 0.70, [0.70, 0.70, 0.70]),
-                        _scored("c", 0.61, [0.61, 0.61, 0.61])], "lm": lm}
+                        _scored("c", 0.61, [0.61, 0.61, 0.61])], "heldout": lm}
     said = verdict(lost, twin)
     assert said.startswith("pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 3 tasks, "
                            "behind by more than 1 point on 1 (b)")

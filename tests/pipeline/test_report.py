@@ -49,7 +49,7 @@ def test_extra_fields_are_plotted_when_present(tmp_path):
     assert data.series("tokens", "val_loss")[1] == pytest.approx([9 - 0.6, 9 - 1.2, 9 - 1.8])
     html = write_report(run).read_text()
     assert plots_in(html) == {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
-    assert "Held-out loss at the end of training" in html and "7.200 (last logged)" in html
+    assert "Validation loss at the end of training" in html and "7.200 (last logged)" in html
     assert ">80.0<" in html and ">82.0<" in html and ">50.0<" in html  # eval scores as percentages; median accepted
     assert (run / "plots" / "throughput.png").stat().st_size > 0
 

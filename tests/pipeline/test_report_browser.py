@@ -16,7 +16,7 @@ import pytest
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 
-PLOTS = {"loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"}
+PLOTS = {"loss_vs_tokens", "loss_vs_time", "bpb", "schedule", "throughput", "eval"}
 # after the page loads, write what the browser made of each image into the DOM that --dump-dom prints
 PROBE = """<script>window.addEventListener('load', () => {
   const seen = [...document.images].map(i => ({plot: i.dataset.plot, w: i.naturalWidth, h: i.naturalHeight, ok: i.complete}));

@@ -32,10 +32,10 @@ def test_default_recipe_end_to_end(tiny_run):
     assert [r["task"] for r in twin["results"]] == ["rotten_tomatoes_small"]
     assert twin["config"]["eval"] == json.loads((tiny_run / "eval.json").read_text())["config"]["eval"]
     html = (tiny_run / "report.html").read_text()
-    assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 5
+    assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 6
     assert "<th>untrained twin</th><th>margin</th>" in html
     assert re.search(r"<td>report</td><td>done</td>", html)  # the page is the report stage's output: done
-    for name in ("loss_vs_tokens", "loss_vs_time", "schedule", "throughput", "eval"):
+    for name in ("loss_vs_tokens", "loss_vs_time", "bpb", "schedule", "throughput", "eval"):
         assert (tiny_run / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -150,7 +150,7 @@ def test_a_dry_run_is_small_in_every_stage(tmp_path):
     full = resolve_recipe("default", [f"base_dir={tmp_path}"])
     pretrain = cfg.pretrain_config()
     assert pretrain.dryrun and pretrain.impl.microbatch_size <= 8 < full.pretrain_config().impl.microbatch_size
-    assert pretrain.train.validate_batches == 1
+    assert pretrain.train.validate_sequences == pretrain.impl.microbatch_size
     ev = cfg.eval_config().eval
     assert (ev.epochs, ev.max_train_examples, ev.max_dev_examples) == (1, 64, 64)
     assert full.eval_config().eval.max_dev_examples is None  # a real run keeps its settings

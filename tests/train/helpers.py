@@ -21,7 +21,7 @@ TINY = [
     "arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
     "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
     "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8",
-    "impl.progress=false", "impl.threads=1", "impl.precision=fp32", "train.log_every=1", "train.validate_batches=2",
+    "impl.progress=false", "impl.threads=1", "impl.precision=fp32", "train.log_every=1", "train.validate_sequences=4",
     "train.min_updates=0",
 ]
 CAUSAL = ["plugins=[tests.train.plugin_models]", f"arch={Path(__file__).with_name('tiny-causal.yaml')}"]

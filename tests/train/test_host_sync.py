@@ -67,7 +67,7 @@ def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     model = Tiny().to(device)
     data = StepData(Blocks(), causal_collate, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
-    cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_batches=0, **train)
+    cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_sequences=0, **train)
     return build_trainer(model, data, cfg, impl, tmp_path)
 
 

@@ -101,8 +101,8 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
 def plan_command(sizes: str | None, law: str | None, throughput: str | None, args: tuple[str, ...]) -> None:
     """Pick the model shape, batch, lr and masking that a budget buys on this machine.
 
-    Measures tokens/s of a few training steps per candidate shape, predicts each one's held-out
-    loss from a scaling law fitted to this project's sweeps, prints the table it chose from, why,
+    Measures tokens/s of a few training steps per candidate shape, predicts each one's validation
+    loss (val_loss) from a scaling law fitted to this project's sweeps, prints the table it chose from, why,
     and the `cramlm run` command. ARGS: an optional RECIPE (default: cpu-1h) then overrides.
 
     \b

@@ -119,7 +119,7 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
         with PackedWriter(out, vocab_size, fp) as writer:
             write_documents(parts, part_of[sequence], local[sequence], writer)
     return {"documents": int(keep.sum()), "copies_written": len(sequence), "capped_copies": capped,
-            "tokens": int(lengths[sequence].sum())}
+            "tokens": int(lengths[sequence].sum()), "bytes": int(docs["bytes"][sequence].sum())}
 
 
 def merge_shards(cfg, shard_folders: list[Path], out_folder: Path, vocab_size: int, fp: bytes) -> dict:

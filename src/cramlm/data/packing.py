@@ -2,7 +2,8 @@
 
 One pass writes a *shard* folder: ``train.cramtok`` / ``val.cramtok`` (documents in read order,
 each followed by the separator token), ``train.docs.bin`` / ``val.docs.bin`` (one record per
-document: global record number, source index, text hash; see :data:`DOC_RECORD`), optional
+document: global record number, text hash, source index, UTF-8 bytes of the cleaned text; see
+:data:`DOC_RECORD`), optional
 ``*.minhash.bin`` signatures, and ``shard.json`` (counts, written last: it marks the shard done).
 
 Memory stays flat: a reader thread parses and cleans batches of about ``batch_chars`` characters
@@ -35,7 +36,8 @@ from cramlm.data.tokenizer import PIECE_CHARS, split_text
 from cramlm.io import atomic_dir
 from cramlm.progress import progress_bar
 
-DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2")])
+# bytes: of the cleaned text the document's tokens encode (bits per byte, eval/lm.py)
+DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2"), ("bytes", "<u8")])
 SPLITS = ("train", "val")
 
 
@@ -149,6 +151,7 @@ class ShardWriter:
         self.minhash = open(folder / f"{split}.minhash.bin", "wb") if minhash else None
         self.documents = 0
         self.tokens = 0
+        self.bytes = 0
 
     def add(self, flat: np.ndarray, lengths: np.ndarray, records: np.ndarray, signatures: np.ndarray | None) -> None:
         self.packed.add_batch(flat, lengths)
@@ -157,6 +160,7 @@ class ShardWriter:
             self.minhash.write(signatures.astype("<u4").tobytes())
         self.documents += len(lengths)
         self.tokens += int(lengths.sum())
+        self.bytes += int(records["bytes"].sum())
 
     def close(self) -> None:
         self.packed.close()
@@ -235,7 +239,7 @@ def _pack_into(tmp: Path, cfg, tok: Tokenizer, separator: int, shard: tuple[int,
         "packed": packed,
         "skipped": dict(report.skipped),
         "skipped_examples": report.examples,
-        "splits": {s: {"documents": w.documents, "tokens": w.tokens} for s, w in writers.items()},
+        "splits": {s: {"documents": w.documents, "tokens": w.tokens, "bytes": w.bytes} for s, w in writers.items()},
         "minhash": hasher is not None,
         "seconds": round(time.perf_counter() - start, 3),
     }
@@ -258,6 +262,7 @@ def _pack_batch(batch, cfg, tok: Tokenizer, separator: int, report: SkipReport, 
     is_val = np.array([is_validation(t, cfg.validation_fraction) for t in batch.texts], bool)
     records = np.zeros(len(ids), DOC_RECORD)
     records["number"], records["source"] = batch.numbers, batch.sources
+    records["bytes"] = [len(t.encode("utf-8", "surrogatepass")) for t in batch.texts]
     if cfg.dedup.exact:
         records["hash"] = [text_hash(t) for t in batch.texts]
     for split, in_split in (("train", keep & ~is_val), ("val", keep & is_val)):

@@ -107,8 +107,9 @@ class LMData:
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
-    config: Any = None  # the run's PretrainConfig (the held-out set follows its settings, eval/lm.py)
+    config: Any = None  # the run's PretrainConfig (the held-out set follows its data settings, eval/lm.py)
     vocab_size: int = 0
+    tokenizer: str = ""  # which tokenizer, in words (eval/lm.py: tokenizer_label)
 
 
 @dataclass
@@ -179,8 +180,10 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         model = build_model(cfg.arch, tok.get_vocab_size())
     else:
         model, tok, cfg = load_run(run_dir)
+    from cramlm.eval.lm import tokenizer_label
+
     lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
-                cfg, tok.get_vocab_size())
+                cfg, tok.get_vocab_size(), tokenizer_label(cfg.data.model_dump(mode="json"), tok.get_vocab_size()))
     return Checkpoint(
         label=run_dir.name + (UNTRAINED if untrained else ""),
         encoder=model,

@@ -66,8 +66,8 @@ class EvalConfig(Hparams):
     overrides: dict[str, HparamsOverride] = Field(
         {}, description="per-task hyperparameters on top of the protocol's: task name -> keys, e.g. {rte: {lr: 2e-5}}")
     lm_eval: bool = Field(
-        True, description="also report the held-out MLM loss / CLM perplexity on the run's validation set, the "
-        "same number as pretraining's val_loss (eval/lm.py)")
+        True, description="also report the held-out MLM/CLM loss and bits per byte on the run's validation file "
+        "(eval/lm.py, definition heldout-v1: the same for every recipe, microbatch, precision and process count)")
     lm_data: str | None = Field(
         None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
 

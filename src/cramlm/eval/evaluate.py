@@ -4,7 +4,8 @@
 append ``-untrained`` (or set ``untrained=true``) for the random-weights baseline. Results go to
 ``<run>/eval.{json,md,csv}`` (``eval-untrained.*`` for the baseline; ``<base_dir>/eval/<name>/eval.*``
 for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
-task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``.
+task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``;
+``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in eval/lm.py).
 """
 
 from __future__ import annotations
@@ -53,22 +54,23 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     start = time.perf_counter()
     print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
 
-    lm = None
+    heldout = None
     if ev.lm_eval and ckpt.lm is not None:
         val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
         if val is None:
-            print("LM eval skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
+            print("held-out loss skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
         else:
             from cramlm.data.cramtok import read_packed
-            from cramlm.eval.lm import lm_eval, run_held_out_batches
+            from cramlm.eval.lm import heldout_eval, run_heldout_set
 
-            # the run's own held-out set, masked as in pretraining: the same number as its val_loss
-            batches = run_held_out_batches(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size)
-            lm = {**lm_eval(ckpt.lm.model, ckpt.lm.objective, batches, device=device, progress=cfg.impl.progress),
-                  "file": str(val)}
-            print(f"held-out {lm['objective'].upper()} loss {lm['loss']:.4f}"
-                  + (f", perplexity {lm['perplexity']:.2f}" if "perplexity" in lm else "")
-                  + f" ({lm['sequences']} sequences of {val}, as pretraining's val_loss)")
+            # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
+            sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
+            heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
+                       "file": str(val), "tokenizer": ckpt.lm.tokenizer}
+            print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
+                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
+                  + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")
+                  + f" ({heldout['sequences']:,} of {heldout['file_sequences']:,} sequences of {val}, {heldout['definition']})")
 
     rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device)]
     mean = means(rows)
@@ -80,7 +82,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
         "protocol": ev.protocol,
         "results": rows,
         "mean": mean,
-        "lm": lm,
+        "heldout": heldout,
         "seconds": round(time.perf_counter() - start, 1),
         "config": cfg.model_dump(mode="json"),
     }
@@ -88,7 +90,9 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     stem = out_dir / ckpt.stem
     write_json(stem.with_suffix(".json"), result)
     write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
-    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {lm['objective']} loss: {lm['loss']:.4f}\n" if lm else ""))
+    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {heldout['objective']} loss: {heldout['loss']:.4f}"
+                                                 + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
+                                                 + f" ({heldout['definition']})\n" if heldout else ""))
     print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
     print(f"results in {stem}.{{md,csv,json}}")
     return rows

@@ -197,7 +197,7 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
             + f", behind by more than 1 point on {len(behind)}" + (f" ({', '.join(behind)})" if behind else ""))
     if noise:
         text += f"; the margin is within the fine-tuning seeds' spread on {len(noise)}"
-    lm_a, lm_b = pretrained.get("lm"), (untrained or {}).get("lm")
+    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
         text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
@@ -219,7 +219,7 @@ def versus_text(pretrained: dict, untrained: dict | None) -> str:
     means_row += [_pct(twin_mean) if untrained else "-",
                   f"{100 * (pretrained['mean']['last']['arithmetic'] - twin_mean):+.2f}" if untrained and twin_mean is not None else "-", ""]
     cells.append(means_row)
-    lm_a, lm_b = pretrained.get("lm"), (untrained or {}).get("lm")
+    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if lm_a:
         cells.append([f"held-out {lm_a['objective'].upper()} loss", "", f"{lm_a['loss']:.3f}",
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])

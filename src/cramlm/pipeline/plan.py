@@ -4,7 +4,7 @@
    real training steps each (Trainer.train_step: masking, forward, backward, clipping, AdamW) on
    random tokens at the recipe's vocabulary, sequence length and implementation settings
    (impl.precision / impl.threads resolve as in a run). Seconds per shape.
-2. Predict each shape's held-out MLM loss after the budget from the Chinchilla law
+2. Predict each shape's validation MLM loss (the sweep's val_loss) after the budget from the Chinchilla law
    L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
    ``cramlm sweep`` to this project's own runs and shipped as ``recipes/plan/scaling-cpu.yaml``
    (which records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
@@ -197,7 +197,7 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     sample = {k: v.to(device) for k, v in collate(RandomBlocks(2, 1).batch([0, 1])).items()}
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(model, data, train, impl, Path(tmp), val_batches=[sample])
+        trainer = build_trainer(model, data, train, impl, Path(tmp), sample=sample)
         trainer.model.train()
         seconds = []
         for i in range(warmup + steps):
@@ -284,7 +284,7 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
         f"budget {format_hours(cfg.budget)}; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
         f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
         + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
-        (f"{chosen.size} has the lowest predicted held-out MLM loss ({chosen.predicted_loss:.3f})"
+        (f"{chosen.size} has the lowest predicted validation MLM loss ({chosen.predicted_loss:.3f})"
          + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
          if len(tied) == 1 else
          f"{', '.join(c.size for c in tied)} are predicted within the law's error on its own points "

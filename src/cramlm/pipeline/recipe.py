@@ -63,9 +63,9 @@ class PipelineConfig(PretrainConfig):
 
     def pretrain_config(self) -> PretrainConfig:
         cfg = _subset(PretrainConfig, self)
-        if self.dryrun:  # a dry run shows that every stage runs, not how well: small steps, one held-out batch
+        if self.dryrun:  # a dry run shows that every stage runs, not how well: small steps, one microbatch of validation
             impl = cfg.impl.model_copy(update={"microbatch_size": min(cfg.impl.microbatch_size, DRYRUN_MICROBATCH)})
-            cfg = cfg.model_copy(update={"impl": impl, "train": cfg.train.model_copy(update={"validate_batches": 1})})
+            cfg = cfg.model_copy(update={"impl": impl, "train": cfg.train.model_copy(update={"validate_sequences": impl.microbatch_size})})
         return cfg
 
     def eval_config(self, untrained: bool = False):
@@ -190,9 +190,11 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
-    keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"]])
+    from cramlm.eval.lm import DEFINITION  # a new held-out definition re-runs both evaluations
+
+    keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed
-    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"]])
+    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
 

@@ -81,13 +81,21 @@ def check_grid(sizes: list[str], budgets: list[str]) -> bool:
 
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
-    """The last validation loss when the run logged one, else the last train-loss window."""
+    """The last validation loss when the run logged one (val_loss: token-weighted over the first
+    train.validate_sequences held-out sequences, eval/lm.py; the grid's points share data and
+    recipe, so the same sequences), else the last train-loss window."""
     run = load_run_data(run_dir)
     val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
     if val:
         return float(val[-1]), "val_loss"
     last = run.summary.get("last_loss")
     return (float(last), "train_loss") if is_number(last) else (None, "none")
+
+
+def final_bpb(run_dir: Path) -> float | None:
+    """The last validation bits per byte, when logged (comparable across tokenizers)."""
+    val = [m["val_bpb"] for m in load_run_data(run_dir).metrics if is_number(m.get("val_bpb"))]
+    return float(val[-1]) if val else None
 
 
 def training_flops(run_dir: Path) -> tuple[float, str]:
@@ -155,9 +163,10 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
 
 def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
     """The grid as an aligned text table, with the fitted loss per point."""
-    header = ["size", "budget", "params", "non-emb", "tokens", "compute", "loss", "fit"]
+    header = ["size", "budget", "params", "non-emb", "tokens", "compute", "loss", "bits/byte", "fit"]
     rows = [[p["size"], p["budget"], f"{p['parameters']:,}", f"{p['non_embedding_parameters']:,}",
              f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}",
+             f"{p['bpb']:.4f}" if is_number(p.get("bpb")) else "-",
              f"{float(compute_law(fit, p['flops'])):.4f}" if fit else "-"] for p in points]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
@@ -177,7 +186,8 @@ def run_point(recipe: str, overrides: list[str], folder: Path, size: str, budget
     summary = json.loads((cfg.run_dir / "summary.json").read_text())
     return {"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
             "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
-            "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind}
+            "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind,
+            "bpb": final_bpb(cfg.run_dir)}
 
 
 def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None, dict | None, dict[str, str]]:

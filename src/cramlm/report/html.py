@@ -99,10 +99,7 @@ def _cell(value: Any) -> str:
 
 
 def _objective(run: RunData) -> str:
-    lm = run.eval.get("lm") if isinstance(run.eval.get("lm"), dict) else None
-    if lm and lm.get("objective"):
-        return str(lm["objective"]).upper()
-    return "CLM" if (run.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "MLM"
+    return "masked LM (MLM)" if run.objective == "mlm" else "causal LM"
 
 
 def _model(run: RunData) -> str | None:
@@ -120,7 +117,7 @@ def _data(run: RunData) -> str | None:
     if not data.get("name"):
         return None
     parts = [f"{data['seq_length']}-token sequences" if data.get("seq_length") else "",
-             f"vocab {data['tokenizer']['vocab_size']:,}" if is_number((data.get("tokenizer") or {}).get("vocab_size")) else ""]
+             f"tokenizer {run.tokenizer}" if run.tokenizer else ""]
     parts = ", ".join(p for p in parts if p)
     return f"{data['name']} ({parts})" if parts else str(data["name"])
 
@@ -140,11 +137,16 @@ def _budget(run: RunData) -> str | None:
     return str(run.summary["budget"]) if run.summary.get("budget") else None
 
 
-def _lm_loss(lm: Any) -> str | None:
-    if not isinstance(lm, dict) or not is_number(lm.get("loss")):
+def _heldout_loss(heldout: Any) -> str | None:
+    if not isinstance(heldout, dict) or not is_number(heldout.get("loss")):
         return None
-    extra = f", perplexity {lm['perplexity']:,.1f}" if is_number(lm.get("perplexity")) else ""
-    return f"{lm['loss']:.3f}{extra} ({lm.get('sequences', '?'):,} sequences)" if isinstance(lm.get("sequences"), int) else f"{lm['loss']:.3f}{extra}"
+    extra = f", perplexity {heldout['perplexity']:,.1f}" if is_number(heldout.get("perplexity")) else ""
+    seqs = f" ({heldout['sequences']:,} sequences)" if isinstance(heldout.get("sequences"), int) else ""
+    return f"{heldout['loss']:.3f}{extra}{seqs}"
+
+
+def _heldout_bpb(heldout: Any) -> str | None:
+    return f"{heldout['bpb']:.3f}" if isinstance(heldout, dict) and is_number(heldout.get("bpb")) else None
 
 
 def _val_loss(run: RunData) -> str | None:
@@ -169,6 +171,7 @@ def _eval_means(run: RunData) -> tuple[float | None, float | None, bool]:
 # what the number is and its unit; summary.json is shown raw below the table.
 FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Model", _model),
+    ("Objective", _objective),
     ("Parameters", lambda r: r.summary.get("parameters")),
     ("Data", _data),
     ("Budget", _budget),
@@ -188,9 +191,12 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Processes", lambda r: r.summary.get("world_size") if (r.summary.get("world_size") or 1) > 1 else None),
     ("Train loss, first → last logged", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
      if is_number(r.summary.get("first_loss")) and is_number(r.summary.get("last_loss")) else None),
-    ("Held-out loss at the end of training", lambda r: _val_loss(r)),
-    ("Held-out loss, evaluation", lambda r: _lm_loss(r.eval.get("lm"))),
-    ("Held-out loss, untrained twin", lambda r: _lm_loss(r.eval_untrained.get("lm"))),
+    ("Validation loss at the end of training (nats per token)", lambda r: _val_loss(r)),
+    ("Validation bits per byte at the end of training", lambda r: f"{r.summary['val_bpb']:.3f}" if is_number(r.summary.get("val_bpb")) else None),
+    ("Held-out loss, evaluation (nats per token)", lambda r: _heldout_loss(r.heldout)),
+    ("Held-out bits per byte, evaluation", lambda r: _heldout_bpb(r.heldout)),
+    ("Held-out loss, untrained twin (nats per token)", lambda r: _heldout_loss(r.eval_untrained.get("heldout"))),
+    ("Held-out bits per byte, untrained twin", lambda r: _heldout_bpb(r.eval_untrained.get("heldout"))),
     ("Non-finite steps skipped", lambda r: r.summary.get("nonfinite_steps") or None),
     ("Rollbacks", lambda r: r.summary.get("rollbacks") or None),
     ("Task mean (arithmetic, %)", lambda r: _pct(_eval_means(r)[0]) or None),
@@ -216,16 +222,25 @@ def facts_table(runs: list[RunData]) -> str:
     facts = [run_facts(run) for run in runs]
     keys = [label for label, _ in FACTS if any(label in f for f in facts)]
     table = _table([""] + [run.name for run in runs], [[k] + [f.get(k, "") for f in facts] for k in keys])
-    notes = ['<p class="note">Every held-out loss here is one definition (eval/lm.py): the first '
-             "<code>train.validate_batches</code> microbatches of the run's validation split, masked with a seed fixed "
-             "by the run, so the evaluation's value equals the one at the end of training and the untrained twin is "
-             "scored on the very same tokens and masks.</p>"]
+    notes = []
+    if any("Held-out loss, evaluation (nats per token)" in f for f in facts):
+        notes.append('<p class="note">Held-out numbers (eval/lm.py, <code>heldout-v1</code>) depend only on the prepared '
+                     "data: the validation file's sequences (all of them up to 2<sup>18</sup> tokens, else that many chosen "
+                     "by a fixed seed), MLM masks at 15 % from a fixed seed, nats averaged over the scored tokens, in fp32; "
+                     "the same for every recipe, microbatch, precision and number of processes. The validation loss at the "
+                     "end of training is the run's own quick check (the first <code>train.validate_sequences</code> of "
+                     "those sequences, in the run's precision), not a held-out number to set beside another run's. "
+                     "Bits per byte divide the nats by ln 2 and by the UTF-8 bytes of text the scored tokens stand for.</p>")
+    if len(loss_kinds := {(r.objective, r.tokenizer) for r in runs}) > 1:
+        notes.append('<p class="note">These runs differ in objective or tokenizer, so their losses in nats per token '
+                     "do not compare; bits per byte do (and an MLM's and a causal LM's bits per byte measure different "
+                     f"tasks). Loss plots get one panel per objective and tokenizer ({len(loss_kinds)}).</p>")
     raw = "".join(
         f"<details><summary>summary.json{'' if len(runs) == 1 else ' of ' + html.escape(run.name)} (raw)</summary>"
         f"<pre>{html.escape(json.dumps(run.summary, indent=2))}</pre></details>"
         for run in runs if run.summary
     )
-    return table + (notes[0] if any("Held-out loss, evaluation" in f for f in facts) else "") + raw
+    return table + "".join(notes) + raw
 
 
 # -------------------------------------------------------------------------------- eval table

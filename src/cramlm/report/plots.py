@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
-from cramlm.report.rundata import RunData, as_percent, result_score  # noqa: E402
+from cramlm.report.rundata import RunData, as_percent, is_number, result_score  # noqa: E402
 
 DPI = 110
 
@@ -36,26 +36,69 @@ def _label(run: RunData, many: bool, what: str) -> str:
     return f"{run.name} {what}" if many else what
 
 
+OBJECTIVES = {"mlm": "MLM", "clm": "causal LM"}
+
+
+def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:
+    """Runs by (objective, tokenizer): losses in nats per token compare only within a group."""
+    groups: dict[tuple[str, str | None], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.objective, run.tokenizer), []).append(run)
+    return groups
+
+
 def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Path) -> Path:
-    """Train loss (solid) and validation loss (dashed, when logged) against ``x``."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    """Train loss (solid) and validation loss (dashed, when logged) against ``x``; one panel per
+    objective and tokenizer, so that an MLM and a causal loss never share an axis (bits per byte,
+    :func:`bpb_figure`, is the measure they share)."""
+    groups = loss_groups(runs)
+    fig, axes = plt.subplots(1, len(groups), figsize=(7 if len(groups) == 1 else 5 * len(groups), 4), squeeze=False)
     many = len(runs) > 1
+    color_of = dict(zip((r.name for r in runs), colors(len(runs))))
+    for ax, ((objective, tokenizer), members) in zip(axes[0], groups.items()):
+        for run in members:
+            color = color_of[run.name]
+            xs, ys = run.series(x, "loss")
+            ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
+            if run.has("val_loss"):
+                xs, ys = run.series(x, "val_loss")
+                # open diamonds: a run often validates only at its end, and one point must stay visible
+                ax.plot([v * scale for v in xs], ys, "D--", color=color, ms=6, markerfacecolor="white",
+                        label=_label(run, many, "validation"))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{OBJECTIVES[objective]} loss (nats per token)")
+        if len(groups) > 1:
+            ax.set_title(f"{OBJECTIVES[objective]}" + (f", {tokenizer}" if tokenizer else ""), fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def bpb_figure(runs: list[RunData], path: Path) -> Path:
+    """Validation bits per byte against tokens (dashed), and `cramlm eval`'s held-out bits per
+    byte at the run's last token (a star): one axis for every run, whatever its tokenizer or
+    objective, each labelled with its objective."""
+    fig, ax = plt.subplots(figsize=(7, 4))
     for run, color in zip(runs, colors(len(runs))):
-        xs, ys = run.series(x, "loss")
-        ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
-        if run.has("val_loss"):
-            xs, ys = run.series(x, "val_loss")
-            # open diamonds: a run often validates only at its end, and one point must stay visible
-            ax.plot([v * scale for v in xs], ys, "D--", color=color, ms=6, markerfacecolor="white",
-                    label=_label(run, many, "validation"))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("MLM / LM loss")
+        name = f"{run.name} ({OBJECTIVES[run.objective]})"
+        xs, ys = run.series("tokens", "val_bpb")
+        if xs:
+            ax.plot([v * 1e-6 for v in xs], ys, "D--", color=color, ms=5, markerfacecolor="white", label=f"{name} validation")
+        bpb, tokens = run.heldout.get("bpb"), run.summary.get("tokens")
+        if is_number(bpb) and is_number(tokens):
+            ax.plot([tokens * 1e-6], [bpb], "*", color=color, ms=12, label=f"{name} held-out (eval)")
+    ax.set_xlabel("tokens (millions)")
+    ax.set_ylabel("bits per byte of validation text")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save(fig, path)
 
 
 Y_SCALE = {"mfu": 100}  # logged as a fraction, drawn in percent (as the runs table states it)
+
+
+def has_bpb(run: RunData) -> bool:
+    return run.has("val_bpb") or (is_number(run.heldout.get("bpb")) and is_number(run.summary.get("tokens")))
 
 
 def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]], path: Path) -> Path:
@@ -168,6 +211,8 @@ FIGURES: dict[str, tuple[str, Callable[[list[RunData]], bool], Callable[[list[Ru
                        lambda runs, p: loss_figure(runs, "tokens", "tokens (millions)", 1e-6, p)),
     "loss_vs_time": ("Loss against training time", lambda runs: any(r.has("loss") for r in runs),
                      lambda runs, p: loss_figure(runs, "elapsed", "training time (min)", 1 / 60, p)),
+    "bpb": ("Bits per byte against tokens (comparable across tokenizers)", lambda runs: any(has_bpb(r) for r in runs),
+            bpb_figure),
     "schedule": ("Learning rate and batch size over the budget", lambda runs: any(r.has("lr") for r in runs),
                  schedule_figure),
     "throughput": ("Throughput (and MFU when logged) over time",
@@ -181,6 +226,8 @@ NOTES = {
     "schedule": "Lines: the planned schedule and batch ramp, computed from the run's config; markers: the values logged "
                 "while training (a step's lr was set before the step; its line records the progress after it).",
     "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
+    "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (eval/lm.py). An MLM's and "
+           "a causal LM's bits per byte share the unit but not the task (the MLM sees both sides of a masked token).",
 }
 
 

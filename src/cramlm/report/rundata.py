@@ -46,6 +46,33 @@ class RunData:
         return any(is_number(m.get(key)) for m in self.metrics)
 
     @property
+    def heldout(self) -> dict[str, Any]:
+        """eval.json's held-out numbers (loss, bpb, ...; eval/lm.py), {} when not evaluated."""
+        block = self.eval.get("heldout")
+        return block if isinstance(block, dict) else {}
+
+    @property
+    def objective(self) -> str:
+        """"mlm" or "clm": as the run recorded it, else from its architecture's name."""
+        for where in (self.summary, self.heldout):
+            if where.get("objective") in ("mlm", "clm"):
+                return str(where["objective"])
+        return "clm" if (self.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "mlm"
+
+    @property
+    def tokenizer(self) -> str | None:
+        """Which tokenizer the run used, in words (None when nothing says)."""
+        for where in (self.summary, self.heldout):
+            if isinstance(where.get("tokenizer"), str) and where["tokenizer"]:
+                return where["tokenizer"]
+        data = self.config.get("data")
+        if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):
+            from cramlm.eval.lm import tokenizer_label
+
+            return tokenizer_label(data)
+        return None
+
+    @property
     def eval_results(self) -> list[dict[str, Any]]:
         return _results(self.eval)
 

@@ -24,25 +24,24 @@ from cramlm.train.trainer import StepData, Trainer
 
 
 def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, impl: ImplConfig, run_dir: str | Path, *,
-                  dist: Dist | None = None, hours: float | None = None, val_batches: list[dict] | None = None,
+                  dist: Dist | None = None, hours: float | None = None, heldout=None,
                   sample: dict | None = None, max_steps: int | None = None, config: dict | None = None,
                   record: dict | None = None, count_compile: bool = True, count_eval: bool = False) -> Trainer:
     """A Trainer for ``model`` (plain, already on its device) on ``data`` under ``train``'s budget
-    and ``hours`` of wall clock. ``sample``: a batch the FLOPs are counted on when the model has no
-    count of its own (default: the first of ``val_batches``); ``max_steps``: stop after that many
+    and ``hours`` of wall clock. ``heldout``: what val_loss scores (eval/lm.py's HeldOut; None: no
+    validation); ``sample``: a batch at training's masking rate that the FLOPs are counted on when the
+    model has no count of its own; ``max_steps``: stop after that many
     steps whatever the budget (dry runs); ``config``/``record``: the run's config for metrics.jsonl
     and what a checkpoint records about the run (trainer.py); ``count_compile``/``count_eval``:
     whether the first step and validation count against ``hours`` (the root keys of the same names)."""
     dist = dist or Dist()
     device = next(model.parameters()).device
     precision = resolve_precision(impl, device, model)  # MFU against the peak of the precision in use
-    if sample is None and val_batches:
-        sample = val_batches[0]
     costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)
     meter = Meter(Budget(train.budget, hours, costs.flops_per_token), costs, dist.world, max_steps=max_steps,
                   count_compile=count_compile, count_eval=count_eval)
     return Trainer(parallelize(model, impl, dist, device), data, train, impl, meter, run_dir, precision,
-                   val_batches=val_batches, config=config, record=record)
+                   heldout=heldout, config=config, record=record)
 
 
 def dryrun_config(train: TrainConfig, impl: ImplConfig, world: int) -> TrainConfig:

@@ -444,7 +444,7 @@ def adopt_checkpoint_threads(impl, folder: Path, world: int, say) -> None:
 # run on this machine, not what it computes. impl.* never changes the maths (the precision it resolves
 # to is compared instead: train/checkpoint.py); budget keys may extend the run.
 UNCHECKED = ("name", "base_dir", "resume", "allow_change", "plugins", "impl", "data.name",
-             "train.log_every", "train.validate_every", "train.validate_batches", "train.checkpoint_every",
+             "train.log_every", "train.validate_every", "train.validate_sequences", "train.checkpoint_every",
              "train.checkpoint_minutes", "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite",
              "train.budget.count_compile", "train.budget.count_eval")
 BUDGET = ("budget", "train.budget.tokens", "train.budget.flops", "train.budget.steps")

@@ -126,9 +126,12 @@ class TrainConfig(Config):
         "10% kept (cramming: 0.25, BERT: 0.15); causal LMs ignore it")
     log_every: PositiveInt = Field(10, description="optimizer steps between metric lines")
     validate_every: UnitFloat = Field(
-        0.25, description="held-out loss every this fraction of t, and at the end (0: only at the end)"
+        0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)"
     )
-    validate_batches: NonNegativeInt = Field(8, description="microbatches of the validation set scored each time")
+    validate_sequences: NonNegativeInt = Field(
+        512, description="val_loss scores the first this many sequences of the held-out set (eval/lm.py), "
+        "token-weighted; a quick check of the run, not `cramlm eval`'s held-out loss (0: no validation)"
+    )
     checkpoint_every: NonNegativeInt = Field(0, description="optimizer steps between checkpoints (0: by time only)")
     checkpoint_minutes: PositiveFloat | None = Field(
         30.0, description="wall-clock minutes between checkpoints (null: by steps only)"

@@ -59,6 +59,7 @@ from cramlm.train.hardware import PrecisionChoice
 from cramlm.train.impl import ImplConfig
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
+from cramlm.train.validation import heldout_sums
 
 
 class StepData:
@@ -229,8 +230,8 @@ class Trainer:
     """Trains a ready model (``parallelize``) on ``data`` under ``meter``'s budget; ``fit()``."""
 
     def __init__(self, model: Parallel, data: StepData, cfg: TrainConfig, impl: ImplConfig, meter: Meter,
-                 run_dir: Path, precision: PrecisionChoice, val_batches: list[dict[str, torch.Tensor]] | None = None,
-                 config: dict | None = None, record: dict | None = None):
+                 run_dir: Path, precision: PrecisionChoice, heldout=None, config: dict | None = None,
+                 record: dict | None = None):
         self.model, self.module, self.dist, self.device = model.model, model.module, model.dist, model.device
         self.aliases, self.data, self.cfg, self.impl, self.meter = model.aliases, data, cfg, impl, meter
         self.run_dir, self.config = Path(run_dir), config or {}
@@ -244,7 +245,10 @@ class Trainer:
         self.schedule = build_schedule(cfg.schedule)
         self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
         self.plan.optimizer_flops_per_step = meter.costs.optimizer_flops_per_step
-        self.val_batches = self._shard_val(val_batches or [])
+        # val_loss: the first train.validate_sequences of the held-out set (eval/lm.py), this process's share
+        self.heldout = heldout
+        self.val_bpb: float | None = None  # of the last validation
+        self.val_batches = heldout.batches(impl.microbatch_size, self.dist.world, self.dist.rank) if heldout is not None and len(heldout) else []
         self.logging_due = Due(steps=cfg.log_every)
         self.validation_due = Due(fraction=cfg.validate_every)
         self.checkpoint_due = Due(steps=cfg.checkpoint_every, minutes=cfg.checkpoint_minutes)
@@ -367,21 +371,17 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> float | None:
+        """val_loss: nats over scored tokens of this process's share, summed over processes (the
+        same number on any process count and microbatch size, up to rounding)."""
         if not self.val_batches:
             return None
         self.model.eval()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for batch in self.val_batches:
-            with self.steps.autocast():
-                total += self.model(**{k: v.to(self.device) for k, v in batch.items()})["loss"].double()
+        sums = heldout_sums(self.model, self.heldout.objective, self.val_batches, self.device, self.steps.autocast)
         self.model.train()
-        total, count = all_reduce([total, float(len(self.val_batches))], self.dist, "sum", self.device)
-        return float(total) / count
-
-    def _shard_val(self, batches: list[dict]) -> list[dict]:
-        """Each process scores an equal share (FSDP needs every process in every forward)."""
-        usable = len(batches) // self.dist.world * self.dist.world
-        return batches[:usable][self.dist.rank :: self.dist.world]
+        nats, scored, text = all_reduce([sums[0], sums[1], sums[2]], self.dist, "sum", self.device)
+        bpt = self.heldout.bytes_per_token  # bits per byte, when the manifest counts the validation bytes
+        self.val_bpb = float(nats) / math.log(2) / (float(text) * bpt) if bpt and float(text) else None
+        return float(nats) / float(scored)
 
     # ------------------------------------------------------------------ what fit() calls
 
@@ -436,12 +436,13 @@ class Trainer:
         bar.update(min(100.0, 100 * t) - bar.n)  # redraws at progress_bar's pace (30 s into a log file)
 
     def _validate_now(self, t: float) -> float | None:
-        """The held-out loss, logged; its time counts against the budget only if count_eval."""
+        """The validation loss (val_loss), logged; its time counts against the budget only if count_eval."""
         with self.meter.timed("eval", counts=self.meter.count["eval"]):
             val_loss = self.validate()
         if val_loss is not None:
             self.log.write({"kind": "val", "step": self.used.steps, "t": round(t, 6), "elapsed": round(self.used.seconds, 3),
-                            "tokens": self.used.tokens, "val_loss": round(val_loss, 6)})
+                            "tokens": self.used.tokens, "val_loss": round(val_loss, 6),
+                            **({"val_bpb": round(self.val_bpb, 6)} if self.val_bpb is not None else {})})
         return val_loss
 
     def _interrupted(self, signum: int, bar) -> None:
@@ -548,6 +549,8 @@ class Trainer:
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
             "val_loss": val_loss,
+            "val_bpb": self.val_bpb,
+            "val_sequences": len(self.heldout) if self.heldout is not None else 0,
             "world_size": self.dist.world,
             "final_checkpoint": str(final),
         }
