@@ -312,6 +312,9 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     if resume_from is not None:
         resume_trainer(trainer, resume_from)
         say(f"cramlm: resumed from {resume_from} (step {trainer.used.steps})")
+        if not trainer.data.keyed:
+            say("cramlm: its data state is format 1 (written before masks were keyed by stream position): the run "
+                "continues on that path, bit for bit: every process draws and masks the whole global batch")
     elif cfg.resume == "auto":
         say("cramlm: resume=auto found no checkpoint; starting fresh")
     setup_seconds = time.perf_counter() - setup_start
