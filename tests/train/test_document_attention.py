@@ -39,15 +39,15 @@ def test_step_data_draws_document_boundaries_when_on(tmp_path):
 
 def test_pretrain_with_document_attention(tmp_path, monkeypatch):
     first = []
-    microbatch = StepData.microbatch
+    sequences = StepData.sequences
 
-    def recording(self, start, m):  # the real microbatch; keeps the first one to look at
-        batch = microbatch(self, start, m)
+    def recording(self, positions):  # the real one; keeps the first batch to look at
+        batch = sequences(self, positions)
         if not first:
             first.append(batch)
         return batch
 
-    monkeypatch.setattr(StepData, "microbatch", recording)
+    monkeypatch.setattr(StepData, "sequences", recording)
     # short documents (~12 tokens), so most 32-token blocks hold several
     rng, words = random.Random(0), "the whale sea ship captain ahab white boat harpoon deck crew storm".split()
     corpus = tmp_path / "short.jsonl"
@@ -60,7 +60,7 @@ def test_pretrain_with_document_attention(tmp_path, monkeypatch):
     assert summary["steps"] == 3
     docs = first[0]["document_ids"]
     assert docs.shape == first[0]["input_ids"].shape and int(docs.max()) > 0  # blocks span documents
-    monkeypatch.setattr(StepData, "microbatch", microbatch)
+    monkeypatch.setattr(StepData, "sequences", sequences)
     assert run_inprocess(tmp_path, "plain", *steps)["steps"] == 3
     # the same batches, masked differently: the model saw the boundaries
     assert losses(tmp_path / "docs")[1] != losses(tmp_path / "plain")[1]

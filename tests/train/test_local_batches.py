@@ -35,11 +35,9 @@ def mlm_data(keyed: bool = True, seed: int = 3) -> StepData:
 
 def by_position(data: StepData, n_micro: int, m: int, rank: int, world: int) -> dict[int, dict]:
     """This process's sequences of the next step, by stream position."""
-    rows = {}
-    for start in data.local_starts(n_micro, m, rank, world):
-        micro = data.microbatch(start, m)
-        rows.update({start + i: {k: v[i] for k, v in micro.items()} for i in range(m)})
-    return rows
+    positions = data.local_positions(n_micro, m, rank, world)
+    batch = data.sequences(positions)
+    return {int(p): {k: v[i] for k, v in batch.items()} for i, p in enumerate(positions)}
 
 
 def test_processes_collate_disjoint_shares_equal_to_one_process():

@@ -3,9 +3,7 @@
 An optimizer step covers the next ``n_micro * m`` positions of the shuffled stream, one global
 sequence (``data.dataset.ShuffledStream``): microbatch j of a step starting at position s holds
 positions ``s + j*m ... s + (j+1)*m - 1``, and process r of ``world`` trains microbatches
-``r, r + world, r + 2*world, ...`` (strided, so the positions of a process's next microbatch never
-depend on how many microbatches the next step will have: the prefetcher can prepare it early).
-Masks are keyed by stream position (``data.collate``), so a sequence is the same tensor whichever
+``r, r + world, r + 2*world, ...``. Masks are keyed by stream position (``data.collate``), so a sequence is the same tensor whichever
 process collates it: N processes train on exactly the batches of one process, each doing 1/N of
 the host work, and a checkpoint resumes on any number of processes.
 
@@ -15,8 +13,8 @@ a contiguous share. A run resumed from such a checkpoint stays on that path (``k
 continues bit for bit; ``benchmarks/scaling.py`` measures it as the baseline.
 
 ``LocalBatches`` hands the trainer this process's microbatches of a step, on the device,
-optionally prepared one ahead by a background thread (``impl.prefetch``), and counts the host time
-the loop spent getting them (the exposed host time of ``metrics.jsonl``).
+optionally prepared a step ahead by a background thread (``impl.prefetch``), and counts the host
+time the loop spent getting them (the exposed host time of ``metrics.jsonl``).
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ DATA_FORMAT = 2  # 2: rank-local microbatches, masks keyed by stream position; 1
 
 class StepData:
     """The shuffled stream, its dataset and collator. ``take(n)``: the next n sequences, collated
-    (one process: tests, the planner); ``local_starts``/``microbatch``: what the trainer uses.
+    (one process: tests, the planner); ``local_positions``/``sequences``: what the trainer uses.
     State: the stream position (and, on the format-1 path, the collator's generator).
     ``documents=True`` (train.document_attention): blocks carry ``document_ids`` and
     ``position_ids`` (``dataset.batch_with_boundaries``), so the model keeps documents apart."""
@@ -53,15 +51,13 @@ class StepData:
         batch = self.draw(self.order.at(positions))
         return self.collate(batch, positions) if self.positional else self.collate(batch)
 
-    def microbatch(self, start: int, m: int) -> dict[str, torch.Tensor]:
-        return self.sequences(start + np.arange(m, dtype=np.int64))
-
-    def local_starts(self, n_micro: int, m: int, rank: int = 0, world: int = 1) -> list[int]:
-        """First stream positions of this process's microbatches of the next step (strided: r,
-        r + world, ...); moves the stream past the whole step, as on every process."""
+    def local_positions(self, n_micro: int, m: int, rank: int = 0, world: int = 1) -> np.ndarray:
+        """Stream positions of this process's microbatches of the next step, microbatch after
+        microbatch (strided: r, r + world, ...); moves the stream past the whole step, as on every
+        process."""
         s = self.order.step
         self.order.skip(n_micro * m)
-        return [s + j * m for j in range(rank, n_micro, world)]
+        return _positions(s, n_micro, m, rank, world)
 
     def take(self, n: int) -> dict[str, torch.Tensor]:
         """The next n sequences, collated."""
@@ -93,6 +89,11 @@ class StepData:
             self.collate.load_state_dict(collator)
 
 
+def _positions(s: int, n_micro: int, m: int, rank: int, world: int) -> np.ndarray:
+    starts = s + m * np.arange(rank, n_micro, world, dtype=np.int64)
+    return (starts[:, None] + np.arange(m, dtype=np.int64)).reshape(-1)
+
+
 def _takes_positions(collate) -> bool:
     import inspect
 
@@ -103,55 +104,59 @@ def _takes_positions(collate) -> bool:
 
 
 class LocalBatches:
-    """This process's microbatches of each step, moved to ``device``. ``prefetch``: a background
-    thread prepares the next microbatch (drawn, collated, pinned on CUDA) while this one computes;
-    keyed batches are pure functions of their stream positions, so a prepared one is never stale
-    (a guess that turns out wrong, e.g. after a rollback, is simply not used). ``host_seconds``
-    adds up the wall time the loop spent here (waiting for the thread when it prefetches) and
-    ``host_cpu_seconds`` the main thread's CPU time (what benchmarks/scaling.py compares, since
-    processes that share cores wait for them)."""
+    """This process's microbatches of each step, moved to ``device``: the step's sequences are drawn
+    and collated in one go (one call's fixed costs per step, as on the old path), then cut into
+    microbatches. ``prefetch``: a background thread prepares the next step's batch (drawn,
+    collated, pinned on CUDA) while this one computes, guessing that it has as many microbatches
+    as this one (true but during a batch ramp). Keyed batches are pure functions of their stream
+    positions, so a prepared batch is used exactly when its positions are the ones needed; a wrong
+    guess (a ramp, a rollback, a resume) is simply redone. ``host_seconds`` adds up the wall time
+    the loop spent here (waiting for the thread when it prefetches) and ``host_cpu_seconds`` the
+    training thread's CPU time (what benchmarks/scaling.py compares, since processes that share
+    cores also wait for them)."""
 
     def __init__(self, data: StepData, m: int, rank: int, world: int, device: torch.device, prefetch: bool = False):
         self.data, self.m, self.rank, self.world, self.device = data, m, rank, world, device
         self.pin = device.type == "cuda"
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="cramlm-prefetch") if prefetch else None
-        self.pending: tuple[int, Future] | None = None
+        self.pending: tuple[np.ndarray, Future] | None = None
         self.host_seconds = self.host_cpu_seconds = 0.0
 
     def step(self, n_micro: int):
         """Yield this process's microbatches of the next step (n_micro microbatches over all processes)."""
-        if not self.data.keyed:  # format 1: the global batch, collated here, then a contiguous share
-            clock = self._clock()
+        clock = self._clock()
+        if self.data.keyed:
+            positions = self.data.local_positions(n_micro, self.m, self.rank, self.world)
+            batch = self._get(positions)
+            if self.pool is not None:  # the next step, if it is as large as this one
+                after = _positions(self.data.order.step, n_micro, self.m, self.rank, self.world)
+                self.pending = (after, self.pool.submit(self._prepare, after))
+            mine = range(len(positions) // self.m)
+        else:  # format 1: the global batch, collated here, then a contiguous share
             batch = self._ready(self.data.take(n_micro * self.m))
-            n_local, m = n_micro // self.world, self.m
-            micros = [{k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
-                      for j in range(self.rank * n_local, (self.rank + 1) * n_local)]
-            self._count(clock)
-            yield from micros
-            return
-        starts = self.data.local_starts(n_micro, self.m, self.rank, self.world)
-        following = starts[1:] + [self.data.order.step + self.rank * self.m]  # then the next step's first
-        for start, after in zip(starts, following):
+            n_local = n_micro // self.world
+            mine = range(self.rank * n_local, (self.rank + 1) * n_local)
+        self._count(clock)
+        m = self.m
+        for j in mine:
             clock = self._clock()
-            batch = self._get(start, after)
-            micro = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            micro = {k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
             self._count(clock)
             yield micro
 
-    def _prepare(self, start: int) -> dict[str, torch.Tensor]:
-        return self._ready(self.data.microbatch(start, self.m))
+    def _prepare(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
+        return self._ready(self.data.sequences(positions))
 
     def _ready(self, batch: dict) -> dict:
         return {k: v.pin_memory() for k, v in batch.items()} if self.pin else batch
 
-    def _get(self, start: int, after: int) -> dict[str, torch.Tensor]:
-        if self.pool is None:
-            return self._prepare(start)
+    def _get(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
         pending, self.pending = self.pending, None
-        future = pending[1] if pending and pending[0] == start else self.pool.submit(self._prepare, start)
-        batch = future.result()
-        self.pending = (after, self.pool.submit(self._prepare, after))
-        return batch
+        if pending is not None:
+            batch = pending[1].result()  # (also when it is not the one: the thread is free again)
+            if np.array_equal(pending[0], positions):
+                return batch
+        return self._prepare(positions)
 
     def _clock(self) -> tuple[float, float]:
         return time.perf_counter(), time.thread_time()
