@@ -1,4 +1,4 @@
-"""Training throughput on this machine: cramlm's engine (Trainer.train_step: global batch draw,
+"""Training throughput on this machine: cramlm's engine (Trainer.train_step: batch draw,
 MLM masking, forward, backward, clipping, AdamW) on crammed-bert tiny and base, and a small GPT when
 one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain PyTorch loop.
 

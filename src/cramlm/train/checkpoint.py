@@ -5,8 +5,8 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000042/`` with
 
 - ``model.safetensors``: the full (unsharded) weights, tied tensors stored once;
 - ``training.pt``: optimizer and grad-scaler state (keyed by parameter name, so it loads into any
-  number of processes and any sharding), the data position (shuffled stream and the collator's
-  generator), torch/CUDA RNG;
+  number of processes and any sharding), the data position (the shuffled stream's global position
+  and the data format, batches.py; on the format-1 path also the collator's generator), torch/CUDA RNG;
 - ``state.json``: the trainer's counters (step, tokens, seconds, events, ...), Python/NumPy RNG.
 
 It is written as ``.tmp-step-...`` and renamed when complete; ``latest_checkpoint`` only ever sees
@@ -95,8 +95,7 @@ def set_rng_state(training: dict, state: dict) -> None:
 
 def train_state(optimizer: dict, scaler: dict, data: dict, counters: dict) -> tuple[dict, dict]:
     """(training.pt, state.json) of a checkpoint: the optimizer, scaler and data position (once:
-    shuffled stream and collator generator) with torch RNG; the trainer's counters with Python
-    and NumPy RNG."""
+    ``StepData.state_dict``) with torch RNG; the trainer's counters with Python and NumPy RNG."""
     tensors, json_rng = rng_state()
     return {"optimizer": optimizer, "scaler": scaler, "data": data, **tensors}, {**counters, **json_rng}
 
