@@ -224,8 +224,12 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
 
 def resume_trainer(trainer: Trainer, folder: Path) -> None:
     """``trainer.resume`` with its failures as one clear line naming the checkpoint."""
+    from cramlm.train.batches import DataFormatError
+
     try:
         trainer.resume(folder)
+    except DataFormatError as e:
+        raise CheckpointFileError(f"resume from {folder}: {e}") from None
     except pickle.UnpicklingError as e:  # training.pt is the checkpoint's only pickle
         raise CheckpointFileError(f"{folder / 'training.pt'}: {load_error_reason(e)}") from None
     except (RuntimeError, KeyError, ValueError) as e:

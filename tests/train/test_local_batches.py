@@ -2,6 +2,8 @@
 stream position make them equal to one process's, older (format-1) data states resume on their own
 path, and the prefetcher changes nothing but when the work is done."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,8 @@ import torch
 from cramlm.data.collate import MLMCollator
 from cramlm.pretrain import causal_batch
 from cramlm.train.batches import LocalBatches, StepData
-from cramlm.train.checkpoint import latest_checkpoint
+from cramlm.runs import CheckpointFileError
+from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import losses, records, run_inprocess
 
@@ -161,6 +164,14 @@ def test_a_format_1_checkpoint_resumes_on_its_path_bit_for_bit(tmp_path, monkeyp
     # and the checkpoints it writes keep saying so, so a second resume stays on that path too
     again = torch.load(latest_checkpoint(tmp_path / "resumed" / "checkpoints") / "training.pt", weights_only=True)
     assert again["data"]["masks"] == "sequential" and again["data"]["format"] == 2
+    # a data format newer than this cramlm reads: refused, naming the checkpoint, before any step
+    training["data"] = {**mlm_data().state_dict(), "format": 3}
+    torch.save(training, target / "training.pt")
+    for later in checkpoint_dirs(tmp_path / "resumed" / "checkpoints"):
+        if later != target:
+            shutil.rmtree(later)
+    with pytest.raises(CheckpointFileError, match=r"resume from .*step-00000002: its data state has format 3, newer"):
+        run_inprocess(tmp_path, "resumed", *STEPS, "resume=auto")
 
 
 def test_prefetch_on_a_cpu_run_changes_nothing_but_is_logged(tmp_path):

@@ -30,6 +30,10 @@ from cramlm.data.dataset import ShuffledStream
 DATA_FORMAT = 2  # 2: rank-local microbatches, masks keyed by stream position; 1 (no field): global batches
 
 
+class DataFormatError(ValueError):
+    """A checkpoint's data state is of a format this cramlm does not read."""
+
+
 class StepData:
     """The shuffled stream, its dataset and collator. ``take(n)``: the next n sequences, collated
     (one process: tests, the planner); ``local_positions``/``sequences``: what the trainer uses.
@@ -77,8 +81,8 @@ class StepData:
     def load_state_dict(self, state: dict) -> None:
         version = int(state.get("format", 1))
         if version > DATA_FORMAT:
-            raise ValueError(f"its data state has format {version}, newer than this cramlm reads ({DATA_FORMAT}): "
-                             "resume it with the cramlm version that wrote it")
+            raise DataFormatError(f"its data state has format {version}, newer than this cramlm reads ({DATA_FORMAT}): "
+                                  "resume it with the cramlm version that wrote it")
         self.order.load_state_dict(state["stream"])
         collator = state.get("collator")
         # format 1 with a collator generator (masked LM): continue on that path, bit for bit. Without one
