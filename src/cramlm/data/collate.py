@@ -7,8 +7,9 @@ Two ways to draw the masks:
   counter-based hash of (seed, position, token index) (splitmix64, ``permute.mix64``), so a
   sequence's masks depend on nothing else: not on which process collates it, the microbatch size,
   the number of processes, or what was drawn before. Any process can mask any slice of the stream
-  on its own, vectorised (a few numpy passes over the tokens: cheaper than three ``torch.rand``
-  calls), and the collator has no state to save.
+  on its own, vectorised (a few numpy passes over the tokens; one thread: 0.12 / 0.29 / 1.95 ms
+  for 8 / 128 / 1024 sequences of 128, the generator path 0.08 / 0.42 / 5.4 ms), and the
+  collator has no state to save.
 - sequential: ``collator(batch)`` draws from the collator's own generator in call order (its
   state is saved by ``state_dict``). Used for held-out batches built once, and for runs resumed
   from checkpoints written before keyed masks (``StepData``'s data format 1).
