@@ -132,9 +132,6 @@ class LocalBatches:
         if self.data.keyed:
             positions = self.data.local_positions(n_micro, self.m, self.rank, self.world)
             batch = self._get(positions)
-            if self.pool is not None:  # the next step, if it is as large as this one
-                after = _positions(self.data.order.step, n_micro, self.m, self.rank, self.world)
-                self.pending = (after, self.pool.submit(self._prepare, after))
             mine = range(len(positions) // self.m)
         else:  # format 1: the global batch, collated here, then a contiguous share
             batch = self._ready(self.data.take(n_micro * self.m))
@@ -147,6 +144,13 @@ class LocalBatches:
             micro = {k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
             self._count(clock)
             yield micro
+        if self.pool is not None and self.data.keyed:
+            # the next step, if it is as large as this one. Submitted once the last microbatch's
+            # backward has been issued: the thread then mostly runs while this one waits in C++ (the
+            # step's reduction, the optimizer step), not while it dispatches the forward, since the
+            # two share the GIL (a waiting thread can lose up to the 5 ms switch interval per handoff)
+            after = _positions(self.data.order.step, n_micro, self.m, self.rank, self.world)
+            self.pending = (after, self.pool.submit(self._prepare, after))
 
     def _prepare(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
         return self._ready(self.data.sequences(positions))
