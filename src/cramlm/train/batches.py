@@ -110,14 +110,14 @@ def _takes_positions(collate) -> bool:
 class LocalBatches:
     """This process's microbatches of each step, moved to ``device``: the step's sequences are drawn
     and collated in one go (one call's fixed costs per step, as on the old path), then cut into
-    microbatches. ``prefetch``: a background thread prepares the next step's batch (drawn,
-    collated, pinned on CUDA) while this one computes, guessing that it has as many microbatches
-    as this one (true but during a batch ramp). Keyed batches are pure functions of their stream
-    positions, so a prepared batch is used exactly when its positions are the ones needed; a wrong
-    guess (a ramp, a rollback, a resume) is simply redone. ``host_seconds`` adds up the wall time
-    the loop spent here (waiting for the thread when it prefetches) and ``host_cpu_seconds`` the
-    training thread's CPU time (what benchmarks/scaling.py compares, since processes that share
-    cores also wait for them)."""
+    microbatches. ``prefetch``: from the moment the last microbatch's backward is issued, a
+    background thread prepares the next step's batch (drawn, collated, pinned on CUDA) while the
+    device computes, guessing that it has as many microbatches as this one (true except during a
+    batch ramp). Keyed batches are pure functions of their stream positions, so a prepared batch
+    is used exactly when its positions are the ones needed; a wrong guess (a ramp, a resume) is
+    simply redone. ``host_seconds`` adds up the wall time the loop spent here (waiting for the
+    thread when it prefetches) and ``host_cpu_seconds`` the training thread's CPU time (what
+    benchmarks/scaling.py compares, since processes that share cores also wait for them)."""
 
     def __init__(self, data: StepData, m: int, rank: int, world: int, device: torch.device, prefetch: bool = False):
         self.data, self.m, self.rank, self.world, self.device = data, m, rank, world, device
