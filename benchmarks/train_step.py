@@ -1,4 +1,4 @@
-"""Training throughput on this machine: cramlm's engine (Trainer.train_step: global batch draw,
+"""Training throughput on this machine: cramlm's engine (Trainer.train_step: batch draw,
 MLM masking, forward, backward, clipping, AdamW) on crammed-bert tiny and base, and a small GPT when
 one is registered, against Hugging Face ``BertForMaskedLM`` trained with a plain PyTorch loop.
 
@@ -42,7 +42,7 @@ from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import ImplConfig, autocast
 from cramlm.train.config import TrainConfig
-from cramlm.train.trainer import StepData
+from cramlm.train.batches import StepData
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)

@@ -147,7 +147,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.train import checkpoint as ckpt
     from cramlm.train.build import build_trainer, dryrun_config
     from cramlm.train.distributed import barrier, broadcast_object
-    from cramlm.train.trainer import StepData
+    from cramlm.train.batches import StepData
 
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)

@@ -179,7 +179,7 @@ def console_summary(summary: dict, run_dir: Path) -> str:
         f"{summary['train_seconds']:.1f} s (+{summary['setup_seconds']:.1f} s setup)"
         + (f", {speed:,.0f} tokens/s" if speed else "") + (f", MFU {100 * mfu:.1f}%" if mfu is not None else ""),
         f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} (train), "
-        f"held-out {loss(summary.get('val_loss'))} (validation set; `cramlm eval` scores the same)",
+        f"validation {loss(summary.get('val_loss'))} (val_loss: part of the held-out set; `cramlm eval` scores it all)",
         f"  run folder {run_dir}: model.safetensors, summary.json, metrics.jsonl; "
         f"checkpoint {Path(summary['final_checkpoint']).name}",
     ]

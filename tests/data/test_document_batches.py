@@ -9,7 +9,7 @@ import torch
 
 from cramlm.data.collate import MLMCollator
 from cramlm.data.cramtok import PackedWriter, read_packed
-from cramlm.train.trainer import StepData
+from cramlm.train.batches import StepData
 from tests.data.helpers import DocumentPackedDataset
 from tests.models.helpers import tiny_model
 

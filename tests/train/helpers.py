@@ -74,3 +74,18 @@ def records(run_dir: Path, kind: str = "train") -> list[dict]:
 
 def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records(run_dir)}
+
+
+def record_collated(into: list[int]):
+    """Patch ``StepData`` so that every stream position a process collates is appended to ``into``
+    (the real methods run); returns a function that undoes the patch."""
+    from cramlm.train.batches import StepData
+
+    sequences = StepData.sequences
+
+    def recording(self, positions):
+        into.extend(int(p) for p in positions)
+        return sequences(self, positions)
+
+    StepData.sequences = recording
+    return lambda: setattr(StepData, "sequences", sequences)

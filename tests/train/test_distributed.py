@@ -1,5 +1,6 @@
-"""Real processes with gloo: 2-process DDP and FSDP2 train like 1 process with the same global batch;
-a checkpoint resumes on another number of processes; a failing rank makes the job fail fast."""
+"""Real processes with gloo: 2-process DDP and FSDP2 train like 1 process with the same global batch,
+each process collating only its own sequences; a checkpoint resumes on another number of processes;
+a failing rank makes the job fail fast."""
 
 import json
 import shutil
@@ -7,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from .helpers import CAUSAL, REPO, env, free_port, losses, overrides, records, run, run_inprocess
+from .helpers import CAUSAL, REPO, env, free_port, losses, overrides, record_collated, records, run, run_inprocess
 
 # global batch 8 = 4 microbatches of 2: one process accumulates 4, each of two processes 2
 SETUP = ["budget=null", "train.budget.steps=4", "impl.microbatch_size=2", "train.checkpoint_every=2",
@@ -17,9 +18,13 @@ SETUP = ["budget=null", "train.budget.steps=4", "impl.microbatch_size=2", "train
 def test_ddp_and_fsdp_match_one_process(tmp_path):
     """One torchrun launch (2 processes) runs, for the MLM crammed-bert and a causal LM: DDP, FSDP2,
     and FSDP2 resumed from the 1-process checkpoint at step 2."""
-    runs = []
+    runs, one_process = [], {}
     for arch, extra in {"mlm": SETUP, "clm": [*SETUP, *CAUSAL]}.items():
-        run_inprocess(tmp_path, f"{arch}-one", *extra)
+        undo = record_collated(one_process.setdefault(arch, []))
+        try:
+            run_inprocess(tmp_path, f"{arch}-one", *extra)
+        finally:
+            undo()
         shutil.copytree(tmp_path / f"{arch}-one" / "checkpoints" / "step-00000002",
                         tmp_path / f"{arch}-fsdp-resumed" / "checkpoints" / "step-00000002")
         runs += [
@@ -41,6 +46,13 @@ def test_ddp_and_fsdp_match_one_process(tmp_path):
             val = records(tmp_path / name, "val")[-1]["val_loss"]
             assert abs(val - records(tmp_path / f"{arch}-one", "val")[-1]["val_loss"]) < 1e-5
             assert json.loads((tmp_path / name / "summary.json").read_text())["world_size"] == 2
+        # the two processes never collated each other's sequences, and together those of one process
+        assert sorted(one_process[arch]) == list(range(32))  # 4 steps of 8 stream positions
+        for name, first in ((f"{arch}-ddp", 0), (f"{arch}-fsdp", 0), (f"{arch}-fsdp-resumed", 16)):
+            ranks = [json.loads((tmp_path / name / f"collated-rank{r}.json").read_text()) for r in (0, 1)]
+            assert all(len(set(r)) == len(r) == (32 - first) // 2 for r in ranks), (name, ranks)
+            assert not set(ranks[0]) & set(ranks[1]), (name, ranks)
+            assert sorted(ranks[0] + ranks[1]) == sorted(p for p in one_process[arch] if p >= first), name
         resumed = losses(tmp_path / f"{arch}-fsdp-resumed")
         assert sorted(resumed) == [3, 4] and all(abs(resumed[s] - reference[s]) < 1e-5 for s in (3, 4))
         event = records(tmp_path / f"{arch}-fsdp-resumed", "event")[0]

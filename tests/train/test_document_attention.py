@@ -14,7 +14,7 @@ from cramlm.data.collate import MLMCollator
 from cramlm.data.cramtok import PackedWriter, read_packed
 from cramlm.data.dataset import BlockDataset
 from cramlm.data.collate import causal_collate
-from cramlm.train.trainer import StepData
+from cramlm.train.batches import StepData
 
 from .helpers import CAUSAL, losses, run_inprocess
 
@@ -39,15 +39,15 @@ def test_step_data_draws_document_boundaries_when_on(tmp_path):
 
 def test_pretrain_with_document_attention(tmp_path, monkeypatch):
     first = []
-    take = StepData.take
+    sequences = StepData.sequences
 
-    def recording_take(self, n):  # the real take; keeps the first batch to look at
-        batch = take(self, n)
+    def recording(self, positions):  # the real one; keeps the first batch to look at
+        batch = sequences(self, positions)
         if not first:
             first.append(batch)
         return batch
 
-    monkeypatch.setattr(StepData, "take", recording_take)
+    monkeypatch.setattr(StepData, "sequences", recording)
     # short documents (~12 tokens), so most 32-token blocks hold several
     rng, words = random.Random(0), "the whale sea ship captain ahab white boat harpoon deck crew storm".split()
     corpus = tmp_path / "short.jsonl"
@@ -60,7 +60,7 @@ def test_pretrain_with_document_attention(tmp_path, monkeypatch):
     assert summary["steps"] == 3
     docs = first[0]["document_ids"]
     assert docs.shape == first[0]["input_ids"].shape and int(docs.max()) > 0  # blocks span documents
-    monkeypatch.setattr(StepData, "take", take)
+    monkeypatch.setattr(StepData, "sequences", sequences)
     assert run_inprocess(tmp_path, "plain", *steps)["steps"] == 3
     # the same batches, masked differently: the model saw the boundaries
     assert losses(tmp_path / "docs")[1] != losses(tmp_path / "plain")[1]

@@ -19,7 +19,8 @@ from cramlm.data.collate import causal_collate
 from cramlm.train.build import build_trainer
 from cramlm.train.impl import ImplConfig
 from cramlm.train.config import TrainConfig
-from cramlm.train.trainer import StepData, Trainer
+from cramlm.train.batches import StepData
+from cramlm.train.trainer import Trainer
 
 SYNCING = {"_local_scalar_dense", "nonzero", "masked_select", "_assert_async"}
 

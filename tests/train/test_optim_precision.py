@@ -105,7 +105,7 @@ def test_tensorboard_and_wandb_sinks(tmp_path, monkeypatch):
     except ImportError:
         wandb = None
     run_inprocess(tmp_path, "tb", *extra)
-    events = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    events = EventAccumulator(str(tmp_path / "tb"))  # event files in the run folder itself
     events.Reload()
     assert {"train/loss", "train/tokens_per_second", "val/val_loss"} <= set(events.Tags()["scalars"])
     if wandb is not None:

@@ -1,11 +1,33 @@
 """Pretraining collation: masked LM (BERT's 80/10/10 corruption, never touching special tokens) and
-causal LM (labels are the inputs; the model shifts them)."""
+causal LM (labels are the inputs; the model shifts them).
+
+Two ways to draw the MLM masks:
+
+- keyed (training): ``collator(batch, positions)``, where ``positions[b]`` is sequence b's
+  position in the global shuffled stream (``dataset.ShuffledStream``). Every random number is a
+  counter-based hash of (seed, position, token index) (splitmix64, ``permute.mix64``), so a
+  sequence's masks depend on nothing else: not on which process collates it, the microbatch size,
+  the number of processes, or what was drawn before. Any process can mask any slice of the stream
+  on its own, vectorised (a few numpy passes over the tokens; one thread: 0.12 / 0.29 / 1.95 ms
+  for 8 / 128 / 1024 sequences of 128, the generator path 0.08 / 0.42 / 5.4 ms), and the
+  collator has no state to save.
+- sequential: ``collator(batch)`` draws from the collator's own generator in call order (its
+  state is saved by ``state_dict``). Used for runs resumed from checkpoints written before keyed
+  masks (``StepData``'s data format 1).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cramlm.constants import IGNORE_INDEX
+from cramlm.data.permute import mix64
+
+_U = np.uint64
+_GOLDEN = _U(0x9E3779B97F4A7C15)  # splitmix64's increment: token t of a sequence is counter t
+_LOW32 = _U(0xFFFFFFFF)
+_RANDOM_ID_SALT = _U(0xD1B54A32D192ED03)  # a second, independent word for the random replacement id
 
 
 class MLMCollator:
@@ -19,28 +41,58 @@ class MLMCollator:
         self.mask_id = mask_id
         self.num_special = num_special  # ids below this are special: [PAD] [UNK] [CLS] [SEP] [MASK]
         self.p = mlm_probability
+        self.seed = seed
+        self.key = mix64(_U(seed % 2**64) ^ _U(0x6A09E667F3BCC909))  # this seed's stream of sequence keys
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, batch) -> dict[str, torch.Tensor]:
+    def __call__(self, batch, positions=None) -> dict[str, torch.Tensor]:
         """``batch``: int64 (B, T) ids, or a dict with ``input_ids`` and whatever else the dataset
         gives (document-aware packing: document_ids, position_ids, attention_mask), passed through;
-        positions where ``attention_mask`` is 0 are never chosen."""
-        g = self.generator
+        positions where ``attention_mask`` is 0 are never chosen. ``positions``: int (B,) stream
+        positions of the sequences (keyed masks, see the module docstring); None: the generator."""
         out = dict(batch) if isinstance(batch, dict) else {}
         input_ids = (batch["input_ids"] if isinstance(batch, dict) else batch).clone()
         special = input_ids < self.num_special
         if "attention_mask" in out:
             special |= out["attention_mask"] == 0
-        chosen = (torch.rand(input_ids.shape, generator=g) < self.p) & ~special
+        if positions is None:
+            chosen, to_mask, to_random, random_ids = self._sequential(input_ids.shape, special)
+        else:
+            chosen, to_mask, to_random, random_ids = self._keyed(np.asarray(positions), input_ids.shape, special)
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
-        roll = torch.rand(input_ids.shape, generator=g)
-        to_mask = chosen & (roll < 0.8)
-        to_random = chosen & (roll >= 0.8) & (roll < 0.9)
-        random_ids = torch.randint(self.num_special, self.vocab_size, input_ids.shape, generator=g)
         input_ids[to_mask] = self.mask_id
-        input_ids[to_random] = random_ids[to_random]
+        input_ids[to_random] = random_ids
         out.update(input_ids=input_ids, labels=labels)
         return out
+
+    def _sequential(self, shape, special):
+        g = self.generator
+        chosen = (torch.rand(shape, generator=g) < self.p) & ~special
+        roll = torch.rand(shape, generator=g)
+        to_mask = chosen & (roll < 0.8)
+        to_random = chosen & (roll >= 0.8) & (roll < 0.9)
+        random_ids = torch.randint(self.num_special, self.vocab_size, shape, generator=g)
+        return chosen, to_mask, to_random, random_ids[to_random]
+
+    def _keyed(self, positions: np.ndarray, shape, special):
+        """One 64-bit word per token, word = splitmix64(key(seed, position) + (t + 1) * golden):
+        its high 32 bits choose the position (< p), its low 32 bits roll 80/10/10; a second word,
+        hashed only where a random token is needed, picks it."""
+        B, T = shape
+        if positions.shape != (B,):
+            raise ValueError(f"positions: {positions.shape}, expected ({B},), one stream position per sequence")
+        sequence = mix64(positions.astype(np.int64).astype(_U) ^ self.key)  # (B,)
+        with np.errstate(over="ignore"):
+            words = mix64(sequence[:, None] + np.arange(T, dtype=_U)[None, :] * _GOLDEN)  # (B, T)
+        high, low = words >> _U(32), words & _LOW32
+        chosen = (high < _U(int(self.p * 2**32))) & ~special.numpy()
+        to_mask = chosen & (low < _U(int(0.8 * 2**32)))
+        to_random = chosen & (low >= _U(int(0.8 * 2**32))) & (low < _U(int(0.9 * 2**32)))
+        extra = mix64(words[to_random] ^ _RANDOM_ID_SALT) >> _U(11)  # 53 bits
+        span = self.vocab_size - self.num_special
+        random_ids = self.num_special + (extra.astype(np.float64) * (span / 2.0**53)).astype(np.int64)
+        as_torch = torch.from_numpy
+        return as_torch(chosen), as_torch(to_mask), as_torch(to_random), as_torch(np.minimum(random_ids, self.vocab_size - 1))
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

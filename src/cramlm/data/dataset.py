@@ -80,9 +80,11 @@ class ShuffledStream:
     """Endless stream of sample indices: a fresh seeded permutation each epoch, computed on demand
     (a Feistel permutation: O(1) memory, whatever the dataset size).
 
-    The stream is one global sequence (epoch after epoch), identical on every process (the trainer
-    splits each global batch over ranks). Its whole state is how many indices were taken
-    (``state_dict``), so a checkpoint can save it and resume exactly.
+    The stream is one global sequence (epoch after epoch), the same on every process: ``at(g)``
+    gives the sample indices at global positions ``g`` without moving, so each process looks up
+    only the positions of its own microbatches (``trainer.StepData``), and ``skip(n)`` moves every
+    process past a whole step. Its whole state is how many indices were taken (``state_dict``), so
+    a checkpoint can save it and resume exactly, on any number of processes.
     """
 
     def __init__(self, num_samples: int, seed: int):
@@ -91,13 +93,25 @@ class ShuffledStream:
         self._perms: dict[int, Permutation] = {}
 
     def _perm(self, epoch: int) -> Permutation:
-        if epoch not in self._perms:
-            self._perms = {epoch: Permutation(self.num_samples, self.seed * 1_000_003 + epoch)}
-        return self._perms[epoch]
+        perm = self._perms.get(epoch)
+        if perm is None:  # (a prefetch thread may look up positions too: no shared dict is mutated)
+            perm = Permutation(self.num_samples, self.seed * 1_000_003 + epoch)
+            self._perms = {epoch: perm}
+        return perm
 
     def take(self, count: int) -> np.ndarray:
-        g = self.step + np.arange(count, dtype=np.int64)
+        """The next ``count`` sample indices (and move past them)."""
+        out = self.at(self.step + np.arange(count, dtype=np.int64))
+        self.skip(count)
+        return out
+
+    def skip(self, count: int) -> None:
         self.step += count
+
+    def at(self, g: np.ndarray) -> np.ndarray:
+        """Sample indices at global stream positions ``g`` (int64; the state does not change)."""
+        g = np.asarray(g, dtype=np.int64)
+        count = len(g)
         epochs, positions = g // self.num_samples, g % self.num_samples
         out = np.empty(count, np.int64)
         for epoch in np.unique(epochs).tolist():

@@ -172,7 +172,7 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
     from cramlm.models.base import build_model
     from cramlm.train.build import build_trainer
-    from cramlm.train.trainer import StepData
+    from cramlm.train.batches import StepData
 
     seq = cfg.data.seq_length
 

@@ -20,7 +20,8 @@ from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import Dist
 from cramlm.train.impl import ImplConfig, resolve_precision
 from cramlm.train.parallelize import parallelize
-from cramlm.train.trainer import StepData, Trainer
+from cramlm.train.batches import StepData
+from cramlm.train.trainer import Trainer
 
 
 def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, impl: ImplConfig, run_dir: str | Path, *,

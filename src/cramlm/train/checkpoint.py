@@ -5,8 +5,8 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000042/`` with
 
 - ``model.safetensors``: the full (unsharded) weights, tied tensors stored once;
 - ``training.pt``: optimizer and grad-scaler state (keyed by parameter name, so it loads into any
-  number of processes and any sharding), the data position (shuffled stream and the collator's
-  generator), torch/CUDA RNG;
+  number of processes and any sharding), the data position (the shuffled stream's global position
+  and the data format, batches.py; on the format-1 path also the collator's generator), torch/CUDA RNG;
 - ``state.json``: the trainer's counters (``TrainState``: step, tokens, seconds, events, ...),
   Python/NumPy RNG, and what the run was (``run``: its resolved config and its data's identity);
 - ``digests.json``: the blake2b digest of each of the three files (``checkpoint_problem`` checks them).
@@ -113,8 +113,7 @@ def set_rng_state(training: dict, state: dict) -> None:
 
 def train_state(optimizer: dict, scaler: dict, data: dict, counters: dict) -> tuple[dict, dict]:
     """(training.pt, state.json) of a checkpoint: the optimizer, scaler and data position (once:
-    shuffled stream and collator generator) with torch RNG; the trainer's counters with Python
-    and NumPy RNG."""
+    ``StepData.state_dict``) with torch RNG; the trainer's counters with Python and NumPy RNG."""
     tensors, json_rng = rng_state()
     return {"optimizer": optimizer, "scaler": scaler, "data": data, **tensors}, {**counters, **json_rng}
 
@@ -409,8 +408,12 @@ def check_same_data(folder: Path, data_now: dict[str, str]) -> None:
 def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print) -> None:
     """``trainer.resume`` with its failures as one clear line naming the checkpoint; accepted
     config ``changes`` become a ``config_changed`` event (metrics.jsonl) at the step they take effect."""
+    from cramlm.train.batches import DataFormatError
+
     try:
         trainer.resume(folder)
+    except DataFormatError as e:
+        raise CheckpointFileError(f"resume from {folder}: {e}") from None
     except pickle.UnpicklingError as e:  # training.pt is the checkpoint's only pickle
         raise CheckpointFileError(f"{folder / 'training.pt'}: {load_error_reason(e)}") from None
     except (RuntimeError, KeyError, ValueError) as e:
@@ -419,6 +422,9 @@ def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print
             "was train.optim or the arch changed since it was written?"
         ) from None
     say(f"cramlm: resumed from {folder} (step {trainer.used.steps})")
+    if not trainer.data.keyed:
+        say("cramlm: its data state is format 1 (written before masks were keyed by stream position): the run "
+            "continues on that path, bit for bit: every process draws and masks the whole global batch")
     if any(k not in BUDGET for k in changes):  # (a longer budget alone is no event: runs are extended often)
         step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
         trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,

@@ -1,7 +1,7 @@
 """Data parallelism under ``torchrun``: DDP or FSDP2 (``fully_shard``), gloo on CPU, NCCL on GPU.
 
-Every process draws the same *global* batch and keeps its slice (see trainer.py), so a run's maths
-does not depend on the number of processes. Collectives time out after ``impl.dist_timeout``
+Each process draws and collates only its own microbatches of the global batch, masks keyed by
+stream position (train/batches.py), so a run's maths does not depend on the number of processes. Collectives time out after ``impl.dist_timeout``
 seconds, so a dead rank makes the others fail instead of hanging.
 """
 

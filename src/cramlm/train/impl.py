@@ -53,6 +53,10 @@ class ImplConfig(Config):
     activation_checkpointing: bool = Field(
         False, description="recompute each block (every child of an nn.ModuleList) in backward"
     )
+    prefetch: bool | Literal["auto"] = Field(
+        "auto", description="prepare the next microbatch (draw, mask, pin) in a background thread while the "
+        "device computes; auto: on with CUDA, off on a CPU, where the thread takes cores from the computation "
+        "(train/batches.py); metrics.jsonl logs the host time per step either way")
     # --- parallelism (launch with torchrun; see docs/training.md)
     distributed: Literal["auto", "none", "ddp", "fsdp"] = Field("auto", description="auto: ddp when WORLD_SIZE > 1")
     dist_timeout: PositiveFloat = Field(

@@ -4,9 +4,10 @@ One optimizer step, on any number of processes:
 
 1. progress ``t`` (budget.py) gives the lr (schedules.py) and the number of microbatches (the batch
    ramp, capped so the budget allows ``min_updates`` steps);
-2. every process draws the same *global* batch from the shuffled stream (same masking RNG) and
-   runs its own contiguous slice of microbatches, accumulating gradients without communication
-   until the last one; the result is the same as one process running all microbatches;
+2. each process draws and collates only its own microbatches of the step's global batch (every
+   ``world``-th, masks keyed by stream position: batches.py) and runs them, accumulating
+   gradients without communication until the last one; the result is the same as one process
+   running all microbatches;
 3. one reduction over processes agrees on the clock, the non-finite flag and a stop request, so
    every process takes the same decision (step, skip, roll back, validate, checkpoint, stop) at
    the same step; then the optimizer step (step.py).
@@ -21,7 +22,9 @@ written. With one process, a fused optimizer (AdamW's default) and ``on_nonfinit
 non-finite step is dropped on the device and counted at the next metrics line, so a step between
 metrics lines never waits for the device; otherwise the non-finite flag is read once per step
 (with several processes inside the step's one reduction). Batches go through pinned memory with
-non-blocking copies on CUDA, so the next batch is drawn and masked while the device works.
+non-blocking copies on CUDA, so the next batch is drawn and masked while the device works; with
+``impl.prefetch`` a background thread prepares it even across a host synchronisation, and the
+host time the loop spends on batches is logged (``host_seconds`` per step).
 
 The whole state (weights, optimizer, scaler, counters, data position, RNG) goes into checkpoints
 (checkpoint.py); a run resumed from one continues bit for bit when its budget is not wall-clock.
@@ -45,9 +48,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from cramlm.data.dataset import ShuffledStream
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
+from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
@@ -60,32 +63,6 @@ from cramlm.train.impl import ImplConfig
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
 from cramlm.train.validation import heldout_sums
-
-
-class StepData:
-    """Global batches: ``take(n)`` returns the next n sequences, collated (masked), identical on
-    every process. Its state is the stream position and the collator's generator.
-    ``documents=True`` (train.document_attention): blocks carry ``document_ids`` and
-    ``position_ids`` (``dataset.batch_with_boundaries``), so the model keeps documents apart."""
-
-    def __init__(self, dataset, collate, seed: int, documents: bool = False):
-        self.dataset = dataset
-        self.collate = collate
-        self.order = ShuffledStream(len(dataset), seed)
-        self.seq_len = getattr(dataset, "seq_length", None) or len(dataset.batch([0])[0])
-        self.draw = dataset.batch_with_boundaries if documents else dataset.batch
-
-    def take(self, n: int) -> dict[str, torch.Tensor]:
-        return self.collate(self.draw(self.order.take(n)))
-
-    def state_dict(self) -> dict:
-        collator = self.collate.state_dict() if hasattr(self.collate, "state_dict") else None
-        return {"stream": self.order.state_dict(), "collator": collator}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.order.load_state_dict(state["stream"])
-        if state.get("collator") is not None:
-            self.collate.load_state_dict(state["collator"])
 
 
 @dataclass
@@ -129,6 +106,7 @@ class Step:
     norm: torch.Tensor | None
     nonfinite: bool | torch.Tensor  # a device flag until NonFinite reads it
     stop: int  # the signal a process received (agreed over processes), 0: none
+    host: float = 0.0  # seconds this process's loop spent getting its batches (batches.LocalBatches)
 
 
 class NonFinite:
@@ -225,6 +203,10 @@ class Window:
     def seconds(self) -> float:
         return sum(s.seconds for s in self.steps)
 
+    @property
+    def host(self) -> float:
+        return sum(s.host for s in self.steps)
+
 
 class Trainer:
     """Trains a ready model (``parallelize``) on ``data`` under ``meter``'s budget; ``fit()``."""
@@ -245,6 +227,8 @@ class Trainer:
         self.schedule = build_schedule(cfg.schedule)
         self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
         self.plan.optimizer_flops_per_step = meter.costs.optimizer_flops_per_step
+        self.batches = LocalBatches(data, impl.microbatch_size, self.dist.rank, self.dist.world, self.device,
+                                    prefetch=prefetches(impl, self.device))
         # val_loss: the first train.validate_sequences of the held-out set (eval/lm.py), this process's share
         self.heldout = heldout
         self.val_bpb: float | None = None  # of the last validation
@@ -314,6 +298,7 @@ class Trainer:
         val_loss = self._validate_now(meter.t)
         self._check_trained(val_loss)  # a diverged run fails here, before a NaN model is saved as final
         final = self.save_checkpoint(final=True)
+        self.batches.close()
         self.log.close()
         return self._summary(val_loss, final)
 
@@ -322,18 +307,13 @@ class Trainer:
     def train_step(self, n_micro: int) -> Step:
         """Forward and backward over this process's microbatches of the global batch, one
         agreement over processes (clock, non-finite flag, stop request), then the update."""
-        start = time.perf_counter()
-        m = self.impl.microbatch_size
-        batch = self.data.take(n_micro * m)  # (n_micro * m, T) each, the same on every process
-        if self.device.type == "cuda":  # page-locked: the copies below return at once
-            batch = {k: v.pin_memory() for k, v in batch.items()}
-        mine = self._local_slice(n_micro)
+        start, host = time.perf_counter(), self.batches.host_seconds
+        m, n_local = self.impl.microbatch_size, n_micro // self.dist.world
         losses = []
-        for i, j in enumerate(mine):
-            micro = {k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
-            with gradient_sync(self.model, self.dist, sync=i == len(mine) - 1), self.steps.autocast():
+        for i, micro in enumerate(self.batches.step(n_micro)):  # (m, T) each: this process's microbatches
+            with gradient_sync(self.model, self.dist, sync=i == n_local - 1), self.steps.autocast():
                 loss = self.model(**micro)["loss"]
-                self.steps.backward(loss / len(mine))
+                self.steps.backward(loss / n_local)
             losses.append(loss.detach().float())
         sync_replicated_grads(self.module, self.dist)
         norm = self.steps.clip()
@@ -355,7 +335,7 @@ class Trainer:
         tokens = n_micro * m * self.data.seq_len
         seconds = time.perf_counter() - start
         self.meter.record(tokens, seconds, clock)
-        return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop)
+        return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop, self.batches.host_seconds - host)
 
     def _set_lr(self, t: float) -> float:
         """Every group's peak lr (``peak_lr``: Muon's AdamW groups have their own; else train.optim.lr)
@@ -364,10 +344,6 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = group.get("peak_lr", self.cfg.optim.lr) * factor
         return self.cfg.optim.lr * factor
-
-    def _local_slice(self, n_micro: int) -> range:
-        n_local = n_micro // self.dist.world
-        return range(self.dist.rank * n_local, (self.dist.rank + 1) * n_local)
 
     @torch.no_grad()
     def validate(self) -> float | None:
@@ -423,6 +399,7 @@ class Trainer:
             "tokens": used.tokens, "loss": round(sum(finite) / len(finite), 6), "lr": lr,
             "batch_size": last.n_micro * self.impl.microbatch_size, "grad_norm": norm,
             "tokens_per_second": round(speed, 1), "mfu": round(mfu, 4) if mfu is not None else None,
+            "host_seconds": round(window.host / len(steps), 6),  # per step: rank 0's loop getting its batches
         }
         self.log.write(record)
         self.first_loss = record["loss"] if self.first_loss is None else self.first_loss
@@ -448,6 +425,7 @@ class Trainer:
     def _interrupted(self, signum: int, bar) -> None:
         name = signal_name(signum)  # perhaps received by another process
         bar.close()
+        self.batches.close()
         folder = self.save_checkpoint()
         self.event("interrupted", f"{name}: stopped after step {self.used.steps}, checkpoint {folder}; "
                    "resume=auto continues", signal=name, checkpoint=str(folder))
@@ -519,7 +497,9 @@ class Trainer:
         ckpt.set_rng_state(training, state)
         self.state.load_state_dict(state)
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
-                             "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size")}
+                             "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size"),
+                             "data_format": training["data"].get("format", 1),
+                             "masks": "keyed" if self.data.keyed else "sequential"}
 
 
     def _summary(self, val_loss: float | None, final: Path) -> dict:
@@ -554,6 +534,12 @@ class Trainer:
             "world_size": self.dist.world,
             "final_checkpoint": str(final),
         }
+
+
+def prefetches(impl: ImplConfig, device: torch.device) -> bool:
+    """impl.prefetch: auto is on for CUDA (the host works while the device computes) and off on a
+    CPU, where the thread would take cores from the computation it is meant to hide behind."""
+    return device.type == "cuda" if impl.prefetch == "auto" else bool(impl.prefetch)
 
 
 def _duration(seconds: float) -> str:
