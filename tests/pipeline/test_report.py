@@ -223,3 +223,14 @@ def test_eval_chart_has_twin_and_majority_reference_lines(tmp_path, monkeypatch)
     levels = sorted(round(float(seg[0][1]), 1) for c in ax.collections if isinstance(c, LineCollection) for seg in c.get_segments())
     assert levels == [0.0, 10.0, 55.6, 73.4]  # majority 55.6 and 0; twin 73.4 and 10
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["pretrained", "untrained twin", "majority class"]
+
+
+@pytest.mark.parametrize("damaged", ["metrics.jsonl", "summary.json", "config.yaml"])
+def test_garbage_bytes_in_a_run_file_name_the_file(tmp_path, damaged):
+    """Issue 20 item 11: not 'utf-8 codec can't decode byte 0xff' with no file name."""
+    run = fake_run(tmp_path / "r", "r", 5.0, False)
+    path = run / damaged
+    path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe garbage \x80" + path.read_bytes()[40:])
+    res = CliRunner().invoke(main, ["report", str(run)])
+    assert res.exit_code == 1, res.output
+    assert f"Error: {path}: not UTF-8 text" in res.output, res.output

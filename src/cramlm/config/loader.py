@@ -62,11 +62,90 @@ def available_presets(group: str) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-def load_yaml(path: Path, what: str) -> dict[str, Any]:
+# What one YAML file may expand to. A config is a few hundred values; a "billion laughs" file (a
+# few hundred bytes of anchors whose aliases nest: 14 levels x 9 aliases) expands to billions, and
+# everything after parsing (merging, OmegaConf, validation) copies the expanded tree.
+MAX_YAML_BYTES = 10_000_000
+MAX_YAML_NODES = 100_000  # values after expanding every alias
+MAX_YAML_DEPTH = 100  # nested mappings and lists
+
+
+def safe_load_text(text: str, source: str, what: str = "") -> Any:
+    """``yaml.safe_load`` of ``text`` with what it may expand to bounded (size, nodes after
+    expanding aliases, depth, no alias that contains itself): the node graph is counted before any
+    Python object is built. Errors are ConfigErrors naming ``source`` (a file, usually), after
+    ``what`` (a config group) when given."""
+    if what:
+        try:
+            return safe_load_text(text, source)
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {e}") from None
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters of YAML, more than a config may hold ({MAX_YAML_BYTES:,})")
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what}: invalid YAML in {path}: {e}") from e
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(f"{source}: YAML nested deeper than a config may be ({MAX_YAML_DEPTH} levels)") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"invalid YAML in {source}: {e}") from None
+        if node is None:
+            return None
+        _check_expansion(node, source)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"invalid YAML in {source}: {e}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse a node graph whose expansion (every alias replaced by its anchor's value) has more
+    than MAX_YAML_NODES values or MAX_YAML_DEPTH levels, or an alias inside its own anchor. Each
+    distinct node is visited once (its expanded size is remembered), so counting is linear in the
+    file, not in what it expands to."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    # iterative post-order walk: (node, children visited?)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise ConfigError(
+                    f"{source}: YAML expands to more than {MAX_YAML_NODES:,} values (aliases of anchors that "
+                    "hold aliases: a 'billion laughs' file?); a config is far smaller"
+                )
+            if depth[key] > MAX_YAML_DEPTH:
+                raise ConfigError(f"{source}: YAML nested deeper than a config may be ({MAX_YAML_DEPTH} levels)")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise ConfigError(f"{source}: a YAML alias refers to an anchor that contains it (a recursive value)")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise ConfigError(f"{source}: a YAML alias refers to an anchor that contains it (a recursive value)")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def load_yaml(path: Path, what: str) -> dict[str, Any]:
+    data = safe_load_text(path.read_text(encoding="utf-8"), str(path), what)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -88,6 +167,10 @@ def preset_path(group: str, name: str, folder: Path | None = None) -> Path:
             path = folder / path
         if path.is_file():
             return path
+        if not (recipes_dir() / group / f"{name}.yaml").is_file():
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"{group}: {path} {what} (a YAML file for '{group}', or one of its presets: "
+                              f"{', '.join(available_presets(group))})")
     path = recipes_dir() / group / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"{group}: {_no_preset(group, name)}")
