@@ -264,6 +264,7 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
         "packed": packed,
         "skipped": dict(report.skipped),
         "skipped_examples": report.examples,
+        "skipped_sources": report.sources_list(),
         "splits": {s: {"documents": w.documents, "tokens": w.tokens} for s, w in writers.items()},
         "minhash": hasher is not None,
         "seconds": round(time.perf_counter() - start, 3),
