@@ -20,6 +20,8 @@ The rules, in the order they apply (``cramlm config show pretrain ...`` prints t
    an unclosed ``[``, ``{`` or quote is an error. A mapping value replaces the whole subtree
    (``train.optim={type: adam, lr: 1e-4}``), it is not merged; a number in the key indexes an
    existing list item (``data.sources.0.text_key=body``); a leading ``+`` is ignored (Hydra's).
+   A component's ``type`` set to another type (``train.schedule.type=constant``) starts that
+   component from the new type's defaults, keeping only keys earlier overrides set on it.
 4. **Interpolations last.** ``${data.seq_length}`` and ``${oc.env:VAR,default}`` are resolved by
    OmegaConf after every override, so they see the final values.
 5. **Validation** against the command's root class (:func:`validate`): unknown keys (with a close
@@ -260,6 +262,33 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
         node[path[-1]] = value
 
 
+def _node(tree: Any, path: list[str]) -> Any:
+    """The value at ``path`` (digits index lists), or None where there is none."""
+    node = tree
+    for part in path:
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _switch_type(tree: dict[str, Any], path: list[str], value: Any, applied: list[list[str]]) -> None:
+    """``x.type=<another type>`` on the command line: the component ``x`` starts from that type's
+    own defaults (as a preset's mapping with another ``type`` does, rule 2), keeping only the keys
+    earlier overrides set on it: ``train.schedule.type=constant`` alone is a valid constant schedule,
+    not one carrying the cosine schedule's other keys."""
+    node = _node(tree, path[:-1])
+    if not isinstance(node, dict) or node.get("type") in (None, value):
+        return
+    depth = len(path) - 1
+    kept = {p[depth] for p in applied if len(p) > depth and p[:depth] == path[:-1]}
+    for key in [k for k in node if k not in kept]:
+        del node[key]
+
+
 def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply group selections then key overrides to a command's ``defaults`` (a dict whose group
     keys hold preset names)."""
@@ -271,10 +300,14 @@ def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for group in GROUPS:
         if isinstance(tree.get(group), str):
             tree[group] = load_preset(group, tree[group])
+    applied: list[list[str]] = []
     for path, value in parsed:
         if len(path) == 1 and path[0] in GROUPS and isinstance(value, str):
             continue
+        if path[-1] == "type" and len(path) > 1:
+            _switch_type(tree, path, value, applied)
         set_path(tree, path, value)
+        applied.append(path)
     try:  # OmegaConf resolves ${...} interpolations between keys, e.g. ${data.seq_length}
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:

@@ -20,13 +20,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from pydantic import PositiveFloat, PositiveInt
+
 from cramlm.config.base import Config
 
 
 class BudgetConfig(Config):
-    tokens: float | None = None  # input tokens trained on, all processes together
-    flops: float | None = None  # training FLOPs = tokens * the model's FLOPs per token
-    steps: int | None = None  # optimizer steps
+    tokens: PositiveFloat | None = None  # input tokens trained on, all processes together
+    flops: PositiveFloat | None = None  # training FLOPs = tokens * the model's FLOPs per token
+    steps: PositiveInt | None = None  # optimizer steps
     count_compile: bool = True  # the first step (where torch.compile and warm-up happen) counts against the hours
     count_eval: bool = False  # held-out validation time counts against the hours
 
@@ -58,8 +60,10 @@ class Budget:
         if not self.limits:
             raise ValueError("no budget: set budget (hours) or one of train.budget.tokens/flops/steps")
         for key, value in self.limits.items():
-            if value <= 0:
-                raise ValueError(f"budget {key} must be positive, got {value}")
+            if value <= 0:  # the config refuses these already; a Budget built in code says the same
+                path = "budget (hours)" if key == "seconds" else f"train.budget.{key}"
+                shown = value / 3600 if key == "seconds" else value
+                raise ValueError(f"{path} must be positive, got {int(shown) if float(shown).is_integer() else shown:g}")
 
     def progress(self, used: Usage) -> float:
         """t = the largest fraction used of any budget (may exceed 1 on the last step)."""
@@ -109,6 +113,26 @@ class BatchPlan:
                     updates_left = max(1, self.cfg.min_updates - used.steps)
                     n = min(n, max(1, int(left // (updates_left * self.micro * self.seq_len))))
         return math.ceil(n / self.world) * self.world
+
+
+def planned_tokens(train, micro: int, seq_len: int, world: int = 1, flops_per_token: float = 1.0,
+                   hours: float | None = None, max_steps: int = 1_000_000) -> int | None:
+    """The tokens a run trains on under a token, FLOP or step budget: the batch plan stepped until
+    the budget is spent, as the Trainer does (at least one step of at least one microbatch, so a
+    budget below that trains that much). ``train`` is the ``train`` group; None under a wall-clock
+    budget (its tokens depend on the machine) or past ``max_steps``."""
+    if hours or not any(v is not None for v in (train.budget.tokens, train.budget.flops, train.budget.steps)):
+        return None
+    budget = Budget(train.budget, None, flops_per_token)
+    plan = BatchPlan(train, micro, world, seq_len, budget)
+    used = Usage()
+    while budget.progress(used) < 1.0:
+        if used.steps >= max_steps:
+            return None
+        used.tokens += plan.microbatches(budget.progress(used), used, None) * micro * seq_len
+        used.flops = used.tokens * flops_per_token
+        used.steps += 1
+    return used.tokens
 
 
 @dataclass
