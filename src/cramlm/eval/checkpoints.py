@@ -231,6 +231,10 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, **remote)
         config = AutoConfig.from_pretrained(name_or_path, **remote)
+    except (OSError, ValueError, StopIteration) as e:
+        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}"
+                              f"{_remote_hint(e, name_or_path, trust_remote_code)}") from None
+    try:
         auto_map = getattr(config, "auto_map", None) or {}
         if auto_map and "AutoModel" not in auto_map:  # remote code (e.g. a cramlm export): its LM class's base model
             import transformers
@@ -240,13 +244,14 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
             model = full.base_model
         else:
             model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)
-    except (OSError, ValueError, StopIteration) as e:
-        hint = "" if trust_remote_code else " (a remote-code checkpoint needs trust_remote_code=true)"
-        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
-    except Exception as e:  # a truncated or tampered weights file (torch / safetensors errors)
-        if not _is_weights_error(e):
-            raise
-        raise CheckpointError(f"{_weight_files(name_or_path)}: cannot load the weights: {_first_line(e)}") from None
+    except Exception as e:  # the weights: missing, truncated or tampered (torch, safetensors or pickle errors)
+        hint = _remote_hint(e, name_or_path, trust_remote_code)
+        files = _weight_files(name_or_path)
+        if hint or files.startswith("checkpoint '") or not (_is_weights_error(e) or _local_weights(name_or_path)):
+            if not isinstance(e, (OSError, ValueError, StopIteration)) and not hint:
+                raise
+            raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+        raise CheckpointError(f"{files}: cannot load the weights: {_first_line(e)}") from None
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
     max_length = min(positions, tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
@@ -261,10 +266,34 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     )
 
 
+def _remote_hint(e: Exception, name_or_path: str, trust_remote_code: bool) -> str:
+    """The trust_remote_code hint, only where remote code is what is missing: the error says so, or
+    the folder's config.json maps its classes to its own code (``auto_map``)."""
+    if trust_remote_code:
+        return ""
+    text = str(e).lower()
+    config = Path(name_or_path) / "config.json"
+    try:
+        mapped = config.is_file() and "auto_map" in config.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        mapped = False
+    needs = "trust_remote_code" in text or "custom code" in text or mapped
+    return " (a remote-code checkpoint needs trust_remote_code=true)" if needs else ""
+
+
+def _local_weights(name_or_path: str) -> bool:
+    folder = Path(name_or_path)
+    return folder.is_dir() and any(p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir())
+
+
 def _is_weights_error(e: Exception) -> bool:
     import pickle
 
-    return isinstance(e, (pickle.UnpicklingError, RuntimeError, EOFError)) or type(e).__name__ == "SafetensorError"
+    import struct
+
+    # a truncated pickle also ends in IndexError or struct.error inside torch's weights-only unpickler
+    return isinstance(e, (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, struct.error)) \
+        or type(e).__name__ == "SafetensorError"
 
 
 def _weight_files(name_or_path: str) -> str:
