@@ -262,6 +262,12 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"training.pt: {bad} fails its CRC check"
     except (zipfile.BadZipFile, OSError, EOFError):
         return "training.pt: not a complete archive (truncated?)"
+    try:  # the weights-only unpickler runs no code; mmap leaves the tensors on disk, so this is cheap
+        torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:  # objects beyond tensors and plain data: cramlm did not write it
+        return f"training.pt: refused by the weights-only loader ({(str(e).strip().splitlines() or [''])[0][:160]})"
+    except Exception as e:
+        return f"training.pt: unreadable ({type(e).__name__}: {str(e)[:160]})"
     return None
 
 
