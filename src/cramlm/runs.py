@@ -58,7 +58,8 @@ class PretrainConfig(Config):
     resume: str | None = Field(
         None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
     )
-    plugins: list[str] = Field([], description="modules to import first (they may register components)")
+    plugins: list[str] = Field([], description="modules to import first (they may register components); "
+                               "trusted code: importing a module runs it, like any Python import")
     arch: component(ModelConfig)
     train: TrainConfig = TrainConfig()
     data: DataConfig = DataConfig()

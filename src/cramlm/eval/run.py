@@ -38,7 +38,7 @@ class EvalRunConfig(Config):
     untrained: bool = False  # same architecture, random weights
     trust_remote_code: bool = False  # let transformers run a checkpoint's own modeling code
     out_dir: str | None = None  # where results go (default: see the module docstring)
-    plugins: list[str] = []
+    plugins: list[str] = []  # modules to import first: trusted code (importing runs it, like any Python import)
     eval: EvalConfig = EvalConfig()
     impl: ImplConfig = ImplConfig()
 
