@@ -1,6 +1,6 @@
 """Adversarial replay: classes of bad input against the real ``cramlm`` CLI (issue 12).
 
-    python benchmarks/adversarial.py                    # every class, full sample (~20 min on 2 cores)
+    python benchmarks/adversarial.py                    # every class, full sample (8-20 min on 2 cores)
     python benchmarks/adversarial.py --quick            # a smaller sample (a few minutes on 2 cores)
     python benchmarks/adversarial.py --only corpus,corrupt --seed 3 --keep /tmp/adv
 
@@ -26,6 +26,13 @@ no partial checkpoint; ``--resume auto`` after SIGKILL, or with a truncated newe
 finish with the same model as an uninterrupted run. A ``.pbin`` has no checksum over its tokens,
 so its bit flips go to the header and the index only. The disk-full class needs root (a small
 tmpfs); it is skipped, and says so, otherwise.
+
+Issue 20's classes (their own block near the end): YAML alias bombs, read-only ``base_dir`` /
+``out_dir`` (a read-only tmpfs as root), signals during ``cramlm eval`` fine-tuning (75, then the
+same command continues without redoing finished seeds), SIGTERM to ``python -m cramlm.launch``
+(75 with a checkpoint), task files symlinked outside the task folder (their content must not be
+echoed), BOM / dangling symlink / truncated .gz corpora, sweep duplicates, and errors that blamed
+the wrong file.
 
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
 line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
