@@ -265,7 +265,9 @@ def checkpoint_problem(folder: Path) -> str | None:
     try:  # the weights-only unpickler runs no code; mmap leaves the tensors on disk, so this is cheap
         torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:  # objects beyond tensors and plain data: cramlm did not write it
-        return f"training.pt: refused by the weights-only loader ({(str(e).strip().splitlines() or [''])[0][:160]})"
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        what = next((line for line in lines if "nsupported" in line), lines[0] if lines else "UnpicklingError")
+        return f"training.pt: refused by the weights-only loader, it holds more than tensors and plain data ({what[:160]})"
     except Exception as e:
         return f"training.pt: unreadable ({type(e).__name__}: {str(e)[:160]})"
     return None
