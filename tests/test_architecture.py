@@ -12,7 +12,8 @@ The order (a module may import its own stage and the stages above it, never one 
     eval        tasks, fine-tuning, held-out loss, metrics
     report      plots and report.html from run folders
     pipeline    whole runs: cramlm.pretrain (data -> model -> train), pipeline/ (recipes, sweeps, the planner)
-    cli         the command line, cramlm/cli/ and __main__.py: the only click code; nothing imports it
+    cli         the command line, cramlm/cli/, __main__.py and launch.py (torchrun wrapper): the only
+                click code; nothing imports it
 
 A module's stage is its folder (cramlm/<stage>/...); the few top-level modules are named above.
 
@@ -36,7 +37,7 @@ STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "re
 FOLDERS = {"config", "data", "models", "train", "eval", "report", "pipeline", "cli"}  # a package per stage
 TOP_LEVEL = {"cramlm": "foundation", "cramlm.constants": "foundation", "cramlm.io": "foundation",
              "cramlm.progress": "foundation", "cramlm.locks": "foundation", "cramlm.runs": "runs",
-             "cramlm.pretrain": "pipeline", "cramlm.__main__": "cli"}
+             "cramlm.pretrain": "pipeline", "cramlm.__main__": "cli", "cramlm.launch": "cli"}
 
 
 def stage(module: str) -> str:

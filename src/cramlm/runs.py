@@ -86,7 +86,8 @@ class PretrainConfig(Config):
         [], description="config keys (or key prefixes) a resume may change although they change the maths, e.g. "
         "[train.optim.lr]; each change is recorded (docs/training.md)"
     )
-    plugins: list[str] = Field([], description="modules to import first (they may register components)")
+    plugins: list[str] = Field([], description="modules to import first (they may register components); "
+                               "trusted code: importing a module runs it, like any Python import")
     arch: component(ModelConfig) = Field(description="the model (the arch group: a component, its type picks the class)")
     train: TrainConfig = Field(TrainConfig(), description="optimizer, schedule, batch, budgets and checkpoints (the train group)")
     data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
@@ -150,11 +151,16 @@ def load_run(run_dir: str | Path, device: torch.device | str = "cpu"):
     tok = load_tokenizer(run_dir)
     model = build_model(cfg.arch, tok.get_vocab_size())
     weights = run_dir / "model.safetensors"
-    safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
+    shapes = safetensors_shapes(weights)  # a truncated or damaged file: one line naming it
     verified_weights(weights)  # then a changed one (against the run's digests.json, if any)
     try:
         load_weights(model, weights)
-    except RuntimeError as e:  # shapes that do not fit the model its config.yaml describes
+    except RuntimeError as e:  # shapes that do not fit the model its config.yaml (and tokenizer.json) describe
+        trained = _trained_vocab(model, shapes, tok.get_vocab_size())
+        if trained is not None:
+            raise CheckpointFileError(
+                f"{run_dir / 'tokenizer.json'}: a vocabulary of {tok.get_vocab_size():,} tokens, but {weights} was trained "
+                f"with {trained:,}: the tokenizer is not this run's (replaced, or from another data preparation)") from None
         raise CheckpointFileError(f"{weights}: does not fit the model of {run_dir / 'config.yaml'} ({load_error_reason(e)})") from None
     return model.to(device), tok, cfg
 
@@ -230,6 +236,23 @@ def record_segment(run_dir: Path, step: int, changes: dict, config: dict, fresh:
     path = run_dir / HISTORY
     previous = path.read_text(encoding="utf-8") if not fresh and path.is_file() else ""
     write_text(path, previous + line + "\n")
+def _trained_vocab(model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], vocab: int) -> int | None:
+    """The vocabulary size the weights file was trained with, when that alone is what differs from
+    the model built for ``vocab`` tokens (every mismatched tensor differs in a dimension of
+    ``vocab``, all by the same other size); else None."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    other: set[int] = set()
+    for key, shape in shapes.items():
+        want = expected.get(key)
+        if want is None or want == shape:
+            continue
+        if len(want) != len(shape):
+            return None
+        diff = [(w, g) for w, g in zip(want, shape) if w != g]
+        if not all(w == vocab for w, _ in diff):
+            return None
+        other.update(g for _, g in diff)
+    return other.pop() if len(other) == 1 else None
 
 
 def named_run(path: str | Path) -> Path:

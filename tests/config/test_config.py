@@ -120,3 +120,20 @@ def test_cli_config_show_and_error_exit_code(in_tmp):
     bad = subprocess.run([sys.executable, "-m", "cramlm", "config", "show", "pretrain", "arch.hiden_size=3"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "arch.hiden_size: unknown key" in bad.stderr
+
+
+def test_plugins_are_documented_as_trusted_code():
+    """Issue 20 item 12: a plugin module runs on import; the README, `--help` and the field say so."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+    from cramlm.runs import PretrainConfig
+
+    for command in ("pretrain", "eval"):
+        out = CliRunner().invoke(main, [command, "--help"]).output
+        assert "trusted code" in " ".join(out.split()), out
+    assert "trusted code" in PretrainConfig.model_fields["plugins"].description
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "Plugins are trusted code" in readme

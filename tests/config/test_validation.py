@@ -192,6 +192,14 @@ def test_config_show_needs_no_optional_dependency(monkeypatch):
     ("data.validation_fraction=1.5", "data.validation_fraction: Input should be less than 1 (got 1.5)"),
     ("name=..", "name: must be one folder name"),
     ("data.name=[1,", "Error: data.name: invalid YAML value '[1,'"),
+    # issue 20 item 11: the key path and an integer as an integer (was "budget steps must be positive, got 0.0")
+    ("train.budget.steps=0", "train.budget.steps: Input should be greater than 0 (got 0)"),
+    ("train.budget.tokens=-5", "train.budget.tokens: Input should be greater than 0 (got -5)"),
+    # the message listed ';' among the allowed characters and did not state the length limit
+    ("name=a;b", "at most 200 bytes: letters, digits and the characters . _ - + = @ , starting"),
+    ("name=a;b", "';' not allowed (got 'a;b')"),
+    ("name=" + "a" * 201, "name: must be one folder name of at most 200 bytes"),
+    ("name=" + "a" * 201, "; it is 201 bytes"),
 ])
 def test_cli_prints_one_error_without_traceback(in_tmp, override, shown):
     result = CliRunner().invoke(main, ["pretrain", override])
@@ -208,3 +216,22 @@ def test_missing_optional_dependency_stops_cramlm_run_before_any_stage(tmp_path,
     with pytest.raises(ConfigError, match=r"pip install 'cramlm\[tensorboard\]'"):
         run_pipeline(cfg)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_component_type_on_the_command_line_starts_from_that_types_defaults():
+    """Issue 20 item 11: `train.schedule.type=constant` alone was refused (the default schedule's
+    other keys stayed); keys set before the type change on the command line are kept."""
+    from cramlm.pretrain import DEFAULTS, PretrainConfig
+
+    from cramlm.config.loader import resolve
+
+    default = resolve(PretrainConfig, DEFAULTS, []).train.schedule
+    other = "constant" if default.type != "constant" else "cosine"
+    cfg = resolve(PretrainConfig, DEFAULTS, [f"train.schedule.type={other}"])
+    assert cfg.train.schedule.type == other
+    kept = resolve(PretrainConfig, DEFAULTS, ["train.schedule.warmup=0.25", f"train.schedule.type={other}"])
+    assert kept.train.schedule.warmup == 0.25
+    same = resolve(PretrainConfig, DEFAULTS, [f"train.schedule.type={default.type}"])  # no change: all keys stay
+    assert same.train.schedule == default
+    src = resolve(PretrainConfig, DEFAULTS, ["data.sources.0.type=text", "data.sources.0.path=x.txt"])
+    assert src.data.sources[0].type == "text" and src.data.sources[0].path == "x.txt"

@@ -84,7 +84,11 @@ def test_damaged_compressed_file_is_a_clear_error(tmp_path):
     path = tmp_path / "c.jsonl.gz"
     path.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(DataError, match=f"{path}: cannot read"):
-        prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache", progress=False)
+        prepare_data(tiny_data([{"type": "jsonl", "path": str(path)}]), tmp_path / "cache", progress=False)
+    # on_error: skip keeps what was readable and names the file as a skipped source (issue 20 item 9)
+    skipped = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}]), tmp_path / "cache",
+                           progress=False).manifest["skipped_sources"]
+    assert [s["path"] for s in skipped] == [str(path)] and "cannot read" in skipped[0]["reason"]
 
 
 def test_the_data_stage_does_not_import_torch(tmp_path):

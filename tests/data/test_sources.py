@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,3 +139,48 @@ def test_pack_reads_a_folder_as_prepare_does(tmp_path):
     prepared = prepare_data(tiny_data([{"type": "auto", "path": str(folder)}], tokenizer={"path": str(tmp_path / "tok.json")}),
                             tmp_path / "cache", progress=False)
     assert np.array_equal(prepared.train.tokens, packed.tokens)
+
+
+def test_a_byte_order_mark_starting_a_text_file_is_not_text(tmp_path):
+    """Issue 20 item 9: it became an [UNK] token; the JSONL reader already dropped it."""
+    from cramlm.data.commands import pack_files
+    from cramlm.data.cramtok import read_packed
+    from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + TEXTS[0].encode())
+    docs, _ = _read({"type": "text", "path": str(tmp_path / "bom.txt")})
+    assert docs == [TEXTS[0]]
+    tok = train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1), TEXTS)
+    tok.save(str(tmp_path / "tok.json"))
+    pack_files([str(tmp_path / "bom.txt")], str(tmp_path / "tok.json"), str(tmp_path / "b.cramtok"))
+    ids = read_packed(tmp_path / "b.cramtok").document(0).tolist()
+    assert tok.token_to_id("[UNK]") not in ids and ids[:-1] == tok.encode(TEXTS[0], add_special_tokens=False).ids
+
+
+def test_dangling_symlink_and_truncated_gz_are_skipped_sources(tmp_path):
+    """Issue 20 item 9: a dangling symlink in a corpus folder is counted with its reason (it was
+    passed over without a word); with on_error: skip a truncated .gz keeps the documents before the
+    damage and is counted (it aborted the whole pack); without skip it is still an error."""
+    from cramlm.data.commands import pack_files
+    from cramlm.data.tokenizer import TokenizerConfig, train_tokenizer
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_jsonl(folder / "good.jsonl", [{"text": t} for t in TEXTS[:3]])
+    raw = gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in TEXTS * 20).encode())
+    (folder / "cut.jsonl.gz").write_bytes(raw[: len(raw) // 2])
+    (folder / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    tok = train_tokenizer(TokenizerConfig(vocab_size=200, min_frequency=1), TEXTS)
+    tok.save(str(tmp_path / "tok.json"))
+    with pytest.raises(DataError, match="cut.jsonl.gz: cannot read"):
+        pack_files([str(folder)], str(tmp_path / "tok.json"), str(tmp_path / "a.cramtok"))
+    info = pack_files([str(folder)], str(tmp_path / "tok.json"), str(tmp_path / "b.cramtok"), on_error="skip")
+    manifest = json.loads((tmp_path / "b.cramtok.manifest.json").read_text())
+    reasons = {Path(s["path"]).name: s["reason"] for s in manifest["skipped_sources"]}
+    assert set(reasons) == {"cut.jsonl.gz", "gone.jsonl"} and info["skipped_sources"] == manifest["skipped_sources"]
+    assert "EOFError" in reasons["cut.jsonl.gz"] and "dangling symlink" in reasons["gone.jsonl"]
+    assert 3 < info["packed"] == info["read"] < 3 + 12 * 20  # the readable part of the .gz is kept
+    # prepare (sharded) lists each skipped file once
+    prepared = prepare_data(tiny_data([{"type": "auto", "path": str(folder), "on_error": "skip"}],
+                                      tokenizer={"path": str(tmp_path / "tok.json")}), tmp_path / "cache", progress=False)
+    assert [Path(s["path"]).name for s in prepared.manifest["skipped_sources"]] == ["cut.jsonl.gz", "gone.jsonl"]

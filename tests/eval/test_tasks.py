@@ -245,3 +245,29 @@ def test_errors_show_only_a_few_values_of_a_file(tmp_path):
     with pytest.raises(TaskError, match=r"\(5000 characters\)") as err:
         load_task(str(long_label))
     assert len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize("secret,declared", [
+    ("root:x:0:0:SECRET-PASSWD-LINE:/root:/bin/bash\n", None),  # the header error: first line of the file
+    ("sentence\tlabel\nhello\tSECRET-LABEL\n", ["pos", "neg"]),  # a label error: a value of the file
+    ("sentence\tlabel\nhello\tSECRET-ONLY-LABEL\n", None),  # too few distinct labels
+])
+def test_a_symlinked_task_file_elsewhere_is_never_echoed(tmp_path, secret, declared):
+    """Issue 20 item 8: a task folder whose train file links to a file outside it (the system's user
+    database, say) may fail, but the error shows only what the task declares."""
+    outside = tmp_path / "elsewhere" / "passwd"
+    outside.parent.mkdir()
+    outside.write_text(secret)
+    task = tmp_path / "task"
+    task.mkdir()
+    (task / "train.tsv").symlink_to(outside)
+    (task / "dev.tsv").write_text("sentence\tlabel\nok\tpos\n")
+    spec = {"columns": {"sentence1": "sentence", "label": "label"}}
+    if declared:
+        spec["labels"] = declared
+    (task / "task.json").write_text(json.dumps(spec))
+    with pytest.raises(TaskError) as e:
+        load_task(str(task))
+    message = str(e.value)
+    assert "SECRET" not in message and "not shown" in message, message
+    assert str(task / "train.tsv") in message

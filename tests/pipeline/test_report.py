@@ -251,3 +251,12 @@ def test_mfu_is_drawn_in_percent_as_the_table_states_it(tmp_path, monkeypatch):
     ax = drawn["fig"].axes[1]
     assert ax.get_ylabel() == "MFU (%)"
     assert list(ax.get_lines()[0].get_ydata()) == pytest.approx([30.0] * 30)
+@pytest.mark.parametrize("damaged", ["metrics.jsonl", "summary.json", "config.yaml"])
+def test_garbage_bytes_in_a_run_file_name_the_file(tmp_path, damaged):
+    """Issue 20 item 11: not 'utf-8 codec can't decode byte 0xff' with no file name."""
+    run = fake_run(tmp_path / "r", "r", 5.0, False)
+    path = run / damaged
+    path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe garbage \x80" + path.read_bytes()[40:])
+    res = CliRunner().invoke(main, ["report", str(run)])
+    assert res.exit_code == 1, res.output
+    assert f"Error: {path}: not UTF-8 text" in res.output, res.output

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.pipeline.scaling import FitError, chinchilla_law, fit_chinchilla, fit_compute_law
-from cramlm.pipeline.sweep import _plain, budget_overrides, check_grid, size_overrides
+from cramlm.pipeline.sweep import _plain, budget_overrides, check_grid, size_overrides, unique_grid
 
 from .conftest import TINY_RUN, cramlm
 
@@ -106,3 +106,29 @@ def test_sweep_grid(tmp_path):
     again = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "grid", "--no-report", "default",
                    *args, cwd=tmp_path)
     assert again.count("pretrain: done already") == 4 and "pretrain ..." in out
+
+
+def test_repeated_sizes_and_budgets_are_one_point_each():
+    """Issue 20 item 10: `--sizes 64x2,64x2` trained the point twice and listed it twice."""
+    said = []
+    sizes, budgets = unique_grid(["64x2", "128x2", "64x2"], ["250ktok", "1Mtok", "250000tok", "1Mtok"], say=said.append)
+    assert sizes == ["64x2", "128x2"] and budgets == ["250ktok", "1Mtok"]
+    assert len(said) == 3 and "size '64x2' is '64x2' again" in said[0] and "'250000tok' is '250ktok' again" in said[1]
+
+
+def test_grid_check_counts_the_tokens_the_points_train(tmp_path, monkeypatch):
+    """4ktok and 8ktok both train one step (8,192 tokens with the default batch): two budgets, one
+    compute value per size. The check used to count the budgets, train every point, then fail."""
+    assert check_grid(["64x2", "128x2"], ["4ktok", "8ktok"]) is True  # by the budgets' own numbers
+    trained = {(s, b): 8192 for s in ("64x2", "128x2") for b in ("4ktok", "8ktok")}
+    with pytest.raises(ValueError, match="2 distinct compute.*4ktok and 8ktok train the same 8,192 tokens"):
+        check_grid(["64x2", "128x2"], ["4ktok", "8ktok"], trained)
+    # end to end: refused before anything trains (one step of 8 x 32 = 256 tokens is the minimum here)
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in TINY_RUN if not a.startswith(("arch.hidden_size", "arch.num_layers", "arch.num_heads",
+                                                       "arch.intermediate_size", "budget"))]
+    result = CliRunner().invoke(main, ["sweep", "--sizes", "16x1,32x2,16x1", "--budgets", "100tok,200tok", "default", *args])
+    assert result.exit_code == 1, result.output
+    assert "Error:" in result.output and "100tok and 200tok train the same 256 tokens" in result.output, result.output
+    assert "size '16x1' is '16x1' again" in result.output
+    assert not (tmp_path / "outputs").exists()  # nothing ran

@@ -130,6 +130,35 @@ def test_resume_auto_falls_back_past_a_truncated_checkpoint(tmp_path, capsys, da
     assert ckpt.checkpoint_problem(root / "step-00000004") is None  # step 4 trained and saved again
 
 
+class _Payload:
+    """Unpickling this would run a command (it never may)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_resume_auto_sets_aside_a_checkpoint_whose_training_pt_holds_a_pickle_payload(tmp_path, capsys):
+    """Issue 20 item 11: a training.pt written by torch.save (a valid, CRC-clean archive) whose
+    pickle would run code stopped `--resume auto`; it is set aside like any unreadable checkpoint,
+    and the payload never runs."""
+    args = ["budget=null", "train.checkpoint_every=1", "train.keep_checkpoints=3"]
+    run_inprocess(tmp_path, "evil", *args, "train.budget.steps=3")
+    root = tmp_path / "evil" / "checkpoints"
+    marker = tmp_path / "PAYLOAD-RAN"
+    torch.save({"optimizer": _Payload(f"touch {marker}")}, root / "step-00000003" / "training.pt")
+    assert ckpt.checkpoint_problem(root / "step-00000003").startswith("training.pt: refused by the weights-only loader")
+    capsys.readouterr()
+    resumed = run_inprocess(tmp_path, "evil", *args, "train.budget.steps=4", "resume=auto")
+    out = capsys.readouterr().out
+    assert "warning: checkpoint step-00000003 is damaged (training.pt: refused" in out and "step-00000002 (step 2)" in out
+    assert resumed["steps"] == 4 and (root / "step-00000003.damaged").is_dir() and not marker.exists()
+
+
 def test_resume_of_a_damaged_folder_is_a_clear_error(tmp_path):
     from click.testing import CliRunner
 

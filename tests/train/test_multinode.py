@@ -31,9 +31,9 @@ def test_slurm_example_as_local_processes(tmp_path):
     run([*cramlm, "data", "merge", *data, f"cache={cache}", "--num-shards", "2"], timeout=300)
     prepared = sorted(p.name for p in cache.iterdir())
 
-    def nodes():  # srun: one torchrun agent per node, each its own process group (srun signals each)
+    def nodes():  # srun: one launcher (torchrun agent) per node, each its own process group (srun signals each)
         port = free_port()
-        job = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+        job = [sys.executable, "-m", "cramlm.launch", "--nnodes", "2", "--nproc_per_node", "1",
                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job42",
                "-m", "cramlm", "pretrain", *TINY, f"base_dir={tmp_path}", "name=bert24", f"impl.data_cache={cache}",
                *STEPS, "--resume", "auto"]
@@ -50,6 +50,7 @@ def test_slurm_example_as_local_processes(tmp_path):
     finally:
         for agent in agents:
             agent.kill()
+    assert [a.returncode for a in agents] == [75, 75], [err[-2000:] for _, err in outs]  # the job can requeue on 75
     (event,) = records(run_dir, "event")
     assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 40, outs[0][1][-2000:]
     assert [p.name for p in checkpoint_dirs(run_dir / "checkpoints")] == [f"step-{event['step']:08d}"]

@@ -196,12 +196,20 @@ def test_resume_refuses_a_tampered_training_file(finished, tmp_path):
     marker = tmp_path / "payload-ran"
     torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")  # a valid zip, a hostile pickle
     # with its digest rewritten too (a file that fails its digest is set aside before any load:
-    # tests/train/test_same_run.py), so that the load itself must refuse it
+    # tests/train/test_same_run.py), so that only the weights-only check can catch it: resume=auto
+    # sets it aside like any unreadable checkpoint (issue 20 item 11; it used to stop the run),
+    # saying what it refused; the payload never runs
     write_digests(ckpt, ["training.pt"])
     result = resume(finished, "evil")
-    assert result.exit_code == 1 and not marker.exists()
-    assert result.output.startswith(f"Error: {ckpt / 'training.pt'}: refused: it holds more than tensors"), result.output
+    assert result.exit_code == 0 and not marker.exists(), result.output
+    assert f"checkpoint {ckpt.name} is damaged (training.pt: refused by the weights-only loader" in result.output
     assert "GLOBAL" in result.output and "system" in result.output  # what it refused
+    assert (ckpt.parent / f"{ckpt.name}.damaged").is_dir()  # kept for inspection
+    # a checkpoint named explicitly is refused with the same reason
+    torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")
+    write_digests(ckpt, ["training.pt"])
+    result = resume(finished, "evil", f"resume={ckpt}")
+    assert result.exit_code == 1 and not marker.exists() and "refused by the weights-only loader" in result.output
 
 
 def test_eval_of_a_run_with_a_truncated_model_names_the_file(finished):

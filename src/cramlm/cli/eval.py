@@ -15,6 +15,7 @@ def eval_command(overrides: tuple[str, ...]) -> None:
     \b
     checkpoint=  latest | run name | run folder | HF folder | hf://name  (+ "-untrained")
     eval=        default | glue-sane | glue | cpu-quick   (eval.overrides.<task>.<key>=value)
+    plugins=     [my.module]: imported first; trusted code (importing runs it)
     Examples:
       cramlm eval checkpoint=bert24 eval=glue-sane eval.glue_dir=glue_data
       cramlm eval checkpoint=bert24-untrained eval=cpu-quick eval.tasks=[path/to/task]

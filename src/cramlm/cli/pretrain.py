@@ -17,7 +17,8 @@ def pretrain_command(overrides: tuple[str, ...], resume: str | None, allow_chang
     """Pretrain a model. Defaults: arch=crammed-bert-tiny train=bert-o4-cpu data=default budget=1m.
 
     OVERRIDES are group picks (arch=gpt2-tiny) and dotted keys (train.optim.lr=1e-3);
-    `cramlm config show pretrain ...` prints the resolved config.
+    `cramlm config show pretrain ...` prints the resolved config. plugins=[my.module] imports
+    the module first (to register components): it is trusted code, run like any Python import.
 
     \b
     Examples:

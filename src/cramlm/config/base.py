@@ -37,16 +37,22 @@ class ComponentConfig(Config):
 
 
 _NAME = re.compile(r"\w[\w.+=@,-]*")
+MAX_NAME_BYTES = 200
 
 
 def _safe_name(value: str) -> str:
     """One plain folder name: it can neither leave its parent (``..``, ``/``, an absolute path) nor
     be empty, hidden or an option (``.x``, ``-x``)."""
-    if not _NAME.fullmatch(value) or len(value.encode()) > 200:
-        raise ValueError(
-            "must be one folder name (letters, digits and . _ - + = @ , ; starting with a letter or digit; "
-            "no '/', '..' or leading '.')"
-        )
+    rule = (f"one folder name of at most {MAX_NAME_BYTES} bytes: letters, digits and the characters . _ - + = @ , "
+            "starting with a letter or digit (no '/', '..', ';', spaces or leading '.')")
+    if not value:
+        raise ValueError(f"must be {rule}; it is empty")
+    if len(value.encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"must be {rule}; it is {len(value.encode())} bytes")
+    if not _NAME.fullmatch(value):
+        bad = sorted({c for c in value if not (c.isalnum() or c in "._-+=@,")})
+        what = f"{', '.join(repr(c) for c in bad)} not allowed" if bad else "it must start with a letter or digit"
+        raise ValueError(f"must be {rule}; {what}")
     return value
 
 

@@ -20,6 +20,8 @@ The rules, in the order they apply (``cramlm config show pretrain ...`` prints t
    an unclosed ``[``, ``{`` or quote is an error. A mapping value replaces the whole subtree
    (``train.optim={type: adam, lr: 1e-4}``), it is not merged; a number in the key indexes an
    existing list item (``data.sources.0.text_key=body``); a leading ``+`` is ignored (Hydra's).
+   A component's ``type`` set to another type (``train.schedule.type=constant``) starts that
+   component from the new type's defaults, keeping only keys earlier overrides set on it.
 4. **Interpolations last.** ``${data.seq_length}`` and ``${oc.env:VAR,default}`` are resolved by
    OmegaConf after every override, so they see the final values.
 5. **Validation** against the command's root class (:func:`validate`): unknown keys (with a close
@@ -62,11 +64,90 @@ def available_presets(group: str) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-def load_yaml(path: Path, what: str) -> dict[str, Any]:
+# What one YAML file may expand to. A config is a few hundred values; a "billion laughs" file (a
+# few hundred bytes of anchors whose aliases nest: 14 levels x 9 aliases) expands to billions, and
+# everything after parsing (merging, OmegaConf, validation) copies the expanded tree.
+MAX_YAML_BYTES = 10_000_000
+MAX_YAML_NODES = 100_000  # values after expanding every alias
+MAX_YAML_DEPTH = 100  # nested mappings and lists
+
+
+def safe_load_text(text: str, source: str, what: str = "") -> Any:
+    """``yaml.safe_load`` of ``text`` with what it may expand to bounded (size, nodes after
+    expanding aliases, depth, no alias that contains itself): the node graph is counted before any
+    Python object is built. Errors are ConfigErrors naming ``source`` (a file, usually), after
+    ``what`` (a config group) when given."""
+    if what:
+        try:
+            return safe_load_text(text, source)
+        except ConfigError as e:
+            raise ConfigError(f"{what}: {e}") from None
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters of YAML, more than a config may hold ({MAX_YAML_BYTES:,})")
+    loader = yaml.SafeLoader(text)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{what}: invalid YAML in {path}: {e}") from e
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise ConfigError(f"{source}: YAML nested deeper than a config may be ({MAX_YAML_DEPTH} levels)") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"invalid YAML in {source}: {e}") from None
+        if node is None:
+            return None
+        _check_expansion(node, source)
+        try:
+            return loader.construct_document(node)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"invalid YAML in {source}: {e}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, source: str) -> None:
+    """Refuse a node graph whose expansion (every alias replaced by its anchor's value) has more
+    than MAX_YAML_NODES values or MAX_YAML_DEPTH levels, or an alias inside its own anchor. Each
+    distinct node is visited once (its expanded size is remembered), so counting is linear in the
+    file, not in what it expands to."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    # iterative post-order walk: (node, children visited?)
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            on_path.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise ConfigError(
+                    f"{source}: YAML expands to more than {MAX_YAML_NODES:,} values (aliases of anchors that "
+                    "hold aliases: a 'billion laughs' file?); a config is far smaller"
+                )
+            if depth[key] > MAX_YAML_DEPTH:
+                raise ConfigError(f"{source}: YAML nested deeper than a config may be ({MAX_YAML_DEPTH} levels)")
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise ConfigError(f"{source}: a YAML alias refers to an anchor that contains it (a recursive value)")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise ConfigError(f"{source}: a YAML alias refers to an anchor that contains it (a recursive value)")
+            if id(child) not in size:
+                stack.append((child, False))
+
+
+def load_yaml(path: Path, what: str) -> dict[str, Any]:
+    data = safe_load_text(path.read_text(encoding="utf-8"), str(path), what)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -88,6 +169,10 @@ def preset_path(group: str, name: str, folder: Path | None = None) -> Path:
             path = folder / path
         if path.is_file():
             return path
+        if not (recipes_dir() / group / f"{name}.yaml").is_file():
+            what = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise ConfigError(f"{group}: {path} {what} (a YAML file for '{group}', or one of its presets: "
+                              f"{', '.join(available_presets(group))})")
     path = recipes_dir() / group / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"{group}: {_no_preset(group, name)}")
@@ -177,6 +262,33 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
         node[path[-1]] = value
 
 
+def _node(tree: Any, path: list[str]) -> Any:
+    """The value at ``path`` (digits index lists), or None where there is none."""
+    node = tree
+    for part in path:
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _switch_type(tree: dict[str, Any], path: list[str], value: Any, applied: list[list[str]]) -> None:
+    """``x.type=<another type>`` on the command line: the component ``x`` starts from that type's
+    own defaults (as a preset's mapping with another ``type`` does, rule 2), keeping only the keys
+    earlier overrides set on it: ``train.schedule.type=constant`` alone is a valid constant schedule,
+    not one carrying the cosine schedule's other keys."""
+    node = _node(tree, path[:-1])
+    if not isinstance(node, dict) or node.get("type") in (None, value):
+        return
+    depth = len(path) - 1
+    kept = {p[depth] for p in applied if len(p) > depth and p[:depth] == path[:-1]}
+    for key in [k for k in node if k not in kept]:
+        del node[key]
+
+
 def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply group selections then key overrides to a command's ``defaults`` (a dict whose group
     keys hold preset names)."""
@@ -188,10 +300,14 @@ def compose(defaults: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for group in GROUPS:
         if isinstance(tree.get(group), str):
             tree[group] = load_preset(group, tree[group])
+    applied: list[list[str]] = []
     for path, value in parsed:
         if len(path) == 1 and path[0] in GROUPS and isinstance(value, str):
             continue
+        if path[-1] == "type" and len(path) > 1:
+            _switch_type(tree, path, value, applied)
         set_path(tree, path, value)
+        applied.append(path)
     try:  # OmegaConf resolves ${...} interpolations between keys, e.g. ${data.seq_length}
         return OmegaConf.to_container(OmegaConf.create(tree), resolve=True)  # type: ignore[return-value]
     except OmegaConfBaseException as e:

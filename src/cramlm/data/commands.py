@@ -30,7 +30,8 @@ def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "tex
         shutil.move(str(prepared.folder / "train.cramtok"), out)
         manifest = prepared.manifest
     write_json(out + ".manifest.json", manifest)
-    return {"out": out, **manifest["documents"], "tokens": manifest["train"]["tokens"], "skipped_reasons": manifest["skipped"]}
+    return {"out": out, **manifest["documents"], "tokens": manifest["train"]["tokens"], "skipped_reasons": manifest["skipped"],
+            **({"skipped_sources": manifest["skipped_sources"]} if manifest.get("skipped_sources") else {})}
 
 
 def inspect_packed(path: str, tokenizer: str | None = None, samples: int = 2, chars: int = 300) -> dict:

@@ -133,7 +133,9 @@ def merge_shards(cfg, shard_folders: list[Path], out_folder: Path, vocab_size: i
         raise ValueError(f"merge needs shards 0..{count - 1} of {count}, got {shards}")
     skipped: Counter = Counter()
     examples: dict[str, list[str]] = {}
+    sources: dict[str, str] = {}  # every shard reads every file: the same file once
     for info in infos:
+        sources.update({s["path"]: s["reason"] for s in info.get("skipped_sources", [])})
         skipped.update(info["skipped"])
         for reason, where in info["skipped_examples"].items():
             examples.setdefault(reason, []).extend(where[: 20 - len(examples.get(reason, []))])
@@ -146,4 +148,5 @@ def merge_shards(cfg, shard_folders: list[Path], out_folder: Path, vocab_size: i
     if splits["val"]["documents"] == 0:
         os.remove(out_folder / "val.cramtok")
     return {"documents": {"read": read, "packed": packed, "skipped": sum(skipped.values())},
-            "skipped": dict(skipped), "skipped_examples": examples, **splits}
+            "skipped": dict(skipped), "skipped_examples": examples,
+            "skipped_sources": [{"path": p, "reason": r} for p, r in sorted(sources.items())], **splits}

@@ -16,6 +16,7 @@ import glob
 import gzip
 import io
 import json
+import os
 import re
 from collections import Counter
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ class SkipReport:
         self.done = False
         self.skipped: Counter[str] = Counter()
         self.examples: dict[str, list[str]] = {}
+        self.skipped_sources: dict[str, str] = {}  # file -> why none (or not all) of it was read
 
     def claim(self) -> bool:
         """Number the next raw record; True if this shard reads it."""
@@ -73,8 +75,17 @@ class SkipReport:
         if len(examples) < self.MAX_EXAMPLES:
             examples.append(where)
 
+    def skip_source(self, path: Path | str, reason: str) -> None:
+        """A whole file that was not read (a dangling symlink), or not to its end (damaged, with
+        ``on_error: skip``): not a record, so outside ``read == packed + skipped``; listed apart."""
+        self.skipped_sources.setdefault(str(path), reason)
+
     def to_dict(self) -> dict:
-        return {"read": self.read, "skipped": dict(self.skipped), "skipped_examples": self.examples}
+        return {"read": self.read, "skipped": dict(self.skipped), "skipped_examples": self.examples,
+                "skipped_sources": self.sources_list()}
+
+    def sources_list(self) -> list[dict[str, str]]:
+        return [{"path": path, "reason": reason} for path, reason in sorted(self.skipped_sources.items())]
 
 
 class SourceConfig(ComponentConfig):
@@ -91,7 +102,9 @@ class SourceConfig(ComponentConfig):
         "a hash-chosen half, 0: none)")
 
 
-def expand_paths(pattern: str) -> list[Path]:
+def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:
+    """The files of a path, folder or glob; a dangling symlink among a folder's or a glob's files
+    is no file, and is counted in ``report.skipped_sources`` with its target."""
     if pattern.startswith(PKG_SCHEME):
         path = package_path(pattern)
         if not path.exists():
@@ -99,13 +112,19 @@ def expand_paths(pattern: str) -> list[Path]:
         return [path]
     path = Path(pattern).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        found = [p for p in path.rglob("*") if not p.name.startswith(".")]
     elif any(ch in pattern for ch in "*?["):
-        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        found = [Path(p) for p in glob.glob(str(path), recursive=True)]
     else:
-        files = [path] if path.is_file() else []
+        found = [path] if path.is_file() else []
+    files = sorted(p for p in found if p.is_file())
+    dangling = sorted(p for p in found if p.is_symlink() and not p.exists())
+    if report is not None:
+        for link in dangling:
+            report.skip_source(link, f"dangling symlink (to {os.readlink(link)}, which does not exist)")
     if not files:
-        raise DataError(f"{pattern}: no such file, or no files match")
+        more = f" ({len(dangling)} dangling symlinks)" if dangling else ""
+        raise DataError(f"{pattern}: no such file, or no files match{more}")
     return files
 
 
@@ -171,17 +190,25 @@ def infer_format(path: str | Path) -> Literal["jsonl", "parquet", "text"]:
     return "jsonl" if ext in JSONL_SUFFIXES else "parquet" if ext == ".parquet" else "text"
 
 
+class UnreadableFile(DataError):
+    """A damaged or unreadable file (truncated .gz, bad .zst, I/O error)."""
+
+    def __init__(self, path: Path, e: BaseException):
+        self.path, self.reason = path, f"cannot read ({type(e).__name__}: {e})"
+        super().__init__(f"{path}: {self.reason}")
+
+
 @contextmanager
 def read_errors(path: Path):
-    """Damaged files (truncated .gz, bad .zst, unreadable): a DataError naming the file."""
+    """Damaged files (truncated .gz, bad .zst, unreadable): an UnreadableFile error naming the file."""
     try:
         yield
     except (OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+        raise UnreadableFile(path, e) from e
     except Exception as e:
         if type(e).__name__ not in ("ZstdError", "ArrowInvalid", "ArrowException"):
             raise
-        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e})") from e
+        raise UnreadableFile(path, e) from e
 
 
 def jsonl_file(cfg, path: Path, report: SkipReport) -> Iterator[str]:
@@ -211,7 +238,7 @@ def text_file(cfg, path: Path, report: SkipReport) -> Iterator[str]:
     with read_errors(path), open_binary(path) as f:
         raw = f.read()
     try:
-        content = raw.decode("utf-8")
+        content = raw.decode("utf-8-sig")  # a byte order mark is no text (the JSONL reader drops it too)
     except UnicodeDecodeError as e:
         if report.claim():
             fail_or_skip(cfg, report, "invalid_utf8", str(path), f"invalid UTF-8: {e}")
@@ -259,11 +286,18 @@ FILE_READERS = {"jsonl": jsonl_file, "text": text_file, "parquet": parquet_file}
 
 
 def file_documents(cfg: SourceConfig, report: SkipReport, fmt: str | None = None) -> Iterator[str]:
-    """Documents of every file of ``cfg.path``, each read as ``fmt`` (None: :func:`infer_format`)."""
-    for path in expand_paths(cfg.path):
+    """Documents of every file of ``cfg.path``, each read as ``fmt`` (None: :func:`infer_format`).
+    With ``on_error: skip`` a damaged file (a truncated .gz) ends where it stops being readable:
+    the documents before are kept, the file is counted in ``report.skipped_sources``."""
+    for path in expand_paths(cfg.path, report):
         if report.done:
             return
-        yield from FILE_READERS[fmt or infer_format(path)](cfg, path, report)
+        try:
+            yield from FILE_READERS[fmt or infer_format(path)](cfg, path, report)
+        except UnreadableFile as e:
+            if cfg.on_error != "skip":
+                raise
+            report.skip_source(e.path, e.reason)
 
 
 class JsonlSourceConfig(SourceConfig):

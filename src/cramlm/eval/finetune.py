@@ -77,8 +77,14 @@ def predict(model, ids: list[list[int]], regression: bool, batch_size: int, pad_
     return out
 
 
-def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, device: torch.device) -> dict:
-    """Fine-tune a copy of ``checkpoint.encoder`` on ``task`` with ``seed``.
+class Abandoned(Exception):
+    """A stop signal arrived during a fine-tuning: it was given up after the current step."""
+
+
+def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, device: torch.device, stop=None) -> dict:
+    """Fine-tune a copy of ``checkpoint.encoder`` on ``task`` with ``seed``. ``stop`` (a
+    train/preemption.py ``StopRequest``) is looked at after every step: once it holds a signal,
+    the fine-tuning is abandoned (``Abandoned``): it is redone whole when evaluation continues.
 
     Returns ``{"seed", "epochs": [{split: {metric: value}}], "train_examples", "seconds"}``."""
     torch.manual_seed(seed)
@@ -106,6 +112,9 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     for _ in range(hp.epochs):
         model.train()
         for idx in length_grouped_batches(lengths, hp.batch_size, rng):
+            if stop is not None and stop.signal:
+                bar.close()
+                raise Abandoned(f"{task.name} seed {seed}: abandoned at step {step} of {total}")
             batch = pad_batch([train_ids[i] for i in idx], pad_id)
             batch["labels"] = train_y[idx]
             for group in optimizer.param_groups:

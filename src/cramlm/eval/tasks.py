@@ -15,7 +15,10 @@ shows at most a few values of a file (:func:`few`).
 File names in ``task.json`` (``train``, ``dev``) are relative to the task folder and must stay
 inside it: an absolute path or one that climbs out with ``..`` is refused, so a task folder from
 elsewhere cannot make cramlm read (and print) other files. To use a file from elsewhere, copy or
-symlink it into the folder.
+symlink it into the folder. A symlink is followed, but an error about a file that is a symlink to
+another folder shows none of its content (no header fields, no label values; only the columns
+and labels the task itself declares, the line number and the field count): a task folder from
+elsewhere cannot make cramlm print a file it links to.
 """
 
 from __future__ import annotations
@@ -138,6 +141,22 @@ def few(values: list, n: int = 5) -> str:
     return shown + (f" ... ({len(values) - n} more)" if len(values) > n else "")
 
 
+def linked_elsewhere(path: Path) -> bool:
+    """Whether ``path`` is a symlink to a file in another folder: its content stays out of errors."""
+    try:
+        return path.is_symlink() and Path(os.path.realpath(path)).parent != Path(os.path.realpath(path.parent))
+    except OSError:
+        return True
+
+
+HIDDEN = "(not shown: the file is a symlink to another folder)"
+
+
+def from_file(path: Path, text: str) -> str:
+    """``text`` (values read from ``path``) for an error, or a note that it is not shown."""
+    return HIDDEN if linked_elsewhere(path) else text
+
+
 # ---------------------------------------------------------------- reading rows
 
 
@@ -192,7 +211,8 @@ def _index(header: list[str] | None, column: str | int | None, path: Path, key: 
     if column is None or isinstance(column, int) or header is None:
         return column
     if column not in header:
-        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header {few(header, 12)}.{did_you_mean(column, header)}")
+        shown = from_file(path, f"{few(header, 12)}.{did_you_mean(column, header)}")
+        raise TaskError(f"{path}:1: columns.{key} '{column}' is not in the header ({len(header)} fields) {shown}")
     return header.index(column)
 
 
@@ -227,7 +247,7 @@ def _table(path: Path, spec: TaskSpec, fmt: str, layouts: list[list[str]] | None
                 return names, iter([first, *rows])
     expected = " or ".join(str(len(names)) for names in layouts)
     raise TaskError(f"{path}:1: the first row is neither a header with the columns {few(named)} nor a data row of "
-                    f"the official layout ({expected} fields, a valid label); it has {len(header)} fields {few(header)}")
+                    f"the official layout ({expected} fields, a valid label); it has {len(header)} fields {from_file(path, few(header))}")
 
 
 def _field(row: Any, column: str | int, path: Path, lineno: int, key: str) -> str:
@@ -259,13 +279,13 @@ def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipp
         raw = _field(row, il, path, lineno, "label")
         if labels:
             if raw not in index:
-                raise TaskError(f"{path}:{lineno}: label '{clip(raw)}' is not one of {few(labels)}")
+                raise TaskError(f"{path}:{lineno}: label {from_file(path, repr(clip(raw)))} is not one of {few(labels)}")
             label: int | float = index[raw]
         else:
             try:
                 label = float(raw)
             except ValueError:
-                raise TaskError(f"{path}:{lineno}: regression label '{clip(raw)}' is not a number") from None
+                raise TaskError(f"{path}:{lineno}: regression label {from_file(path, repr(clip(raw)))} is not a number") from None
         text_b = _field(row, ib, path, lineno, "sentence2") if ib is not None else None
         out.append(Example(_field(row, ia, path, lineno, "sentence1"), text_b, label))
     if not out:
@@ -328,7 +348,8 @@ def build_task(spec: TaskSpec, folder: Path, where: str, layouts: list[list[str]
     else:
         labels = spec.labels if spec.labels is not None else _distinct_labels(train_path, spec, fmt, layouts)
         if len(labels) < 2:
-            raise TaskError(f"{where}: a classification task needs at least two labels, got {few(labels)}")
+            got = f"{few(labels)}" if spec.labels is not None else f"in {train_path}: {from_file(train_path, few(labels))}"
+            raise TaskError(f"{where}: a classification task needs at least two labels, got {len(labels)} {got}")
     skipped: dict[str, int] = {}
     notes: list[str] = []
     return Task(

@@ -54,15 +54,15 @@ def load_law(path: str | Path | None = None) -> dict[str, Any]:
     ``sweep.json`` written by ``cramlm sweep`` (its ``fit_nd``)."""
     import json
 
-    import yaml
+    from cramlm.config.loader import safe_load_text
 
     if path is None:
-        data = yaml.safe_load((files("cramlm") / "recipes" / "plan" / LAW).read_text(encoding="utf-8"))
         source = f"cramlm/recipes/plan/{LAW}"
+        data = safe_load_text((files("cramlm") / "recipes" / "plan" / LAW).read_text(encoding="utf-8"), source)
     else:
         text = Path(path).read_text(encoding="utf-8")
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
         source = str(path)
+        data = json.loads(text) if source.endswith(".json") else safe_load_text(text, source)
     fit = data.get("fit_nd") or data.get("law")
     if not isinstance(fit, dict) or not all(k in fit for k in ("E", "A", "a", "B", "b")):
         raise ValueError(f"{source}: no fitted L(N, D) constants (E, A, a, B, b); run `cramlm sweep` with 2+ sizes and 2+ token budgets")

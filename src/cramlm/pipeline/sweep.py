@@ -55,11 +55,30 @@ def size_flops(spec: str) -> float:
     return 6.0 * 12 * layers * hidden**2
 
 
-def check_grid(sizes: list[str], budgets: list[str]) -> bool:
+def unique_grid(sizes: list[str], budgets: list[str], say=print) -> tuple[list[str], list[str]]:
+    """Sizes and budgets with repeats removed, in their order: a size given twice (``64x2,64x2``),
+    or a budget given twice in any spelling (``4ktok,4000tok``), is one grid point, trained once."""
+    out = []
+    for what, specs, key in (("size", sizes, lambda v: v.strip()), ("budget", budgets, lambda v: budget_overrides(v)[1:])):
+        seen: dict = {}
+        for spec in specs:
+            k = key(spec)
+            if k in seen:
+                say(f"cramlm sweep: {what} '{spec}' is '{seen[k]}' again: trained once")
+            else:
+                seen[k] = spec
+        out.append(list(seen.values()))
+    return out[0], out[1]
+
+
+def check_grid(sizes: list[str], budgets: list[str], trained: dict[tuple[str, str], float] | None = None) -> bool:
     """Refuse a grid the compute law cannot be fitted to, before anything runs. A clock budget gives
     every size about the same compute (this machine's FLOP/s x seconds); a token budget gives each
     size its own. One clock budget and two sizes or more is a comparison of shapes at equal compute
-    (which shape does this budget buy?): allowed, ranked, not fitted. Returns whether to fit."""
+    (which shape does this budget buy?): allowed, ranked, not fitted. Returns whether to fit.
+    ``trained``: the tokens each (size, budget) point will actually train on (train/budget.py
+    ``planned_tokens``: at least one step, so ``4ktok`` and ``8ktok`` may both train 8,192), counted
+    instead of the budgets' own numbers."""
     for size in sizes:
         size_overrides(size)
     parsed = [budget_overrides(b) for b in budgets]
@@ -71,13 +90,25 @@ def check_grid(sizes: list[str], budgets: list[str]) -> bool:
     if "clock" in kinds:
         estimates = [amount for _, _, amount in parsed]
     else:
-        estimates = [size_flops(s) * amount for s in sizes for _, _, amount in parsed]
+        trained = trained or {}
+        estimates = [size_flops(s) * trained.get((s, b), amount) for s in sizes for b, (_, _, amount) in zip(budgets, parsed)]
     try:
         check_compute_fit(len(sizes) * len(budgets), distinct(estimates))
     except FitError as e:
         hint = "add budgets" if "clock" in kinds else "add sizes or budgets"
-        raise ValueError(f"grid {len(sizes)} size(s) x {len(budgets)} budget(s): {e}; {hint}") from None
+        same = _same_training(sizes, budgets, trained or {})
+        raise ValueError(f"grid {len(sizes)} size(s) x {len(budgets)} budget(s): {e}{same}; {hint}") from None
     return True
+
+
+def _same_training(sizes: list[str], budgets: list[str], trained: dict[tuple[str, str], float]) -> str:
+    """'(4ktok and 8ktok train the same 8,192 tokens)' for budgets whose points train alike."""
+    groups: dict[tuple, list[str]] = {}
+    for b in budgets:
+        if all((s, b) in trained for s in sizes):
+            groups.setdefault(tuple(trained[(s, b)] for s in sizes), []).append(b)
+    same = [f"{' and '.join(g)} train the same {int(k[0]):,} tokens" for k, g in groups.items() if len(g) > 1]
+    return f" ({'; '.join(same)}: the one-step minimum is a batch of batch_size x seq_length tokens)" if same else ""
 
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
@@ -173,10 +204,14 @@ def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def run_point(recipe: str, overrides: list[str], folder: Path, size: str, budget: str) -> dict[str, Any] | None:
-    """Pretrain one grid point (skipped when finished) under ``folder``; its point, or None without a loss."""
-    cfg = resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
-                                  f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
+def point_config(recipe: str, overrides: list[str], folder: Path, size: str, budget: str):
+    """The resolved config of one grid point, trained in ``folder``/<size>-<budget>."""
+    return resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
+                                   f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
+
+
+def run_point(cfg, size: str, budget: str) -> dict[str, Any] | None:
+    """Pretrain one grid point (skipped when finished); its point, or None without a loss."""
     print(f"cramlm sweep: {size} for {budget}")
     run_pipeline(cfg)
     loss, kind = final_loss(cfg.run_dir)
@@ -217,12 +252,17 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     """Run the grid (finished points are skipped), fit, and write sweep.json, sweep.png and (with
     ``report``) report.html comparing the runs' curves."""
     from cramlm.report import write_report
+    from cramlm.train.budget import planned_tokens
 
-    fitting = check_grid(sizes, budgets)  # before anything runs
+    sizes, budgets = unique_grid(sizes, budgets)
+    check_grid(sizes, budgets)  # the specs themselves, before any config is resolved
     base = resolve_recipe(recipe, overrides)
     folder = Path(base.base_dir) / name
-    points = [p for size in sizes for budget in budgets
-              if (p := run_point(recipe, overrides, folder, size, budget)) is not None]
+    grid = {(size, budget): point_config(recipe, overrides, folder, size, budget) for size in sizes for budget in budgets}
+    trained = {point: tokens for point, cfg in grid.items()
+               if (tokens := planned_tokens(cfg.train, cfg.impl.microbatch_size, cfg.data.seq_length, hours=cfg.budget)) is not None}
+    fitting = check_grid(sizes, budgets, trained)  # the compute the points will train, before anything runs
+    points = [p for (size, budget), cfg in grid.items() if (p := run_point(cfg, size, budget)) is not None]
     if not points:
         raise ValueError("the sweep produced no losses")
     best = min(points, key=lambda p: p["loss"])

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 
 @dataclass
@@ -103,9 +102,18 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _read_text(path: Path) -> str:
+    """A run file's text; bytes that are not UTF-8 (a damaged file) are an error naming the file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at position {e.start}): "
+                         "the file is damaged; cramlm writes it as UTF-8 JSON") from None
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_read_text(path))
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -116,7 +124,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _read_text(path).splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -134,7 +142,9 @@ def load_run_data(folder: str | Path) -> RunData:
         raise FileNotFoundError(f"{folder}: not a cramlm run (no metrics.jsonl, summary.json or eval.json)")
     config: dict[str, Any] = {}
     if (folder / "config.yaml").is_file():
-        loaded = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8"))
+        from cramlm.config.loader import safe_load_text
+
+        loaded = safe_load_text(_read_text(folder / "config.yaml"), str(folder / "config.yaml"))
         config = loaded if isinstance(loaded, dict) else {}
     return RunData(
         folder=folder,

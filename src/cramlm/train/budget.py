@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from pydantic import Field
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from cramlm.config.base import Config
 
@@ -30,12 +30,12 @@ class BudgetConfig(Config):
     """The budgets that mean the same on any hardware (``train.budget``). The hours and what counts
     against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (runs.py)."""
 
-    tokens: float | None = Field(
+    tokens: PositiveFloat | None = Field(
         None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget")
-    flops: float | None = Field(
+    flops: PositiveFloat | None = Field(
         None, description="training FLOPs, counted as tokens x the model's forward+backward FLOPs per token, plus "
         "steps x the optimizer's own FLOPs per step (Muon's Newton-Schulz); null: none")
-    steps: int | None = Field(None, description="optimizer steps; null: no step budget")
+    steps: PositiveInt | None = Field(None, description="optimizer steps; null: no step budget")
 
 
 @dataclass
@@ -64,8 +64,10 @@ class Budget:
         if not self.limits:
             raise ValueError("no budget: set budget (hours) or one of train.budget.tokens/flops/steps")
         for key, value in self.limits.items():
-            if value <= 0:
-                raise ValueError(f"budget {key} must be positive, got {value}")
+            if value <= 0:  # the config refuses these already; a Budget built in code says the same
+                path = "budget (hours)" if key == "seconds" else f"train.budget.{key}"
+                shown = value / 3600 if key == "seconds" else value
+                raise ValueError(f"{path} must be positive, got {int(shown) if float(shown).is_integer() else shown:g}")
 
     def progress(self, used: Usage) -> float:
         """t = the largest fraction used of any budget (may exceed 1 on the last step)."""
@@ -114,6 +116,26 @@ class BatchPlan:
                 if left is not None:
                     n = min(n, max(1, int(left // (updates_left * self.micro * self.seq_len))))
         return math.ceil(n / self.world) * self.world
+
+
+def planned_tokens(train, micro: int, seq_len: int, world: int = 1, flops_per_token: float = 1.0,
+                   hours: float | None = None, max_steps: int = 1_000_000) -> int | None:
+    """The tokens a run trains on under a token, FLOP or step budget: the batch plan stepped until
+    the budget is spent, as the Trainer does (at least one step of at least one microbatch, so a
+    budget below that trains that much). ``train`` is the ``train`` group; None under a wall-clock
+    budget (its tokens depend on the machine) or past ``max_steps``."""
+    if hours or not any(v is not None for v in (train.budget.tokens, train.budget.flops, train.budget.steps)):
+        return None
+    budget = Budget(train.budget, None, flops_per_token)
+    plan = BatchPlan(train, micro, world, seq_len, budget)
+    used = Usage()
+    while budget.progress(used) < 1.0:
+        if used.steps >= max_steps:
+            return None
+        used.tokens += plan.microbatches(budget.progress(used), used, None) * micro * seq_len
+        used.flops = used.tokens * flops_per_token
+        used.steps += 1
+    return used.tokens
 
 
 @dataclass

@@ -261,7 +261,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def checkpoint_problem(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder (a missing, truncated, unreadable or changed file),
-    or None. Reads each file once (training.pt's CRCs, every file's digest); loads nothing."""
+    or None. Reads each file (training.pt's CRCs, every file's digest, a weights-only load that runs no code)."""
     for name in FILES:
         if not (folder / name).is_file():
             return f"{name} is missing"
@@ -281,7 +281,17 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"training.pt: {bad} fails its CRC check"
     except (zipfile.BadZipFile, OSError, EOFError):
         return "training.pt: not a complete archive (truncated?)"
-    return _digests_problem(folder, state)
+    if problem := _digests_problem(folder, state):
+        return problem
+    try:  # the weights-only unpickler runs no code; mmap leaves the tensors on disk, so this is cheap
+        torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:  # objects beyond tensors and plain data: cramlm did not write it
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        what = next((line for line in lines if "nsupported" in line), lines[0] if lines else "UnpicklingError")
+        return f"training.pt: refused by the weights-only loader, it holds more than tensors and plain data ({what[:160]})"
+    except Exception as e:
+        return f"training.pt: unreadable ({type(e).__name__}: {str(e)[:160]})"
+    return None
 
 
 def _digests_problem(folder: Path, state: dict) -> str | None:

@@ -1,0 +1,107 @@
+"""``<stem>.partial.json``: what ``cramlm eval`` has finished so far, so that a stopped evaluation
+continues where it stopped.
+
+Every finished fine-tuning (one task, one seed) is written at once beside the results. SIGINT,
+SIGTERM or SIGUSR1 (train/preemption.py) abandon the fine-tuning in progress after its current
+step, leave the finished ones written and exit with status 75, as training does; the same command
+again reuses every finished fine-tuning whose checkpoint (its weight files), task data and
+hyperparameters are unchanged, and redoes only the rest. The partial file is removed once
+``<stem>.json`` is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+
+def stop_exit(signum: int, doing: str, partial: Partial, total: int) -> None:
+    """Say what was kept and exit 75 (training's status for a stop)."""
+    from cramlm.train.preemption import EXIT_INTERRUPTED, signal_name
+
+    print(f"cramlm eval: {signal_name(signum)}: stopped ({doing}); {partial.finished} of {total} fine-tunings "
+          f"finished, written to {partial.path}; the same command continues from them", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_INTERRUPTED)
+
+
+def task_digest(task) -> str:
+    """A digest of a task's examples and labels: a finished fine-tuning is reused only on the same data."""
+    h = hashlib.sha256(json.dumps([task.name, task.labels, task.metrics]).encode())
+    for split, examples in [("train", task.train), *sorted(task.dev.items())]:
+        h.update(split.encode())
+        for e in examples:
+            h.update(json.dumps([e.text_a, e.text_b, e.label]).encode())
+    return h.hexdigest()[:16]
+
+
+class Partial:
+    """``<stem>.partial.json``: the fine-tunings (task, seed) finished so far and the held-out LM
+    result, for the checkpoint ``header`` names. A file for another checkpoint (or other weights,
+    or an unreadable one) is set aside; a task's runs are reused only with the same data and
+    hyperparameters."""
+
+    def __init__(self, path: Path, header: dict):
+        self.path, self.header = path, header
+        self.data: dict = {**header, "heldout": None, "tasks": {}}
+        self.reused = 0
+        old = self._read()
+        if old is not None and all(old.get(k) == v for k, v in header.items()):
+            self.data["heldout"], self.data["tasks"] = old.get("heldout"), old.get("tasks") or {}
+            self.reused = self.finished
+        elif old is not None:
+            print(f"cramlm eval: {path} holds results of another checkpoint or protocol; starting afresh", file=sys.stderr)
+        self._digests: dict[int, str] = {}
+
+    def _read(self) -> dict | None:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            print(f"cramlm eval: {self.path} is unreadable ({e}); starting afresh", file=sys.stderr)
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("tasks", {}), dict) else None
+
+    @property
+    def finished(self) -> int:
+        return sum(len(t.get("seeds", {})) for t in self.data["tasks"].values() if isinstance(t, dict))
+
+    def save(self) -> None:
+        from cramlm.io import write_json
+
+        write_json(self.path, self.data)
+
+    def _key(self, task, hp) -> dict:
+        if id(task) not in self._digests:  # hashed once per task object
+            self._digests[id(task)] = task_digest(task)
+        return {"data": self._digests[id(task)], "hparams": hp.model_dump(mode="json")}
+
+    def run(self, task, hp, seed: int) -> dict | None:
+        entry = self.data["tasks"].get(task.name)
+        if not isinstance(entry, dict) or {k: entry.get(k) for k in ("data", "hparams")} != self._key(task, hp):
+            return None
+        done = entry.get("seeds", {}).get(str(seed))
+        if isinstance(done, dict):
+            print(f"{task.name} seed {seed}: finished before, from {self.path.name}")
+            return done
+        return None
+
+    def add_run(self, task, hp, seed: int, done: dict) -> None:
+        key = self._key(task, hp)
+        entry = self.data["tasks"].get(task.name)
+        if not isinstance(entry, dict) or {k: entry.get(k) for k in ("data", "hparams")} != key:
+            entry = self.data["tasks"][task.name] = {**key, "seeds": {}}
+        entry["seeds"][str(seed)] = done
+        self.save()
+        print(f"{task.name} seed {seed}: fine-tuned in {done.get('seconds')}s", flush=True)
+
+    def heldout(self, val: Path) -> dict | None:
+        """The held-out result scored before on the same file, or None."""
+        done = self.data.get("heldout")
+        return done if isinstance(done, dict) and done.get("file") == str(val) else None
+
+    def set_heldout(self, heldout: dict) -> None:
+        self.data["heldout"] = heldout
+        self.save()

@@ -1,0 +1,90 @@
+"""``python -m cramlm.launch``: torchrun whose exit status tells preemption from failure.
+
+    python -m cramlm.launch --nproc_per_node 2 -m cramlm pretrain ... --resume auto
+
+takes torchrun's arguments unchanged and runs ``python -m torch.distributed.run`` with them. On
+SIGTERM or SIGINT torchrun passes the signal on to its workers, which finish their step, checkpoint
+and exit 75 (train/preemption.py), but torchrun itself then ends with ``SignalException`` and exit
+status 1, the same as a crash. This wrapper passes SIGTERM and SIGINT on to torchrun (SIGUSR1, which
+torchrun does not handle, as SIGTERM), and each worker started with ``-m cramlm`` records its own
+exit status in a temporary folder (``CRAMLM_LAUNCH_EXIT_DIR``, removed afterwards). The wrapper
+exits with
+
+- 75 when every worker of the last attempt recorded 75 (stopped on a signal after its checkpoint:
+  a job script requeues and resumes),
+- otherwise torchrun's own status (0 when the run finished, non-zero on a failure).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_DIR_ENV = "CRAMLM_LAUNCH_EXIT_DIR"
+EXIT_INTERRUPTED = 75  # train/preemption.py's (not imported: this module stays torch- and config-free)
+FORWARDED = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+
+def record_exit(code: object) -> None:
+    """In a worker under ``cramlm.launch``: write this process's exit status where the wrapper reads
+    it (nothing outside a launch)."""
+    folder = os.environ.get(EXIT_DIR_ENV)
+    if not folder:
+        return
+    status = code if isinstance(code, int) else 0 if code is None else 1
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    rank = os.environ.get("LOCAL_RANK", str(os.getpid()))
+    local_world = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        Path(folder, f"{attempt:04d}-{rank}").write_text(f"{status} {local_world}\n")
+    except OSError:  # the wrapper then reports torchrun's own status
+        pass
+
+
+def workers_interrupted(folder: Path) -> bool:
+    """Whether every worker of the last attempt recorded 75 (and all of them recorded)."""
+    records: dict[int, list[tuple[int, int]]] = {}
+    for path in folder.iterdir():
+        try:
+            attempt = int(path.name.split("-", 1)[0])
+            status, world = (int(v) for v in path.read_text().split())
+        except (OSError, ValueError):
+            return False
+        records.setdefault(attempt, []).append((status, world))
+    if not records:
+        return False
+    last = records[max(records)]
+    return len(last) == last[0][1] and all(status == EXIT_INTERRUPTED for status, _ in last)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if args else 2
+    with tempfile.TemporaryDirectory(prefix="cramlm-launch-") as folder:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env={**os.environ, EXIT_DIR_ENV: folder})
+
+        def forward(signum: int, frame) -> None:
+            proc.send_signal(signal.SIGTERM if signum == getattr(signal, "SIGUSR1", None) else signum)
+
+        for name in FORWARDED:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), forward)
+        rc = proc.wait()
+        for name in FORWARDED:  # the workers are gone: from here the signals act as usual
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_DFL)
+        if rc != 0 and workers_interrupted(Path(folder)):
+            print(f"cramlm.launch: every worker stopped on a signal after checkpointing (exit {EXIT_INTERRUPTED}); "
+                  f"torchrun's own status was {rc}; resume with --resume auto", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

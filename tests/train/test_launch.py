@@ -1,0 +1,59 @@
+"""``python -m cramlm.launch`` (issue 20 item 6): torchrun exits 1 with ``SignalException`` after a
+SIGTERM even though its workers checkpointed and exited 75; the wrapper's own status is 75 then,
+so a job script can tell preemption from failure, and a failure stays a failure."""
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from cramlm.launch import workers_interrupted
+from cramlm.train.checkpoint import checkpoint_dirs
+from cramlm.train.preemption import EXIT_INTERRUPTED
+
+from .helpers import REPO, env, free_port, overrides, records
+from .test_interrupt import STEPS, wait_for_lines
+
+
+def launch_cmd(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "cramlm.launch", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+            "-m", "cramlm", *args]
+
+
+def test_sigterm_to_the_launcher_gives_75_and_a_checkpoint(tmp_path):
+    cmd = launch_cmd(2, "pretrain", *overrides(tmp_path, "tr", *STEPS, "impl.microbatch_size=4", "impl.dist_timeout=60"))
+    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group: the signal goes to the launcher only, as from srun
+    try:
+        wait_for_lines(tmp_path / "tr" / "metrics.jsonl", 2, [proc])
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "SignalException" in err  # torchrun's own end, which the launcher's status corrects
+    (event,) = records(tmp_path / "tr", "event")
+    assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 60
+    assert [p.name for p in checkpoint_dirs(tmp_path / "tr" / "checkpoints")] == [f"step-{event['step']:08d}"]
+
+
+def test_a_failing_run_keeps_its_failure_status(tmp_path):
+    res = subprocess.run(launch_cmd(2, "pretrain", *overrides(tmp_path, "bad", "train.batch_size=0")), env=env(),
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode not in (0, EXIT_INTERRUPTED), res.stderr[-3000:]
+    assert "batch_size" in res.stderr
+
+
+def test_75_only_when_every_worker_of_the_last_attempt_says_so(tmp_path):
+    def folder(name: str, *files: tuple[str, str]) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        for fname, text in files:
+            (d / fname).write_text(text)
+        return d
+
+    assert workers_interrupted(folder("both", ("0000-0", "75 2"), ("0000-1", "75 2")))
+    assert not workers_interrupted(folder("one-missing", ("0000-0", "75 2")))  # the other was killed
+    assert not workers_interrupted(folder("one-failed", ("0000-0", "75 2"), ("0000-1", "1 2")))
+    assert workers_interrupted(folder("restarted", ("0000-0", "1 1"), ("0001-0", "75 1")))
+    assert not workers_interrupted(folder("none"))
