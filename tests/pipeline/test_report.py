@@ -260,3 +260,46 @@ def test_garbage_bytes_in_a_run_file_name_the_file(tmp_path, damaged):
     res = CliRunner().invoke(main, ["report", str(run)])
     assert res.exit_code == 1, res.output
     assert f"Error: {path}: not UTF-8 text" in res.output, res.output
+
+
+# ------------------------------------------------------- what the screenshots showed (issue 22.5)
+
+
+def test_every_loss_row_names_its_unit_and_the_precision_is_shown(tmp_path):
+    run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    (run / "summary.json").write_text(json.dumps({**SUMMARY, "precision": "bf16"}))
+    table = section(write_report(run).read_text(), "Runs").split("<details>", 1)[0]
+    labels = first_column(table)
+    loss_rows = [k for k in labels if "loss" in k.lower()]
+    assert loss_rows and all("(nats per token)" in k for k in loss_rows), loss_rows
+    assert "<tr><td>Training precision</td><td>bf16</td></tr>" in table
+
+
+def test_runs_with_the_same_schedule_stay_visible_in_a_comparison(tmp_path, monkeypatch):
+    """Two runs with one schedule draw on the same points: the first is drawn wider (lines) and
+    larger (markers) than the second, so neither hides the other; the note says so."""
+    from cramlm.report import plots
+
+    a = demo_like_run(tmp_path / "a", {"sst": ("accuracy", 0.6, 0.5)})
+    b = demo_like_run(tmp_path / "b", {"sst": ("accuracy", 0.6, 0.5)})
+    for folder in (a, b):  # two names, one config otherwise
+        config = folder / "config.yaml"
+        config.write_text(config.read_text().replace("name: r\n", f"name: {folder.name}\n"))
+    runs = [load_run_data(a), load_run_data(b)]
+    assert [r.name for r in runs] == ["a", "b"]
+    drawn = {}
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    plots.schedule_figure(runs, tmp_path / "schedule.png")
+    for ax in drawn["fig"].axes:
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        planned = [lines[f"{r.name} planned"] for r in runs]
+        logged = [lines[f"{r.name} logged"] for r in runs]
+        assert list(planned[0].get_ydata()) == pytest.approx(list(planned[1].get_ydata()))  # the same curve
+        assert planned[0].get_linewidth() > planned[1].get_linewidth()
+        assert logged[0].get_markersize() > logged[1].get_markersize()
+    assert plots.overlap_sizes(1) == [(1.5, 4.0)]  # one run: as before
+    assert max(lw for lw, _ in plots.overlap_sizes(12)) < 8
+    monkeypatch.undo()  # the pages below draw their figures for real
+    html = write_report(a, b, out=tmp_path / "cmp").read_text()
+    assert "narrower than the one before it" in html
+    assert "narrower than the one before it" not in write_report(a).read_text()

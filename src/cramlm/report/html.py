@@ -18,7 +18,7 @@ from cramlm.io import write_text
 from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, result_score
 
 CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 1100px; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
@@ -189,7 +189,8 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
                                                  + (f" ({r.summary['peak_source']})" if r.summary.get("peak_source") else ""))
      if is_number(r.summary.get("mfu")) and is_number(r.summary.get("peak_flops")) else None),
     ("Processes", lambda r: r.summary.get("world_size") if (r.summary.get("world_size") or 1) > 1 else None),
-    ("Train loss, first → last logged", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
+    ("Training precision", lambda r: r.summary.get("precision")),
+    ("Train loss, first → last logged (nats per token)", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
      if is_number(r.summary.get("first_loss")) and is_number(r.summary.get("last_loss")) else None),
     ("Validation loss at the end of training (nats per token)", lambda r: _val_loss(r)),
     ("Validation bits per byte at the end of training", lambda r: f"{r.summary['val_bpb']:.3f}" if is_number(r.summary.get("val_bpb")) else None),
@@ -354,7 +355,7 @@ def _img(name: str, title: str, path: Path, note: str = "") -> str:
 
 
 def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> str:
-    from cramlm.report.plots import NOTES
+    from cramlm.report.plots import COMPARE_NOTES, NOTES
 
     now = datetime.now(timezone.utc)
     title = f"cramlm report: {runs[0].name}" if len(runs) == 1 else "cramlm comparison: " + ", ".join(r.name for r in runs)
@@ -376,7 +377,9 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
                     who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
                     parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     parts.append("<h2>Plots</h2>")
-    parts += [_img(name, title, path, NOTES.get(name, "")) for name, (title, path) in figures.items()]
+    notes = {name: " ".join(n for n in (NOTES.get(name), COMPARE_NOTES.get(name) if len(runs) > 1 else None) if n)
+             for name in figures}
+    parts += [_img(name, title, path, notes[name]) for name, (title, path) in figures.items()]
     if len(runs) == 1:
         if stages := stages_table(runs[0], now):
             parts += ["<h2>Pipeline stages</h2>", stages]

@@ -120,6 +120,14 @@ def _panels(runs: list[RunData], panels: list[tuple[str, str, str, str, float]],
     return save(fig, path)
 
 
+def overlap_sizes(n: int) -> list[tuple[float, float]]:
+    """(line width, marker size) per run, widest first: runs with the same schedule (the usual case
+    when comparing) draw on the same points, and each later, narrower line leaves the one under it
+    showing as a rim instead of hiding it (the widest stays under 8 points however many runs)."""
+    step = min(1.0, 3.0 / max(1, n - 1))
+    return [(1.5 + 2.0 * step * (n - 1 - i), 4.0 + 3.0 * step * (n - 1 - i)) for i in range(n)]
+
+
 def schedule_figure(runs: list[RunData], path: Path) -> Path:
     """Learning rate and batch size against t: lines from the schedule and batch-plan functions
     the trainer uses (curves.py), markers at the values logged while training."""
@@ -130,13 +138,13 @@ def schedule_figure(runs: list[RunData], path: Path) -> Path:
     for ax, key, ylabel, curve in ((axes[0], "lr", "learning rate", lr_curve),
                                    (axes[1], "batch_size", "batch size (sequences)",
                                     lambda c, r: batch_curve(c, r.summary.get("world_size") or 1))):
-        for run, color in zip(runs, colors(len(runs))):
+        for (run, color), (lw, ms) in zip(zip(runs, colors(len(runs))), overlap_sizes(len(runs))):
             planned = curve(run.config) if key == "lr" else curve(run.config, run)
             if planned is not None:
-                ax.plot(*planned, color=color, lw=1.5, label=_label(run, many, "planned"))
+                ax.plot(*planned, color=color, lw=lw, label=_label(run, many, "planned"))
             xs, ys = run.series("t", key)
             if xs:
-                ax.plot(xs, ys, "o", color=color, ms=4, markerfacecolor="white" if planned is not None else color,
+                ax.plot(xs, ys, "o", color=color, ms=ms, markerfacecolor="white" if planned is not None else color,
                         label=_label(run, many, "logged"))
         ax.set_xlabel("budget used (t)")
         ax.set_ylabel(ylabel)
@@ -228,6 +236,12 @@ NOTES = {
     "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
     "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (eval/lm.py). An MLM's and "
            "a causal LM's bits per byte share the unit but not the task (the MLM sees both sides of a masked token).",
+}
+
+
+# added to a comparison's note
+COMPARE_NOTES = {
+    "schedule": "Each run is drawn narrower than the one before it, so runs with the same schedule all stay visible.",
 }
 
 
