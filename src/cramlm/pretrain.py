@@ -110,12 +110,9 @@ def load_data(cfg: PretrainConfig, dist):
 def run_model(cfg: PretrainConfig, vocab_size: int, device) -> torch.nn.Module:
     model = build_model(cfg.arch, vocab_size)
     if run_objective(cfg) == "rtd":  # ELECTRA: the arch is the discriminator; generator and detector around it
-        from cramlm.models.crammed_bert import CrammedBert
-        from cramlm.models.electra import ReplacedTokenDetection
+        from cramlm.models.electra import build_rtd
 
-        if not isinstance(model, CrammedBert):
-            raise ValueError(f"train.objective=rtd: arch.type={cfg.arch.type} is not a crammed-bert encoder")
-        model = ReplacedTokenDetection(model, cfg.train.rtd, len(SPECIAL_TOKENS))
+        model = build_rtd(model, cfg.train.rtd, len(SPECIAL_TOKENS))
     model = model.to(device)
     if cfg.train.document_attention and not takes_document_ids(model):
         raise ValueError(f"train.document_attention=true: arch.type={cfg.arch.type} takes no document_ids "

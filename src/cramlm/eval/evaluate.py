@@ -55,7 +55,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
     print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
 
     heldout = None
-    if ev.lm_eval and ckpt.lm is not None:
+    if ev.lm_eval and ckpt.lm is not None and ckpt.lm.model is not None:
         val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
         if val is None:
             print("held-out loss skipped: the run's val.cramtok was not found (set eval.lm_data=<file>)")
@@ -67,6 +67,8 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
             sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
             heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
                        "file": str(val), "tokenizer": ckpt.lm.tokenizer}
+            if ckpt.lm.objective == "rtd":  # ELECTRA: the generator's MLM loss, never to be compared with an MLM run's
+                heldout.update(objective="rtd", scored_by="the RTD generator (MLM loss on the heldout-v1 masks)")
             print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
                   + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                   + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")

@@ -140,6 +140,13 @@ class ReplacedTokenDetection(nn.Module):
         return 3 * self.forward_flops_per_token(seq_len, predicted_fraction)
 
 
+def build_rtd(discriminator: nn.Module, rtd: RTDConfig, num_special: int) -> ReplacedTokenDetection:
+    """``discriminator`` (the arch's model, which must be a crammed-bert encoder) inside ELECTRA's training model."""
+    if not isinstance(discriminator, CrammedBert):
+        raise ValueError(f"train.objective=rtd: arch.type={discriminator.cfg.type} is not a crammed-bert encoder")
+    return ReplacedTokenDetection(discriminator, rtd, num_special)
+
+
 def discriminator_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The discriminator's part of a ReplacedTokenDetection state dict, under the arch's own names
     (what a run's model.safetensors holds: a CrammedBert's weights)."""
