@@ -98,3 +98,16 @@ def test_rtd_under_ddp_matches_one_process(tmp_path):
     reference, got = losses(tmp_path / "one"), losses(tmp_path / "ddp")
     assert sorted(reference) == [1, 2, 3] and abs(reference[3] - reference[1]) > 1e-3
     assert sorted(got) == [1, 2, 3] and all(abs(got[s] - reference[s]) < 1e-4 for s in reference), (got, reference)
+
+
+def test_export_holds_the_discriminator_from_the_run_or_any_checkpoint(tmp_path):
+    pytest.importorskip("transformers")
+    from cramlm.cli.export import export_run
+
+    run_inprocess(tmp_path, "rtd", *STEPS)
+    export_run(str(tmp_path / "rtd"), str(tmp_path / "from-run"))
+    export_run(str(tmp_path / "rtd" / "checkpoints" / "step-00000004"), str(tmp_path / "from-final"))
+    export_run(str(tmp_path / "rtd" / "checkpoints" / "step-00000002"), str(tmp_path / "from-step-2"))
+    a, b, c = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("from-run", "from-final", "from-step-2"))
+    assert a.keys() == b.keys() == c.keys() and not any("generator" in k or "detector" in k for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
