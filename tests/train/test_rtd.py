@@ -89,15 +89,19 @@ def test_rtd_needs_a_masked_lm(tmp_path):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", *CAUSAL, "train.objective=rtd"))
 
 
-def test_rtd_under_ddp_matches_one_process(tmp_path):
+def test_rtd_under_ddp_and_fsdp_matches_one_process(tmp_path):
     setup = [*RTD, "train.budget.steps=3", "impl.microbatch_size=2", "train.validate_every=0"]
     run_inprocess(tmp_path, "one", *setup)
+    runs = [overrides(tmp_path, name, *setup, f"impl.distributed={name}") for name in ("ddp", "fsdp")]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps([overrides(tmp_path, "ddp", *setup, "impl.distributed=ddp")])]
+           str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps(runs)]
     run(cmd, timeout=300)
-    reference, got = losses(tmp_path / "one"), losses(tmp_path / "ddp")
+    reference = losses(tmp_path / "one")
     assert sorted(reference) == [1, 2, 3] and abs(reference[3] - reference[1]) > 1e-3
-    assert sorted(got) == [1, 2, 3] and all(abs(got[s] - reference[s]) < 1e-4 for s in reference), (got, reference)
+    for name in ("ddp", "fsdp"):
+        got = losses(tmp_path / name)
+        assert sorted(got) == [1, 2, 3] and all(abs(got[s] - reference[s]) < 1e-4 for s in reference), (name, got, reference)
+        assert json.loads((tmp_path / name / "summary.json").read_text())["world_size"] == 2
 
 
 def test_export_holds_the_discriminator_from_the_run_or_any_checkpoint(tmp_path):
