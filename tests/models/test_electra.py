@@ -149,3 +149,15 @@ def test_sampling_noise_is_keyed_by_stream_position():
     assert not torch.equal(noise, other["sample_noise"])
     assert "sample_noise" not in MLMCollator(VOCAB, 4, SPECIAL, 0.25, seed=3)(ids, np.arange(10, 16))
     assert collate(ids)["sample_noise"].shape == (6, 16)  # the sequential path draws it too
+
+
+def test_muon_takes_the_hidden_matrices_of_both_networks_but_not_the_detector_output():
+    from cramlm.train.optim import hidden_matrices
+
+    model = rtd_model()
+    ids = {id(p) for p in hidden_matrices(model)}
+    assert id(model.generator.trunk.tokens[1].weight) in ids and id(model.generator.dense.weight) in ids
+    assert id(model.detector[0].weight) in ids and id(model.detector[2].weight) not in ids
+    assert id(model.discriminator.tokens.weight) not in ids
+    blocks = [p for n, p in model.named_parameters() if ".blocks." in n and p.ndim == 2]
+    assert blocks and all(id(p) in ids for p in blocks)
