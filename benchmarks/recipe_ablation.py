@@ -11,7 +11,9 @@ log-FLOPs and the number is flagged ``extrapolated``; without, the multiplier is
 bound (``>=``, the baseline's final FLOPs over the candidate's). The same is computed on seconds
 (the wall-clock multiplier; meaningful when the runs shared the machine alike: ``--parallel``).
 Each contender is judged at the lr of its own sweep with the lowest mean final loss over seeds; a
-multiplier is per seed (baseline seed s against candidate seed s), summarised by the median.
+multiplier is per seed (baseline seed s against candidate seed s), summarised by the median. A
+candidate of another objective than the baseline's (``train.objective=rtd``: its held-out loss is
+its generator's MLM loss) gets no multiplier and stays off the plot: judge it downstream.
 
 Every run is ``cramlm run RECIPE stages=[data,pretrain]`` with the shared overrides, the size,
 the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in

@@ -65,10 +65,8 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
 
             # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
             sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
-            heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
-                       "file": str(val), "tokenizer": ckpt.lm.tokenizer}
-            if ckpt.lm.objective == "rtd":  # ELECTRA: the generator's MLM loss, never to be compared with an MLM run's
-                heldout.update(objective="rtd", scored_by="the RTD generator (MLM loss on the heldout-v1 masks)")
+            heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress,
+                                      objective=ckpt.lm.objective), "file": str(val), "tokenizer": ckpt.lm.tokenizer}
             print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
                   + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                   + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")
