@@ -37,6 +37,10 @@ def test_rtd_loss_decreases_and_flops_count_both_networks(tmp_path):
     val = [r["val_loss"] for r in records(tmp_path / "rtd", "val")]
     assert len(val) >= 2 and val[-1] < val[0]  # the generator's MLM loss on the held-out masks
     assert summary["objective"] == "rtd" and mlm["objective"] == "mlm"
+    lines = records(tmp_path / "rtd")  # the two terms are logged beside the loss (one microbatch a step)
+    assert all(r["loss"] == pytest.approx(r["mlm_loss"] + 50 * r["rtd_loss"], abs=1e-4) for r in lines)
+    assert lines[-1]["rtd_loss"] < lines[0]["rtd_loss"] and lines[-1]["mlm_loss"] < lines[0]["mlm_loss"]
+    assert "mlm_loss" not in records(tmp_path / "mlm")[0]
     # the generator (1/4 width, here one head of 16) and the detector cost on top of the MLM
     assert summary["flops_per_token"] > 1.2 * mlm["flops_per_token"]
     assert summary["flops"] == pytest.approx(summary["tokens"] * summary["flops_per_token"])
@@ -102,6 +106,8 @@ def test_rtd_under_ddp_and_fsdp_matches_one_process(tmp_path):
         got = losses(tmp_path / name)
         assert sorted(got) == [1, 2, 3] and all(abs(got[s] - reference[s]) < 1e-4 for s in reference), (name, got, reference)
         assert json.loads((tmp_path / name / "summary.json").read_text())["world_size"] == 2
+        for mine, theirs in zip(records(tmp_path / "one"), records(tmp_path / name)):
+            assert abs(mine["rtd_loss"] - theirs["rtd_loss"]) < 1e-5 and abs(mine["mlm_loss"] - theirs["mlm_loss"]) < 1e-5
 
 
 def test_export_holds_the_discriminator_from_the_run_or_any_checkpoint(tmp_path):
