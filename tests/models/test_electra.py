@@ -161,3 +161,15 @@ def test_muon_takes_the_hidden_matrices_of_both_networks_but_not_the_detector_ou
     assert id(model.discriminator.tokens.weight) not in ids
     blocks = [p for n, p in model.named_parameters() if ".blocks." in n and p.ndim == 2]
     assert blocks and all(id(p) in ids for p in blocks)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"head_transform": True, "bias": True}, {"tie_embeddings": False}])
+def test_every_trainable_parameter_gets_a_gradient(overrides):
+    """The discriminator's MLM head is unused by RTD: frozen, so DDP sees no unused parameter."""
+    torch.manual_seed(0)
+    model = build_rtd(tiny_model("crammed-bert", **overrides), RTDConfig(), SPECIAL).train()
+    inputs, labels = masked(random_ids(2, 16))
+    model(inputs, labels=labels, sample_noise=torch.rand(inputs.shape, dtype=torch.float64))["loss"].backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing
+    assert model.discriminator.tokens.weight.requires_grad

@@ -83,6 +83,9 @@ class ReplacedTokenDetection(nn.Module):
         super().__init__()
         self.discriminator = discriminator
         self.cfg, self.rtd = discriminator.cfg, rtd
+        shared = discriminator.tokens.weight
+        for p in discriminator.head.parameters():  # its MLM head is unused here: frozen (DDP wants no unused ones)
+            p.requires_grad_(p is shared)
         self.hidden_size, self.vocab_size, self.num_special = discriminator.hidden_size, discriminator.vocab_size, num_special
         self.generator_cfg = generator_config(self.cfg, rtd.generator_size)
         self.generator = Generator(self.generator_cfg, discriminator.tokens, self.vocab_size)
