@@ -208,7 +208,7 @@ def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool
     from cramlm.data.tokenizer import SPECIAL_TOKENS
     from cramlm.models.base import tied_aliases
     from cramlm.models.electra import build_rtd
-    from cramlm.train.checkpoint import latest_checkpoint, load_state_dict
+    from cramlm.train.checkpoint import latest_checkpoint, load_state_dict, verified_weights
 
     model = build_rtd(copy.deepcopy(discriminator), cfg.train.rtd, len(SPECIAL_TOKENS))
     if untrained:
@@ -219,7 +219,7 @@ def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool
     if folder is None:
         print(f"cramlm: {run_dir}: no checkpoint holds the RTD generator, so no held-out loss (the encoder is evaluated)")
         return None
-    model.load_state_dict(load_state_dict(folder / "model.safetensors", tied_aliases(model)))
+    model.load_state_dict(load_state_dict(verified_weights(folder / "model.safetensors"), tied_aliases(model)))
     return model
 
 
