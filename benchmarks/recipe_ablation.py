@@ -11,7 +11,9 @@ log-FLOPs and the number is flagged ``extrapolated``; without, the multiplier is
 bound (``>=``, the baseline's final FLOPs over the candidate's). The same is computed on seconds
 (the wall-clock multiplier; meaningful when the runs shared the machine alike: ``--parallel``).
 Each contender is judged at the lr of its own sweep with the lowest mean final loss over seeds; a
-multiplier is per seed (baseline seed s against candidate seed s), summarised by the median.
+multiplier is per seed (baseline seed s against candidate seed s), summarised by the median. A
+candidate of another objective than the baseline's (``train.objective=rtd``: its held-out loss is
+its generator's MLM loss) gets no multiplier and stays off the plot: judge it downstream.
 
 Every run is ``cramlm run RECIPE stages=[data,pretrain]`` with the shared overrides, the size,
 the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in
@@ -146,7 +148,8 @@ def curve(folder: Path) -> dict:
     s = run.summary
     fpt, opt = float(s["flops_per_token"]), float(s.get("optimizer_flops_per_step") or 0.0)
     points = [m for m in run.metrics if m.get("kind") == "val" and is_number(m.get("val_loss"))]
-    return {"flops": [m["tokens"] * fpt + m["step"] * opt for m in points], "seconds": [m.get("elapsed") for m in points],
+    return {"objective": run.objective,  # rtd (ELECTRA): val_loss is its generator's MLM loss
+            "flops": [m["tokens"] * fpt + m["step"] * opt for m in points], "seconds": [m.get("elapsed") for m in points],
             "tokens": [m["tokens"] for m in points], "val_loss": [m["val_loss"] for m in points],
             "final": {"flops": s["flops"], "seconds": s["train_seconds"], "tokens": s["tokens"], "val_loss": s.get("val_loss"),
                       "steps": s["steps"], "tokens_per_second": s.get("tokens_per_second"), "mfu": s.get("mfu"),
@@ -171,6 +174,13 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool) -> 
     base = curves[baseline][best[baseline]]
     for name in curves:
         entry = result["contenders"][name]
+        entry["runs"] = {f"{lr:g}": {str(s): c for s, c in seeds.items()} for lr, seeds in curves[name].items()}
+        objectives = {c["objective"] for seeds in curves[name].values() for c in seeds.values()}
+        if objectives != {c["objective"] for c in base.values()}:  # losses of different tasks: no multiplier
+            entry["multiplier_flops"] = entry["multiplier_seconds"] = None
+            entry["note"] = (f"objective {'/'.join(sorted(objectives))}: its held-out loss does not compare with the "
+                             "baseline's (rtd: the generator's MLM loss), so no multiplier; judge it downstream")
+            continue
         for axis in ("flops", "seconds"):
             per_seed = {}
             for seed, c in curves[name][best[name]].items():
@@ -180,7 +190,6 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool) -> 
             entry[f"multiplier_{axis}"] = {"median": statistics.median(ms), "per_seed": per_seed,
                                            "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
                                            "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
-        entry["runs"] = {f"{lr:g}": {str(s): c for s, c in seeds.items()} for lr, seeds in curves[name].items()}
     return result
 
 
@@ -191,6 +200,8 @@ def plot(result: dict, path: Path) -> Path:
     names = list(result["contenders"])
     for name, color in zip(names, colors(len(names))):
         entry = result["contenders"][name]
+        if entry.get("note"):  # another objective's loss (rtd): not on the baseline's axis
+            continue
         for lr, seeds in entry["runs"].items():
             at_best = float(lr) == entry["best_lr"]
             for i, c in enumerate(seeds.values()):
@@ -206,7 +217,9 @@ def plot(result: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def fmt(m: dict) -> str:
+def fmt(m: dict | None) -> str:
+    if m is None:
+        return "n/a (other objective)"
     sign = {"lower": ">=", "upper": "<="}.get(m["bounds"][0], "") if m["bounds"] else ""
     return f"{sign}{m['median']:.2f}x" + (" (extrapolated)" if m["extrapolated"] else "")
 

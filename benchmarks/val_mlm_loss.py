@@ -27,8 +27,10 @@ def val_loss(run_dir: str) -> dict:
     lm = load_checkpoint(run_dir, ".").lm
     if lm is None or lm.val_path is None:
         raise FileNotFoundError(f"{run_dir}: the run's val.cramtok was not found")
+    if lm.model is None:
+        raise FileNotFoundError(f"{run_dir}: an RTD run without a checkpoint: its generator (the held-out loss) is gone")
     heldout = heldout_eval(lm.model, run_heldout_set(lm.config, read_packed(lm.val_path), lm.vocab_size, lm.val_path),
-                           progress=False)
+                           progress=False, objective=lm.objective)  # rtd: the generator's loss, labelled so
     return {"run": run_dir, **heldout, "val_mlm_loss": round(heldout["loss"], 4),  # (the old key, kept for readers)
             "perplexity": round(math.exp(heldout["loss"]), 2), "seconds": round(time.perf_counter() - start, 1)}
 

@@ -17,7 +17,7 @@ from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
 from cramlm.data.prepare import prepare_data
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
-from cramlm.io import atomic_write, write_digests, write_json, write_text
+from cramlm.io import atomic_write, save_safetensors, write_digests, write_json, write_text
 from cramlm.models.base import build_model, takes_document_ids
 from cramlm.runs import (  # noqa: F401 (PretrainConfig, load_run ...: also imported from here)
     RUN_LOCK,
@@ -54,7 +54,14 @@ def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
 
     if cfg.arch.objective == "clm":
         return causal_collate
-    return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed)
+    return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed,
+                       sample_noise=cfg.train.objective == "rtd")  # the RTD generator's sampling noise, keyed alike
+
+
+def run_objective(cfg: PretrainConfig) -> str:
+    """What the run trains and its held-out loss measures: mlm, clm, or rtd (ELECTRA; its loss is the
+    generator's MLM loss, not comparable with an MLM run's)."""
+    return "rtd" if cfg.train.objective == "rtd" and cfg.arch.objective == "mlm" else cfg.arch.objective
 
 
 def validation_set(cfg: PretrainConfig, data, vocab_size: int):
@@ -101,7 +108,12 @@ def load_data(cfg: PretrainConfig, dist):
 
 
 def run_model(cfg: PretrainConfig, vocab_size: int, device) -> torch.nn.Module:
-    model = build_model(cfg.arch, vocab_size).to(device)
+    model = build_model(cfg.arch, vocab_size)
+    if run_objective(cfg) == "rtd":  # ELECTRA: the arch is the discriminator; generator and detector around it
+        from cramlm.models.electra import build_rtd
+
+        model = build_rtd(model, cfg.train.rtd, len(SPECIAL_TOKENS))
+    model = model.to(device)
     if cfg.train.document_attention and not takes_document_ids(model):
         raise ValueError(f"train.document_attention=true: arch.type={cfg.arch.type} takes no document_ids "
                          "(its forward has no such argument); set train.document_attention=false")
@@ -131,8 +143,16 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
     from cramlm.train.distributed import barrier
 
     if dist.main:
-        with atomic_write(cfg.run_dir / "model.safetensors") as tmp:
-            shutil.copyfile(Path(summary["final_checkpoint"]) / "model.safetensors", tmp)
+        final = Path(summary["final_checkpoint"]) / "model.safetensors"
+        if summary.get("objective") == "rtd":  # the discriminator alone, under the arch's names (eval, export)
+            from safetensors.torch import load_file
+
+            from cramlm.models.electra import discriminator_state
+
+            save_safetensors(discriminator_state(load_file(str(final))), cfg.run_dir / "model.safetensors", {"format": "pt"})
+        else:
+            with atomic_write(cfg.run_dir / "model.safetensors") as tmp:
+                shutil.copyfile(final, tmp)
         write_digests(cfg.run_dir, ["model.safetensors"])
         write_json(cfg.run_dir / "summary.json", summary)
         say(console_summary(summary, cfg.run_dir))
@@ -186,7 +206,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
-               "data": str(data.folder), "objective": cfg.arch.objective,
+               "data": str(data.folder), "objective": run_objective(cfg),
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary

@@ -126,6 +126,8 @@ class PretrainConfig(Config):
         if max_len is not None and self.data.seq_length > max_len:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
         self.train.check_microbatches(self.impl.microbatch_size)
+        if self.train.objective == "rtd" and type(self.arch).objective != "mlm":
+            raise ValueError(f"train.objective=rtd (ELECTRA) needs a masked LM; arch.type={self.arch.type} is causal")
         return self
 
     @model_validator(mode="after")

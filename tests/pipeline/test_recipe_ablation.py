@@ -47,3 +47,28 @@ def test_bad_curves_are_refused():
     with pytest.raises(ValueError):
         compute_multiplier([], [], 1, 2.5)
     assert math.isfinite(compute_multiplier([5], [2.0], 5, 3.0)["multiplier"])
+
+
+def test_a_candidate_of_another_objective_gets_no_multiplier(tmp_path):
+    """An rtd (ELECTRA) run's held-out loss is its generator's MLM loss: never read off an MLM curve."""
+    import json
+
+    from recipe_ablation import summarize, table
+
+    def fake(name: str, objective: str, losses: list[float]) -> dict:
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = [{"kind": "val", "step": i + 1, "tokens": 1000 * (i + 1), "elapsed": i + 1.0, "val_loss": v}
+                 for i, v in enumerate(losses)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        (folder / "summary.json").write_text(json.dumps({
+            "objective": objective, "flops_per_token": 10.0, "flops": 10.0 * 1000 * len(losses), "train_seconds": float(len(losses)),
+            "tokens": 1000 * len(losses), "val_loss": losses[-1], "steps": len(losses)}))
+        return {"folder": folder, "contender": name, "lr": 1e-3, "seed": 0}
+
+    runs = [fake("mlm", "mlm", [7.0, 6.0, 5.0]), fake("same", "mlm", [6.0, 5.5]), fake("rtd", "rtd", [6.0, 4.0, 2.0])]
+    result = summarize(tmp_path, runs, "mlm", extrapolate=False)
+    assert result["contenders"]["same"]["multiplier_flops"]["median"] > 1
+    rtd = result["contenders"]["rtd"]
+    assert rtd["multiplier_flops"] is None and rtd["multiplier_seconds"] is None and "downstream" in rtd["note"]
+    assert "n/a (other objective)" in table(result).splitlines()[-1]

@@ -40,8 +40,18 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
 
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     model, tok, cfg = load_run(run_dir)
+    rtd = cfg.train.objective == "rtd"  # ELECTRA: the discriminator is the model; the generator stays behind
     if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
-        load_weights(model, verified_weights(weights))
+        if rtd:  # a checkpoint holds generator, detector and discriminator: the discriminator's part
+            from safetensors.torch import load_file
+
+            from cramlm.models.base import tied_aliases
+            from cramlm.models.electra import discriminator_state
+
+            state = discriminator_state(load_file(str(verified_weights(weights))))
+            model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
+        else:
+            load_weights(model, verified_weights(weights))
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if model.cfg.objective == "clm" else None
     cls = export_hf(model.eval(), tok, out_dir, eos=eos)
@@ -49,6 +59,8 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
     click.echo(f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
                f".from_pretrained('{out_dir}'{remote})")
+    if rtd:
+        click.echo("train.objective=rtd: the encoder is the trained discriminator; its masked-LM head was not trained")
     if eos is not None:
         click.echo(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
     return cls

@@ -28,19 +28,26 @@ _U = np.uint64
 _GOLDEN = _U(0x9E3779B97F4A7C15)  # splitmix64's increment: token t of a sequence is counter t
 _LOW32 = _U(0xFFFFFFFF)
 _RANDOM_ID_SALT = _U(0xD1B54A32D192ED03)  # a second, independent word for the random replacement id
+_SAMPLE_SALT = _U(0x8CB92BA72F3D8DD7)  # a third one: the uniform the RTD generator samples with
 
 
 class MLMCollator:
     """Choose ``mlm_probability`` of the non-special positions; of those, 80% become [MASK], 10% a
-    random non-special token, 10% stay. Labels are the original ids there and -100 elsewhere."""
+    random non-special token, 10% stay. Labels are the original ids there and -100 elsewhere.
+    ``sample_noise`` (train.objective=rtd): also ``sample_noise``, float64 (B, T) uniforms in [0, 1)
+    from the same keyed words (or the generator), with which the generator samples its replacement
+    at each masked position (models/electra.py): the replaced tokens are then a pure function of the
+    stream position and the weights, as the masks are."""
 
-    def __init__(self, vocab_size: int, mask_id: int, num_special: int, mlm_probability: float, seed: int = 0):
+    def __init__(self, vocab_size: int, mask_id: int, num_special: int, mlm_probability: float, seed: int = 0,
+                 sample_noise: bool = False):
         if not 0.0 < mlm_probability < 1.0:
             raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
         self.vocab_size = vocab_size
         self.mask_id = mask_id
         self.num_special = num_special  # ids below this are special: [PAD] [UNK] [CLS] [SEP] [MASK]
         self.p = mlm_probability
+        self.sample_noise = sample_noise
         self.seed = seed
         self.key = mix64(_U(seed % 2**64) ^ _U(0x6A09E667F3BCC909))  # this seed's stream of sequence keys
         self.generator = torch.Generator().manual_seed(seed)
@@ -56,9 +63,11 @@ class MLMCollator:
         if "attention_mask" in out:
             special |= out["attention_mask"] == 0
         if positions is None:
-            chosen, to_mask, to_random, random_ids = self._sequential(input_ids.shape, special)
+            chosen, to_mask, to_random, random_ids, noise = self._sequential(input_ids.shape, special)
         else:
-            chosen, to_mask, to_random, random_ids = self._keyed(np.asarray(positions), input_ids.shape, special)
+            chosen, to_mask, to_random, random_ids, noise = self._keyed(np.asarray(positions), input_ids.shape, special)
+        if self.sample_noise:
+            out["sample_noise"] = noise
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
         input_ids[to_mask] = self.mask_id
         input_ids[to_random] = random_ids
@@ -72,7 +81,8 @@ class MLMCollator:
         to_mask = chosen & (roll < 0.8)
         to_random = chosen & (roll >= 0.8) & (roll < 0.9)
         random_ids = torch.randint(self.num_special, self.vocab_size, shape, generator=g)
-        return chosen, to_mask, to_random, random_ids[to_random]
+        noise = torch.rand(shape, generator=g, dtype=torch.float64) if self.sample_noise else None
+        return chosen, to_mask, to_random, random_ids[to_random], noise
 
     def _keyed(self, positions: np.ndarray, shape, special):
         """One 64-bit word per token, word = splitmix64(key(seed, position) + (t + 1) * golden):
@@ -92,7 +102,11 @@ class MLMCollator:
         span = self.vocab_size - self.num_special
         random_ids = self.num_special + (extra.astype(np.float64) * (span / 2.0**53)).astype(np.int64)
         as_torch = torch.from_numpy
-        return as_torch(chosen), as_torch(to_mask), as_torch(to_random), as_torch(np.minimum(random_ids, self.vocab_size - 1))
+        noise = None
+        if self.sample_noise:  # 53 bits of a third word per token -> [0, 1)
+            noise = as_torch((mix64(words ^ _SAMPLE_SALT) >> _U(11)).astype(np.float64) / 2.0**53)
+        return (as_torch(chosen), as_torch(to_mask), as_torch(to_random), as_torch(np.minimum(random_ids, self.vocab_size - 1)),
+                noise)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -105,8 +105,8 @@ class HFEncoder(nn.Module):
 class LMData:
     """What held-out LM evaluation needs from a cramlm run."""
 
-    model: nn.Module  # the full pretraining model (MLM or CLM head)
-    objective: str  # "mlm" | "clm"
+    model: nn.Module  # the full pretraining model (MLM or CLM head; an RTD run's generator + discriminator)
+    objective: str  # "mlm" | "clm" | "rtd" (ELECTRA: the held-out loss is its generator's MLM loss)
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
@@ -191,7 +191,10 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         model, tok, cfg = load_run(run_dir)
     from cramlm.eval.lm import tokenizer_label
 
-    lm = LMData(model, type(cfg.arch).objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
+    lm_model, objective = model, type(cfg.arch).objective
+    if cfg.train.objective == "rtd" and objective == "mlm":  # model.safetensors holds the discriminator alone
+        lm_model, objective = rtd_model(run_dir, cfg, model, untrained), "rtd"
+    lm = LMData(lm_model, objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
                 cfg, tok.get_vocab_size(), tokenizer_label(cfg.data.model_dump(mode="json"), tok.get_vocab_size()))
     return Checkpoint(
         label=run_dir.name + (UNTRAINED if untrained else ""),
@@ -203,6 +206,30 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
         untrained=untrained,
         lm=lm,
     )
+
+
+def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool) -> nn.Module | None:
+    """An RTD run's training model (generator + ``discriminator``) for its held-out loss, the generator's
+    MLM loss: its generator from the run's final checkpoint (None when that is gone), random if untrained."""
+    import copy
+    import json
+
+    from cramlm.data.tokenizer import SPECIAL_TOKENS
+    from cramlm.models.base import tied_aliases
+    from cramlm.models.electra import build_rtd
+    from cramlm.train.checkpoint import latest_checkpoint, load_state_dict, verified_weights
+
+    model = build_rtd(copy.deepcopy(discriminator), cfg.train.rtd, len(SPECIAL_TOKENS))
+    if untrained:
+        return model
+    summary = run_dir / "summary.json"
+    final = Path(json.loads(summary.read_text()).get("final_checkpoint", "")) if summary.is_file() else None
+    folder = final if final is not None and (final / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
+    if folder is None:
+        print(f"cramlm: {run_dir}: no checkpoint holds the RTD generator, so no held-out loss (the encoder is evaluated)")
+        return None
+    model.load_state_dict(load_state_dict(verified_weights(folder / "model.safetensors"), tied_aliases(model)))
+    return model
 
 
 def find_val_file(run_dir: Path, cfg: Any) -> Path | None:

@@ -114,7 +114,7 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
     """The held-out LM loss and bits per byte of a cramlm run (eval/lm.py), scored once: a continued
     evaluation takes it from the partial file."""
     ev = cfg.eval
-    if not ev.lm_eval or ckpt.lm is None:
+    if not ev.lm_eval or ckpt.lm is None or ckpt.lm.model is None:
         return None
     val = Path(ev.lm_data) if ev.lm_data else ckpt.lm.val_path
     if val is None:
@@ -127,8 +127,8 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
 
         # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
         sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
-        heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress),
-                   "file": str(val), "tokenizer": ckpt.lm.tokenizer}
+        heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress,
+                                  objective=ckpt.lm.objective), "file": str(val), "tokenizer": ckpt.lm.tokenizer}
         partial.set_heldout(heldout)
     print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
           + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")

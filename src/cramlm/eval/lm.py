@@ -185,9 +185,11 @@ def run_heldout_set(cfg: Any, val: PackedTokens | None, vocab_size: int, val_pat
 
 
 def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.device | str = "cpu",
-                 batch_size: int = HELDOUT_BATCH, progress: bool = True) -> dict:
+                 batch_size: int = HELDOUT_BATCH, progress: bool = True, objective: str | None = None) -> dict:
     """``cramlm eval``'s held-out numbers of ``model`` (fp32, one process): loss (nats per scored
-    token), bits per byte (None when the byte count is unknown), CLM perplexity, and what was scored."""
+    token), bits per byte (None when the byte count is unknown), CLM perplexity, and what was scored.
+    ``objective="rtd"``: an ELECTRA run's model, whose loss on the MLM masks is its generator's MLM
+    loss: reported as objective rtd, so that it is never read as an MLM run's."""
     import torch
 
     if heldout is None or not len(heldout):
@@ -197,7 +199,10 @@ def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.
 
     with torch.inference_mode():
         sums = heldout_sums(model, heldout.objective, heldout.batches(batch_size), device, progress=progress)
-    return summarize(heldout, *sums.tolist())
+    out = summarize(heldout, *sums.tolist())
+    if objective == "rtd":
+        out.update(objective="rtd", scored_by="the RTD generator (MLM loss on the heldout-v1 masks)")
+    return out
 
 
 def summarize(heldout: HeldOut, nats: float, scored: float, text: float) -> dict:

@@ -187,6 +187,9 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
     pre = cfg.pretrain_config().model_dump(mode="json")
     pre["impl"].pop("progress", None)
+    if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
+        pre["train"].pop("objective")
+        pre["train"].pop("rtd", None)
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}

@@ -99,7 +99,7 @@ def _cell(value: Any) -> str:
 
 
 def _objective(run: RunData) -> str:
-    return "masked LM (MLM)" if run.objective == "mlm" else "causal LM"
+    return {"mlm": "masked LM (MLM)", "rtd": "masked LM, ELECTRA replaced-token detection (RTD)"}.get(run.objective, "causal LM")
 
 
 def _model(run: RunData) -> str | None:

@@ -36,7 +36,7 @@ def _label(run: RunData, many: bool, what: str) -> str:
     return f"{run.name} {what}" if many else what
 
 
-OBJECTIVES = {"mlm": "MLM", "clm": "causal LM"}
+OBJECTIVES = {"mlm": "MLM", "clm": "causal LM", "rtd": "RTD generator MLM"}  # rtd: ELECTRA runs, a group of their own
 
 
 def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:

@@ -52,9 +52,10 @@ class RunData:
 
     @property
     def objective(self) -> str:
-        """"mlm" or "clm": as the run recorded it, else from its architecture's name."""
+        """"mlm", "clm" or "rtd" (ELECTRA: its loss is the generator's MLM loss, a group of its own): as
+        the run recorded it, else from its architecture's name."""
         for where in (self.summary, self.heldout):
-            if where.get("objective") in ("mlm", "clm"):
+            if where.get("objective") in ("mlm", "clm", "rtd"):
                 return str(where["objective"])
         return "clm" if (self.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "mlm"
 

@@ -21,6 +21,7 @@ from cramlm.config.base import (
     UnitFloat,
 )
 from cramlm.config.registry import component, declare
+from cramlm.models.config import RTDConfig
 from cramlm.train.budget import BudgetConfig
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig
 
@@ -124,6 +125,11 @@ class TrainConfig(Config):
     mlm_probability: Probability = Field(
         0.25, description="masked LMs: fraction of tokens selected for prediction, then 80% [MASK] / 10% random / "
         "10% kept (cramming: 0.25, BERT: 0.15); causal LMs ignore it")
+    objective: Literal["mlm", "rtd"] = Field(
+        "mlm", description="masked LMs: mlm (predict the masked tokens) or rtd (ELECTRA: a small generator trained "
+        "with MLM fills the masked positions with samples and the model, the discriminator, predicts which tokens "
+        "were replaced at every position; train.rtd sizes it). Causal LMs: mlm only (ignored)")
+    rtd: RTDConfig = Field(RTDConfig(), description="train.objective=rtd: the generator's size and the loss weight")
     log_every: PositiveInt = Field(10, description="optimizer steps between metric lines")
     validate_every: UnitFloat = Field(
         0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)"

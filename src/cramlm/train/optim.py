@@ -38,13 +38,14 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     """The matrices Muon trains: weights of the nn.Linear layers, except an output layer to the
-    vocabulary (``out_features == model.vocab_size``: the LM head, the MLM decoder) and any weight
-    shared with an embedding (a tied head). Everything else (embeddings, norms, biases, position
+    vocabulary (``out_features == model.vocab_size``: the LM head, the MLM decoder), an output to one
+    value (RTD's detector: a vector, not a matrix) and any weight shared with an embedding (a tied
+    head). Everything else (embeddings, norms, biases, position
     tables, scalars) stays on AdamW."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     vocab = getattr(model, "vocab_size", None)
     return [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad
-            and id(m.weight) not in embeddings and m.out_features != vocab]
+            and id(m.weight) not in embeddings and m.out_features not in (vocab, 1)]
 
 
 def _fused_supported(groups: list[dict]) -> bool:

@@ -107,6 +107,7 @@ class Step:
     nonfinite: bool | torch.Tensor  # a device flag until NonFinite reads it
     stop: int  # the signal a process received (agreed over processes), 0: none
     host: float = 0.0  # seconds this process's loop spent getting its batches (batches.LocalBatches)
+    parts: dict = field(default_factory=dict)  # sums of the model's named loss parts (RTD: mlm_loss, rtd_loss)
 
 
 class NonFinite:
@@ -309,12 +310,15 @@ class Trainer:
         agreement over processes (clock, non-finite flag, stop request), then the update."""
         start, host = time.perf_counter(), self.batches.host_seconds
         m, n_local = self.impl.microbatch_size, n_micro // self.dist.world
-        losses = []
+        losses, parts = [], {}
         for i, micro in enumerate(self.batches.step(n_micro)):  # (m, T) each: this process's microbatches
             with gradient_sync(self.model, self.dist, sync=i == n_local - 1), self.steps.autocast():
-                loss = self.model(**micro)["loss"]
+                out = self.model(**micro)
+                loss = out["loss"]
                 self.steps.backward(loss / n_local)
             losses.append(loss.detach().float())
+            for name in (k for k in out if k.endswith("_loss") and out[k] is not None):  # logged beside the loss
+                parts[name] = parts.get(name, 0.0) + out[name].detach().float()
         sync_replicated_grads(self.module, self.dist)
         norm = self.steps.clip()
         loss = torch.stack(losses).sum()
@@ -335,7 +339,7 @@ class Trainer:
         tokens = n_micro * m * self.data.seq_len
         seconds = time.perf_counter() - start
         self.meter.record(tokens, seconds, clock)
-        return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop, self.batches.host_seconds - host)
+        return Step(self.used.steps, loss, n_micro, tokens, seconds, norm, bad, stop, self.batches.host_seconds - host, parts)
 
     def _set_lr(self, t: float) -> float:
         """Every group's peak lr (``peak_lr``: Muon's AdamW groups have their own; else train.optim.lr)
@@ -383,11 +387,16 @@ class Trainer:
         place a step's loss and gradient norm are read back to the host."""
         self.nonfinite.flush()
         steps = window.steps
+        names = sorted(set.intersection(*(set(s.parts) for s in steps)))  # the loss parts (RTD), as the loss
+        values = [s.loss for s in steps] + [s.parts[n] for n in names for s in steps]
         if self.dist.enabled:  # every process takes part in this collective (metrics lines are agreed)
-            totals = all_reduce([s.loss for s in steps], self.dist, "sum", self.device)
+            values = all_reduce(values, self.dist, "sum", self.device)
         else:
-            totals = torch.stack([s.loss for s in steps]).double().tolist()  # one host read
+            values = torch.stack(values).double().tolist()  # one host read
+        totals = values[: len(steps)]
         finite = [float(total) / s.n_micro for s, total in zip(steps, totals) if not s.nonfinite]
+        parts = {n: [float(v) / s.n_micro for s, v in zip(steps, values[(i + 1) * len(steps) : (i + 2) * len(steps)])
+                     if not s.nonfinite] for i, n in enumerate(names)}
         if not finite:
             return
         used, last = self.used, steps[-1]
@@ -396,7 +405,8 @@ class Trainer:
         norm = float(last.norm) if last.norm is not None and not last.nonfinite else None
         record = {
             "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
-            "tokens": used.tokens, "loss": round(sum(finite) / len(finite), 6), "lr": lr,
+            "tokens": used.tokens, "loss": round(sum(finite) / len(finite), 6),
+            **{n: round(sum(v) / len(v), 6) for n, v in parts.items()}, "lr": lr,
             "batch_size": last.n_micro * self.impl.microbatch_size, "grad_norm": norm,
             "tokens_per_second": round(speed, 1), "mfu": round(mfu, 4) if mfu is not None else None,
             "host_seconds": round(window.host / len(steps), 6),  # per step: rank 0's loop getting its batches
