@@ -11,6 +11,8 @@ import time
 
 import pytest
 import torch
+
+from cramlm.io import write_digests
 from safetensors.torch import load_file
 
 from cramlm.train import checkpoint as ckpt
@@ -151,6 +153,7 @@ def test_resume_auto_sets_aside_a_checkpoint_whose_training_pt_holds_a_pickle_pa
     root = tmp_path / "evil" / "checkpoints"
     marker = tmp_path / "PAYLOAD-RAN"
     torch.save({"optimizer": _Payload(f"touch {marker}")}, root / "step-00000003" / "training.pt")
+    write_digests(root / "step-00000003", ["training.pt"])  # its digest agrees: only the weights-only load can tell
     assert ckpt.checkpoint_problem(root / "step-00000003").startswith("training.pt: refused by the weights-only loader")
     capsys.readouterr()
     resumed = run_inprocess(tmp_path, "evil", *args, "train.budget.steps=4", "resume=auto")

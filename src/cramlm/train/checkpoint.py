@@ -45,6 +45,7 @@ from safetensors.torch import load_file, load_model
 from cramlm.io import (
     DIGESTS,
     CheckpointFileError,
+    atomic_dir,
     digest_problem,
     load_error_reason,
     safetensors_shapes,
@@ -54,14 +55,6 @@ from cramlm.io import (
 
 CHECKPOINT_VERSION = 2  # 2: digests.json; a checkpoint of version 2 without it is damaged
 FILES = ("model.safetensors", "training.pt", "state.json")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_weights(model: torch.nn.Module, path: str | Path, strict: bool = True) -> None:
@@ -182,36 +175,26 @@ def write_checkpoint(
     state: dict,
     keep: int,
 ) -> Path:
-    """Write one checkpoint folder atomically, then drop all but the newest ``keep``."""
+    """Write one checkpoint folder atomically (io.atomic_dir: a hidden temporary folder, fsynced,
+    renamed into place; the same step saved again goes aside first, so a kill at any moment leaves
+    a complete folder under one of the two names), then drop all but the newest ``keep``."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, aside = root / f".tmp-step-{step:08d}-{os.getpid()}", root / f"{ASIDE_PREFIX}{final.name}-{os.getpid()}"
     try:
-        tmp.mkdir()
-        save_state_dict(model_state, tmp / "model.safetensors", aliases)
-        torch.save(training, tmp / "training.pt")
-        state = {**state, "checkpoint_version": CHECKPOINT_VERSION}
-        (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
-        write_digests(tmp, FILES)
-        for f in tmp.iterdir():
-            _fsync(f)
+        with atomic_dir(final, tmp=tmp, aside=aside, durable=True) as folder:
+            save_state_dict(model_state, folder / "model.safetensors", aliases)
+            torch.save(training, folder / "training.pt")
+            state = {**state, "checkpoint_version": CHECKPOINT_VERSION}
+            (folder / "state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+            write_digests(folder, FILES)
     except Exception as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         needed, free = _nbytes(model_state) + _nbytes(training), shutil.disk_usage(root).free
         # torch.save's zip writer says only "file write failed" or "unexpected pos ...": whatever
         # the message, a write that needed more than the free space failed for want of it
         if _is_disk_full(e) or free < needed:
             raise DiskFullError(final, needed, free, latest_checkpoint(root)) from None
         raise
-    aside = None
-    if final.exists():  # the same step saved again (e.g. the final checkpoint after a periodic one)
-        aside = root / f"{ASIDE_PREFIX}{final.name}-{os.getpid()}"
-        os.replace(final, aside)  # a kill from here until it is deleted leaves it to restore
-    os.replace(tmp, final)
-    _fsync(root)
-    if aside is not None:
-        shutil.rmtree(aside)
     for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
