@@ -127,12 +127,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
             if step % 10 == 1:  # reading the loss waits for the device: not every step
                 bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)  # update() redraws, at its own pace
             bar.update(1)
-        epochs.append(
-            {
-                split: score_all(task.metrics, predict(model, ids, task.is_regression, hp.eval_batch_size, pad_id, device, amp), dev_y[split])
-                for split, ids in dev_ids.items()
-            }
-        )
+        epochs.append({split: score_all(task.metrics, predict(model, ids, task.is_regression, hp.eval_batch_size, pad_id,
+                                                           device, amp), dev_y[split]) for split, ids in dev_ids.items()})
     bar.close()
     return {
         "seed": seed,
