@@ -84,13 +84,15 @@ def test_the_budget_and_mfu_count_the_optimizer_flops():
     assert meter.budget.remaining_tokens(meter.used, None, 10, 5000.0) == pytest.approx((1e6 - 10 * 5000) / 100)
 
 
-def test_type_muon_over_a_recipes_adamw_block_keeps_its_settings():
+def test_type_muon_on_the_command_line_starts_from_muons_defaults():
+    """A component type change on the command line starts from the new type's defaults (issue 20
+    item 11), keeping keys set earlier on the same command line; Muon's betas and eps equal bert-o4's."""
     from cramlm.cli.common import resolve_or_exit
 
-    cfg = resolve_or_exit("pretrain", ["train=bert-o4", "train.optim.type=muon", "train.optim.lr=2e-3"])
+    cfg = resolve_or_exit("pretrain", ["train=bert-o4", "train.optim.lr=2e-3", "train.optim.type=muon"])
     optim = cfg.train.optim
-    assert optim.type == "muon" and optim.lr == 2e-3 and optim.adamw_lr is None
-    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-12 and optim.weight_decay == 0.01  # bert-o4's
+    assert optim.type == "muon" and optim.lr == 2e-3 and optim.adamw_lr is None  # set before the switch: kept
+    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-12 and optim.weight_decay == 0.1  # Muon's defaults
     assert optim.adjust_lr_fn == "match_rms_adamw" and optim.momentum == 0.95 and optim.ns_steps == 5
 
 

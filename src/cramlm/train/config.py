@@ -82,7 +82,9 @@ class MuonConfig(OptimizerConfig):
     dense), AdamW on the rest (embeddings, the output head, norms, biases, position tables) with its
     own lr. ``lr`` and ``weight_decay`` are Muon's; with ``adjust_lr_fn=match_rms_adamw`` (Moonshot's
     update-RMS match, the default) an AdamW lr is a sensible start for both. ``train.optim.type=muon``
-    over a recipe's AdamW block keeps its lr, betas, eps and weight decay."""
+    on the command line, like any component type change, starts from these defaults (keeping only
+    keys set earlier on the same command line): the lr, weight decay 0.1 (Moonshot's) and the betas
+    and eps below, which equal bert-o4's."""
 
     type: Literal["muon"] = "muon"
     lr: PositiveFloat = Field(1e-3, description="Muon's peak lr (the hidden matrices)")
@@ -95,7 +97,7 @@ class MuonConfig(OptimizerConfig):
         "match_rms_adamw", description="match_rms_adamw: lr x 0.2 sqrt(max(A, B)), the update RMS of AdamW "
         "(Moonshot); original: lr x sqrt(max(1, A/B)) (Keller Jordan's)")
     adamw_lr: PositiveFloat | None = Field(None, description="peak lr of the AdamW parameters (null: = lr)")
-    # named as AdamW's own, so that train.optim.type=muon over a recipe's AdamW block keeps them for AdamW
+    # named as AdamW's own: they go to the AdamW part (a preset's block can set them under the same names)
     betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the parameters Muon does not train)")
     eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the parameters Muon does not train)")
 
