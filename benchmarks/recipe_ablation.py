@@ -210,7 +210,7 @@ def plot(result: dict, path: Path) -> Path:
                         lw=1.5 if at_best else 0.8, ms=3, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs (model + optimizer)")
-    ax.set_ylabel("held-out loss")
+    ax.set_ylabel("validation loss (val_loss: the same heldout-v1 sequences for every run)")
     ax.set_title("loss against compute; faint: other lrs of each sweep")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
