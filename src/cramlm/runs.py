@@ -21,7 +21,7 @@ from cramlm.config.base import Config, SafeName
 from cramlm.config.registry import component
 from cramlm.constants import OUTPUTS_DIR
 from cramlm.locks import FolderLock, LockHeld
-from cramlm.io import CheckpointFileError, load_error_reason, safetensors_shapes  # noqa: F401 (imported from here too)
+from cramlm.io import CheckpointFileError, load_error_reason, safetensors_shapes
 from cramlm.data.prepare import DataConfig
 from cramlm.models.base import ModelConfig, build_model
 from cramlm.train.config import TrainConfig

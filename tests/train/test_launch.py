@@ -2,7 +2,6 @@
 SIGTERM even though its workers checkpointed and exited 75; the wrapper's own status is 75 then,
 so a job script can tell preemption from failure, and a failure stays a failure."""
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from cramlm.train.checkpoint import checkpoint_dirs
 from cramlm.train.preemption import EXIT_INTERRUPTED
 
 from .helpers import REPO, env, free_port, overrides, records
-from .test_interrupt import STEPS, wait_for_lines
+from .test_interrupt import STEPS, sigterm_after_two_steps
 
 
 def launch_cmd(nproc: int, *args: str) -> list[str]:
@@ -22,14 +21,7 @@ def launch_cmd(nproc: int, *args: str) -> list[str]:
 
 def test_sigterm_to_the_launcher_gives_75_and_a_checkpoint(tmp_path):
     cmd = launch_cmd(2, "pretrain", *overrides(tmp_path, "tr", *STEPS, "impl.microbatch_size=4", "impl.dist_timeout=60"))
-    proc = subprocess.Popen(cmd, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its own group: the signal goes to the launcher only, as from srun
-    try:
-        wait_for_lines(tmp_path / "tr" / "metrics.jsonl", 2, [proc])
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc, out, err = sigterm_after_two_steps(cmd, tmp_path / "tr")  # to the launcher only, as from srun
     assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
     assert "SignalException" in err  # torchrun's own end, which the launcher's status corrects
     (event,) = records(tmp_path / "tr", "event")

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.locks import FolderLock, LockHeld
-from cramlm.io import write_digests
-from cramlm.runs import RUN_LOCK, CheckpointFileError, load_run
+from cramlm.io import CheckpointFileError, write_digests
+from cramlm.runs import RUN_LOCK, load_run
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import REPO, cramlm_cmd, env, overrides, run_inprocess

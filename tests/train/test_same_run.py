@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.cli.common import resolve_or_exit
 from cramlm.data.prepare import output_folder, prepare_data
-from cramlm.runs import CheckpointFileError, load_run
+from cramlm.io import CheckpointFileError
+from cramlm.runs import load_run
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import overrides, records, run_inprocess

@@ -336,7 +336,7 @@ def _weight_files(name_or_path: str) -> str:
 def _first_line(e: Exception) -> str:
     import pickle
 
-    from cramlm.runs import load_error_reason
+    from cramlm.io import load_error_reason
 
     reason = load_error_reason(e)
     return reason if isinstance(e, pickle.UnpicklingError) else f"{reason}; the file may be truncated or damaged"
