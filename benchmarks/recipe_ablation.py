@@ -10,6 +10,11 @@ last point needs the curve extended: with ``--extrapolate`` its last segment is 
 log-FLOPs and the number is flagged ``extrapolated``; without, the multiplier is given as a lower
 bound (``>=``, the baseline's final FLOPs over the candidate's). The same is computed on seconds
 (the wall-clock multiplier; meaningful when the runs shared the machine alike: ``--parallel``).
+A single run's curve flatters a candidate (its middle is not annealed: the schedule decays only at
+the end of its own budget), so ``--baseline-budgets 2 4`` also trains the baseline, at the best lr
+of its sweep, with its own full schedule at 2x and 4x the budget (``<name>-lr<LR>-s<S>-x2``): the
+multiplier is then read off that frontier of final losses (``source: "frontier"``) and the
+single-curve figure is kept beside it (``multiplier_flops_curve``).
 Each contender is judged at the lr of its own sweep with the lowest mean final loss over seeds; a
 multiplier is per seed (baseline seed s against candidate seed s), summarised by the median. A
 candidate of another objective than the baseline's (``train.objective=rtd``: its held-out loss is
@@ -89,8 +94,8 @@ def compute_multiplier(base_x: list[float], base_loss: list[float], cand_x: floa
 
 # ---- runs ----------------------------------------------------------------------------------------
 
-def run_name(contender: str, lr: float, seed: int) -> str:
-    return f"{contender}-lr{lr:g}-s{seed}"
+def run_name(contender: str, lr: float, seed: int, times: float = 1) -> str:
+    return f"{contender}-lr{lr:g}-s{seed}" + (f"-x{times:g}" if times != 1 else "")
 
 
 def plan(args) -> list[dict]:
@@ -101,12 +106,14 @@ def plan(args) -> list[dict]:
         shared += SMOKE
     if args.size:
         shared += size_overrides(args.size)
-    if args.flops:
-        shared += ["budget=null", f"train.budget.flops={args.flops:g}"]
-    elif args.clock:
-        shared += [f"budget={args.clock}"]
     if args.parallel:
         shared.append("impl.threads=1")
+
+    def budget(times: float) -> list[str]:
+        if args.flops:
+            return ["budget=null", f"train.budget.flops={args.flops * times:g}"]
+        return [f"budget={args.clock}"] if args.clock else []
+
     runs = []
     for name, extra in args.contenders.items():
         for key in (o.split("=", 1)[0] for o in extra):
@@ -115,10 +122,21 @@ def plan(args) -> list[dict]:
                                  "contenders share both (set them for all with --overrides or --size)")
         for lr in args.lrs_of.get(name, args.lrs):
             for seed in args.seeds:
+                if seed in args.only_best_for_seeds and lr != getattr(args, "best_lrs", {}).get(name):
+                    continue  # this seed confirms the sweep's best lr only (known after the sweep)
                 folder = args.out / run_name(name, lr, seed)
-                cmd = ["cramlm", "run", args.recipe, *shared, *extra, f"train.optim.lr={lr:g}", f"seed={seed}",
-                       f"name={folder.name}"]
-                runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd})
+                cmd = ["cramlm", "run", args.recipe, *shared, *budget(1), *extra, f"train.optim.lr={lr:g}",
+                       f"seed={seed}", f"name={folder.name}"]
+                runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": 1})
+    base_lr = getattr(args, "baseline_lr", None)
+    if base_lr is not None:  # the baseline at larger budgets, its best lr, its own full schedule each
+        name, extra = args.baseline[0], args.contenders[args.baseline[0]]
+        for times in args.baseline_budgets:
+            for seed in args.baseline_budget_seeds or args.seeds:
+                folder = args.out / run_name(name, base_lr, seed, times)
+                cmd = ["cramlm", "run", args.recipe, *shared, *budget(times), *extra, f"train.optim.lr={base_lr:g}",
+                       f"seed={seed}", f"name={folder.name}"]
+                runs.append({"contender": name, "lr": base_lr, "seed": seed, "folder": folder, "cmd": cmd, "times": times})
     return runs
 
 
@@ -156,22 +174,39 @@ def curve(folder: Path) -> dict:
                       "optimizer_flops_per_step": opt, "flops_per_token": fpt}}
 
 
-def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool) -> dict:
-    curves = {}
+def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, sweep_seeds=None) -> dict:
+    curves, larger = {}, {}  # larger: the baseline's runs at multiples of the budget, (lr, seed) -> [final]
     for r in runs:
         if (r["folder"] / "summary.json").is_file():
+            if r.get("times", 1) != 1:
+                larger.setdefault((r["lr"], r["seed"]), []).append(curve(r["folder"])["final"])
+                continue
             curves.setdefault(r["contender"], {}).setdefault(r["lr"], {})[r["seed"]] = curve(r["folder"])
     if baseline not in curves:
         raise SystemExit(f"Error: no finished run of the baseline '{baseline}' in {out}")
     result = {"baseline": baseline, "extrapolate": extrapolate, "contenders": {}}
     best = {}
     for name, by_lr in curves.items():
-        means = {lr: statistics.mean(c["final"]["val_loss"] for c in seeds.values()) for lr, seeds in by_lr.items()
-                 if all(c["final"]["val_loss"] is not None for c in seeds.values())}
-        best[name] = min(means, key=means.get)
-        result["contenders"][name] = {"lr_sweep": {f"{lr:g}": round(v, 5) for lr, v in sorted(means.items())},
-                                      "best_lr": best[name], "final_val_loss": means[best[name]]}
+        def mean_loss(seeds: dict, only=None) -> float | None:
+            losses = [c["final"]["val_loss"] for s, c in seeds.items() if only is None or s in only]
+            return statistics.mean(losses) if losses and None not in losses else None
+
+        # the best lr by the seeds every lr has (sweep_seeds: the others confirm the best lr only)
+        sweep = {lr: mean_loss(seeds, sweep_seeds) for lr, seeds in by_lr.items()}
+        sweep = {lr: v for lr, v in sweep.items() if v is not None}
+        best[name] = min(sweep, key=sweep.get)
+        result["contenders"][name] = {"lr_sweep": {f"{lr:g}": round(v, 5) for lr, v in sorted(sweep.items())},
+                                      "best_lr": best[name], "final_val_loss": mean_loss(by_lr[best[name]]),
+                                      "seeds_at_best_lr": sorted(by_lr[best[name]])}
     base = curves[baseline][best[baseline]]
+    frontier = {}  # seed -> the baseline's final points at its budgets (1x and the larger ones), best lr
+    for seed, c in base.items():
+        finals = [c["final"], *larger.get((best[baseline], seed), [])]
+        if len(finals) > 1:
+            frontier[seed] = finals
+    if frontier:
+        result["baseline_frontier"] = {str(s): [{k: f[k] for k in ("flops", "seconds", "tokens", "val_loss")} for f in fs]
+                                       for s, fs in frontier.items()}
     for name in curves:
         entry = result["contenders"][name]
         entry["runs"] = {f"{lr:g}": {str(s): c for s, c in seeds.items()} for lr, seeds in curves[name].items()}
@@ -182,14 +217,24 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool) -> 
                              "baseline's (rtd: the generator's MLM loss), so no multiplier; judge it downstream")
             continue
         for axis in ("flops", "seconds"):
-            per_seed = {}
-            for seed, c in curves[name][best[name]].items():
-                b = base.get(seed) or next(iter(base.values()))
-                per_seed[seed] = compute_multiplier(b[axis], b["val_loss"], c["final"][axis], c["final"]["val_loss"], extrapolate)
-            ms = [m["multiplier"] for m in per_seed.values()]
-            entry[f"multiplier_{axis}"] = {"median": statistics.median(ms), "per_seed": per_seed,
-                                           "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
-                                           "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
+            for source in ("curve", "frontier"):
+                if source == "frontier" and not frontier:
+                    continue
+                per_seed = {}
+                for seed, c in curves[name][best[name]].items():
+                    if source == "curve":
+                        b = base.get(seed) or next(iter(base.values()))
+                        xs, ys = b[axis], b["val_loss"]
+                    else:  # the baseline's own seed where it has a frontier, else the first seed's
+                        fs = frontier.get(seed) or next(iter(frontier.values()))
+                        xs, ys = [f[axis] for f in fs], [f["val_loss"] for f in fs]
+                    per_seed[seed] = compute_multiplier(xs, ys, c["final"][axis], c["final"]["val_loss"], extrapolate)
+                ms = [m["multiplier"] for m in per_seed.values()]
+                entry[f"multiplier_{axis}_{source}"] = {
+                    "median": statistics.median(ms), "per_seed": per_seed, "source": source,
+                    "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
+                    "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
+            entry[f"multiplier_{axis}"] = entry.get(f"multiplier_{axis}_frontier") or entry[f"multiplier_{axis}_curve"]
     return result
 
 
@@ -208,6 +253,9 @@ def plot(result: dict, path: Path) -> Path:
                 label = f"{name} (lr {lr})" if at_best and i == 0 else None
                 ax.plot(c["flops"], c["val_loss"], "o-" if at_best else "-", color=color, alpha=1.0 if at_best else 0.25,
                         lw=1.5 if at_best else 0.8, ms=3, label=label)
+    for i, finals in enumerate(result.get("baseline_frontier", {}).values()):
+        ax.plot([f["flops"] for f in finals], [f["val_loss"] for f in finals], "s--", color="black", ms=5, lw=1,
+                label=f"{result['baseline']}: final loss at 1x and larger budgets" if i == 0 else None)
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs (model + optimizer)")
     ax.set_ylabel("validation loss (val_loss: the same heldout-v1 sequences for every run)")
@@ -221,7 +269,8 @@ def fmt(m: dict | None) -> str:
     if m is None:
         return "n/a (other objective)"
     sign = {"lower": ">=", "upper": "<="}.get(m["bounds"][0], "") if m["bounds"] else ""
-    return f"{sign}{m['median']:.2f}x" + (" (extrapolated)" if m["extrapolated"] else "")
+    return (f"{sign}{m['median']:.2f}x" + (" (extrapolated)" if m["extrapolated"] else "")
+            + (" (one curve)" if m.get("source") == "curve" else ""))
 
 
 def table(result: dict) -> str:
@@ -232,7 +281,8 @@ def table(result: dict) -> str:
         sweep = ", ".join(f"{lr}: {v:.3f}" for lr, v in e["lr_sweep"].items())
         lines.append(f"| {name}{' (baseline)' if name == result['baseline'] else ''} | {e['best_lr']:g} | {sweep} | "
                      f"{e['final_val_loss']:.4f} | {statistics.mean(f['flops'] for f in finals):.3g} | "
-                     f"{fmt(e['multiplier_flops'])} | {fmt(e['multiplier_seconds'])} |")
+                     + ("1x (itself) | 1x (itself) |" if name == result["baseline"] else
+                        f"{fmt(e['multiplier_flops'])} | {fmt(e['multiplier_seconds'])} |"))
     return "\n".join(lines)
 
 
@@ -253,6 +303,14 @@ def main(argv: list[str]) -> dict:
                     help="a contender's own lr sweep instead of --lrs (repeat per contender)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--validate-every", type=float, default=0.1, help="train.validate_every: points of each curve")
+    ap.add_argument("--only-best-for-seeds", type=int, nargs="*", default=[], metavar="SEED",
+                    help="seeds (of --seeds) run at each contender's best lr only, after the other seeds' sweep chose it")
+    ap.add_argument("--baseline-budgets", type=float, nargs="*", default=[], metavar="TIMES",
+                    help="also train the baseline at these multiples of the budget (its best lr, full schedule each): "
+                         "the multiplier is read off that frontier")
+    ap.add_argument("--baseline-budget-seeds", type=int, nargs="*", default=[], metavar="SEED",
+                    help="the seeds of those larger baseline runs (default: all); a seed without them is judged "
+                         "on the first seed's frontier")
     ap.add_argument("--extrapolate", action="store_true", help="continue the baseline's curve past its last point (flagged)")
     ap.add_argument("--parallel", action="store_true", help="two runs at a time, one pinned core and thread each")
     ap.add_argument("--smoke", action="store_true", help="tiny model, data and budgets: checks the machinery in < 1 minute")
@@ -287,13 +345,28 @@ def main(argv: list[str]) -> dict:
         settings = json.loads(previous.read_text())["settings"]
         args.contenders, args.lrs, args.seeds = settings["contenders"], settings["lrs"], settings["seeds"]
         args.lrs_of, args.baseline = settings.get("lrs_for") or {}, [next(iter(settings["contenders"]))]
+        args.baseline_budgets = args.baseline_budgets or settings.get("baseline_budgets") or []
+        args.baseline_budget_seeds = args.baseline_budget_seeds or settings.get("baseline_budget_seeds") or []
+        args.only_best_for_seeds = args.only_best_for_seeds or settings.get("only_best_for_seeds") or []
+    sweep_seeds = [s for s in args.seeds if s not in args.only_best_for_seeds]
+    if args.only_best_for_seeds and not sweep_seeds:
+        ap.error("--only-best-for-seeds: some seed of --seeds must sweep the lrs")
     runs = plan(args)
     if not args.summarize:
         args.out.mkdir(parents=True, exist_ok=True)
         run_all(args, runs)
-    result = summarize(args.out, runs, args.baseline[0], args.extrapolate)
+    if args.only_best_for_seeds or args.baseline_budgets:  # the sweep decides the lrs; then the rest
+        swept = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds)["contenders"]
+        args.best_lrs = {name: e["best_lr"] for name, e in swept.items()}
+        if args.baseline_budgets:
+            args.baseline_lr = args.best_lrs[args.baseline[0]]
+        runs = plan(args)
+        if not args.summarize:
+            run_all(args, runs)
+    result = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds)
     result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
-                          "lrs_for": args.lrs_of, "seeds": args.seeds, "parallel": args.parallel, "overrides": args.overrides,
+                          "lrs_for": args.lrs_of, "seeds": args.seeds, "baseline_budgets": args.baseline_budgets,
+                          "baseline_budget_seeds": args.baseline_budget_seeds, "only_best_for_seeds": args.only_best_for_seeds, "parallel": args.parallel, "overrides": args.overrides,
                           "contenders": args.contenders}
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plot(result, args.out / "ablation.png")

@@ -49,26 +49,46 @@ def test_bad_curves_are_refused():
     assert math.isfinite(compute_multiplier([5], [2.0], 5, 3.0)["multiplier"])
 
 
-def test_a_candidate_of_another_objective_gets_no_multiplier(tmp_path):
-    """An rtd (ELECTRA) run's held-out loss is its generator's MLM loss: never read off an MLM curve."""
+def fake(tmp_path, name: str, objective: str, losses: list[float], times: float = 1) -> dict:
+    """A finished run folder: validation points every 1000 tokens, 10 FLOPs per token."""
     import json
 
+    folder = tmp_path / f"{name}-x{times:g}"
+    folder.mkdir()
+    lines = [{"kind": "val", "step": i + 1, "tokens": 1000 * (i + 1), "elapsed": i + 1.0, "val_loss": v}
+             for i, v in enumerate(losses)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (folder / "summary.json").write_text(json.dumps({
+        "objective": objective, "flops_per_token": 10.0, "flops": 10.0 * 1000 * len(losses), "train_seconds": float(len(losses)),
+        "tokens": 1000 * len(losses), "val_loss": losses[-1], "steps": len(losses)}))
+    return {"folder": folder, "contender": name, "lr": 1e-3, "seed": 0, "times": times}
+
+
+def test_a_candidate_of_another_objective_gets_no_multiplier(tmp_path):
+    """An rtd (ELECTRA) run's held-out loss is its generator's MLM loss: never read off an MLM curve."""
     from recipe_ablation import summarize, table
 
-    def fake(name: str, objective: str, losses: list[float]) -> dict:
-        folder = tmp_path / name
-        folder.mkdir()
-        lines = [{"kind": "val", "step": i + 1, "tokens": 1000 * (i + 1), "elapsed": i + 1.0, "val_loss": v}
-                 for i, v in enumerate(losses)]
-        (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
-        (folder / "summary.json").write_text(json.dumps({
-            "objective": objective, "flops_per_token": 10.0, "flops": 10.0 * 1000 * len(losses), "train_seconds": float(len(losses)),
-            "tokens": 1000 * len(losses), "val_loss": losses[-1], "steps": len(losses)}))
-        return {"folder": folder, "contender": name, "lr": 1e-3, "seed": 0}
-
-    runs = [fake("mlm", "mlm", [7.0, 6.0, 5.0]), fake("same", "mlm", [6.0, 5.5]), fake("rtd", "rtd", [6.0, 4.0, 2.0])]
+    runs = [fake(tmp_path, "mlm", "mlm", [7.0, 6.0, 5.0]), fake(tmp_path, "same", "mlm", [6.0, 5.5]),
+            fake(tmp_path, "rtd", "rtd", [6.0, 4.0, 2.0])]
     result = summarize(tmp_path, runs, "mlm", extrapolate=False)
     assert result["contenders"]["same"]["multiplier_flops"]["median"] > 1
     rtd = result["contenders"]["rtd"]
     assert rtd["multiplier_flops"] is None and rtd["multiplier_seconds"] is None and "downstream" in rtd["note"]
     assert "n/a (other objective)" in table(result).splitlines()[-1]
+
+
+def test_the_baselines_larger_budgets_make_the_frontier(tmp_path):
+    """With the baseline trained again at 2x its budget (its own schedule), the multiplier is read off
+    the final losses at 1x and 2x, not off the 1x run's unannealed middle; the curve's is kept beside."""
+    from recipe_ablation import summarize, table
+
+    runs = [fake(tmp_path, "base", "mlm", [7.0, 6.0, 5.0]),  # 1x: 3e4 FLOPs, final 5.0
+            fake(tmp_path, "base", "mlm", [7.0, 6.5, 6.0, 5.5, 5.0, 4.0], times=2),  # 2x: 6e4 FLOPs, final 4.0
+            fake(tmp_path, "cand", "mlm", [6.0, 5.0, 4.5])]  # 3e4 FLOPs, final 4.5
+    result = summarize(tmp_path, runs, "base", extrapolate=False)
+    cand = result["contenders"]["cand"]
+    front = cand["multiplier_flops"]
+    assert front["source"] == "frontier" and front["median"] == pytest.approx(2 ** 0.5)  # halfway in log FLOPs
+    assert cand["multiplier_flops_curve"]["bounds"] == ["lower"]  # one curve: 4.5 is past the 1x run's end
+    assert [f["val_loss"] for f in result["baseline_frontier"]["0"]] == [5.0, 4.0]
+    assert "1.41x" in table(result).splitlines()[-1]
