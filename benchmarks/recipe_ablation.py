@@ -141,7 +141,8 @@ def plan(args) -> list[dict]:
 
 
 def run_all(args, runs: list[dict]) -> None:
-    todo = [r["cmd"] for r in runs if not (r["folder"] / "summary.json").is_file()]
+    # the longest runs first, so that two lanes end together (a 2x run last would leave one idle)
+    todo = [r["cmd"] for r in sorted(runs, key=lambda r: -r.get("times", 1)) if not (r["folder"] / "summary.json").is_file()]
     if not todo:
         return
     data = [c for c in todo[0] if not c.startswith(("stages=", "name="))] + ["stages=[data]", "name=data"]
