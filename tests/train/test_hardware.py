@@ -168,6 +168,8 @@ def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
         assert flops.cpu_peak_flops() == 2e9 and flops.cpu_peak_flops(dtype=torch.bfloat16) == 4e9
         peak, source = flops.peak_flops(torch.device("cpu"), torch.bfloat16)
         assert peak == 4e9 and source == "measured bf16 GEMM on one core (CPU time) x 2 threads"
+        torch.set_num_threads(1)
+        assert flops.peak_flops(torch.device("cpu"), torch.bfloat16)[1].endswith("x 1 thread")
     finally:
         torch.set_num_threads(before)
 

@@ -84,7 +84,8 @@ def peak_flops(device: torch.device, dtype: torch.dtype | None = None) -> tuple[
     from cramlm.train.hardware import PRECISION_DTYPES
 
     label = next((name for name, d in PRECISION_DTYPES.items() if d == dtype), str(dtype))
-    return cpu_peak_flops(dtype=dtype), f"measured {label} GEMM on one core (CPU time) x {torch.get_num_threads()} threads"
+    n = torch.get_num_threads()
+    return cpu_peak_flops(dtype=dtype), f"measured {label} GEMM on one core (CPU time) x {n} thread{'s' * (n != 1)}"
 
 
 def measure_flops_per_token(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> float:
