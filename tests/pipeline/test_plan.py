@@ -118,6 +118,26 @@ def test_measure_throughput_runs_real_training_steps():
     assert tokens_per_second > 0
 
 
+def test_measure_throughput_trains_what_the_run_trains(monkeypatch):
+    """An RTD recipe's probe steps its generator and detector with the sampling noise in the batch
+    (the MLM encoder alone would overstate its tokens/s); an MLM recipe's, the encoder alone."""
+    import cramlm.train.build as build
+    from cramlm.models.electra import ReplacedTokenDetection
+    from cramlm.pipeline.plan import measure_throughput
+
+    seen = []
+    real = build.build_trainer
+    monkeypatch.setattr(build, "build_trainer", lambda model, data, *a, **k: seen.append((model, k["sample"])) or real(model, data, *a, **k))
+    small = ["impl.precision=fp32", "data.seq_length=32", "data.tokenizer.vocab_size=512"]
+    for objective in ("mlm", "rtd"):
+        cfg = resolve_recipe("default", [*small, f"train.objective={objective}"])
+        arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+        assert measure_throughput(cfg, arch, 512, micro=2, warmup=1, steps=1) > 0
+    (mlm, mlm_batch), (rtd, rtd_batch) = seen
+    assert not isinstance(mlm, ReplacedTokenDetection) and "sample_noise" not in mlm_batch
+    assert isinstance(rtd, ReplacedTokenDetection) and "sample_noise" in rtd_batch
+
+
 def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
     from cramlm.pipeline.recipe import AUTO_ARCH
 

@@ -163,14 +163,15 @@ def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
 
 def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2, device=None) -> float:
     """Tokens/s of a few real training steps (median) of ``arch`` on random tokens, on ``device``
-    (default: the CPU)."""
+    (default: the CPU). The model and batches are the run's own (``cramlm.pretrain``'s builders):
+    an RTD recipe (train.objective=rtd) is measured with its generator and detector, a causal arch
+    with causal batches."""
     import numpy as np
     import torch
 
     from cramlm.config.registry import config_class
-    from cramlm.data.collate import MLMCollator
-    from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
-    from cramlm.models.base import build_model
+    from cramlm.data.tokenizer import SPECIAL_TOKENS
+    from cramlm.pretrain import make_collator, run_model
     from cramlm.train.build import build_trainer
     from cramlm.train.batches import StepData
 
@@ -188,8 +189,9 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
 
     torch.manual_seed(0)
     device = torch.device(device or "cpu")
-    model = build_model(config_class("model", arch["type"]).model_validate(arch), vocab).to(device)
-    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, 0)
+    run = cfg.model_copy(update={"arch": config_class("model", arch["type"]).model_validate(arch)})
+    model = run_model(run, vocab, device)
+    collate = make_collator(run, vocab, 0)
     data = StepData(RandomBlocks(micro * (warmup + steps), 0), collate, 0)
     train = cfg.train.model_copy(update={"batch_size": micro, "batch_ramp": 0.0, "min_updates": 0,
                                          "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
