@@ -17,6 +17,7 @@ runs under the first one's autocast.
     python benchmarks/train_step.py --sizes base --precision fp32 auto --microbatch 16 --accumulate 4  # as a run: batch 64
     python benchmarks/train_step.py --device cuda --microbatch 128 128   # on a GPU (the default there)
     python benchmarks/train_step.py --sizes tiny gpt-tiny --microbatch 64 --no-hf   # causal against MLM, same shape
+    python benchmarks/train_step.py --sizes tiny --microbatch 64 --no-hf --objective rtd   # ELECTRA's step
 """
 
 from __future__ import annotations
@@ -65,11 +66,18 @@ class RandomBlocks:
 
 
 def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, device: torch.device, precision: str,
-         accumulate: int = 1) -> tuple:
+         accumulate: int = 1, objective: str = "mlm") -> tuple:
     cfg = config_class("model", arch["type"]).model_validate(arch)
     torch.manual_seed(0)
-    model = build_model(cfg, vocab).to(device)
-    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0)
+    model = build_model(cfg, vocab)
+    rtd = objective == "rtd" and cfg.objective == "mlm"
+    if rtd:  # train.objective=rtd: the generator and detector around the encoder, as a run builds them
+        from cramlm.models.electra import build_rtd
+        from cramlm.models.config import RTDConfig
+
+        model = build_rtd(model, RTDConfig(), len(SPECIAL_TOKENS))
+    model = model.to(device)
+    collate = MLMCollator(vocab, MASK_ID, len(SPECIAL_TOKENS), 0.25, 0, sample_noise=rtd)
     data = StepData(RandomBlocks(vocab, SEQ), collate if cfg.objective == "mlm" else causal_collate, 0)
     impl = ImplConfig(microbatch_size=micro, progress=False, compile=compile_, device=device.type, precision=precision)
     train = TrainConfig(batch_size=micro * accumulate, batch_ramp=0, min_updates=0, budget={"steps": 10**9}, validate_sequences=0)
@@ -163,6 +171,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--accumulate", type=int, default=1,
                     help="microbatches per optimizer step (a real base run has many: its optimizer step, the same in "
                          "every precision, is then paid once per batch rather than per microbatch)")
+    ap.add_argument("--objective", choices=["mlm", "rtd"], default="mlm",
+                    help="rtd: the masked-LM sizes trained as ELECTRA (train.objective=rtd: generator + detector)")
     ap.add_argument("--compile", action="store_true", help="torch.compile cramlm's model (impl.compile=true)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--precision", nargs="+", choices=["auto", *sorted(PRECISION_DTYPES)],
@@ -203,7 +213,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for p in settings:
                 name = "cramlm" if len(settings) == 1 else f"cramlm-{p}"
                 contenders[name], fpts[name], params[name] = ours(arch, args.vocab, micro, Path(tmp) / p, args.compile, device, p,
-                                                                    args.accumulate)
+                                                                    args.accumulate, args.objective)
                 chosen[name] = contenders[name].precision
             first = next(iter(chosen.values())).precision
             if not causal and not args.no_hf:  # the plain HF loop under the same autocast as the first contender
