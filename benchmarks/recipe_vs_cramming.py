@@ -13,6 +13,10 @@ sequences and masks), and again by benchmarks/val_mlm_loss.py (the same function
 train the same model with the same implementation, also (within a fraction of a percent, printed)
 the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.
 
+``--against NAME OVERRIDE ...`` replaces cramming's recipe by another contender of the same
+model (the twin is then evaluated through it): e.g. the cpu-1h recipe as it was before Muon,
+``--against cpu-1h-adamw train.optim.type=adamw train.optim.lr=1e-3 ...``.
+
 ``--parallel`` runs the two pretrainings side by side, each pinned to one core with one thread
 (``taskset``): two hours of a 2-core machine in one, each run a 1-core hour. Evaluation follows.
 
@@ -35,7 +39,10 @@ TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
 BERT_O4 = ["train=bert-o4", "train.batch_size=8192", "train.batch_ramp=0.6", "train.min_updates=1000"]
 
 
-def commands(out: Path, budget: str, parallel: bool, data_dir: str) -> dict[str, list[list[str]]]:
+def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None) -> dict[str, list[list[str]]]:
+    """The pretrainings and evaluations; ``against``: the other contender's name and overrides
+    (default: cramming's recipe, ``bert-o4``)."""
+    name, extra = (against[0], against[1:]) if against else ("bert-o4", BERT_O4)
     common = [f"base_dir={out}", f"impl.data_cache={out / 'data'}", "impl.progress=false", f"budget={budget}",
               "eval.seeds=3", "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]"]
     if parallel:
@@ -43,10 +50,10 @@ def commands(out: Path, budget: str, parallel: bool, data_dir: str) -> dict[str,
     run = ["cramlm", "run", "cpu-1h"]
     return {
         "pretrain": [[*run, "name=recipe", "stages=[data,pretrain]", *common],
-                     [*run, "name=bert-o4", "stages=[data,pretrain]", *BERT_O4, *common]],
+                     [*run, f"name={name}", "stages=[data,pretrain]", *extra, *common]],
         "eval": [[*run, "name=recipe", "stages=[eval]", "untrained_twin=false", *common],
-                 [*run, "name=bert-o4", "stages=[eval]", "untrained_twin=false", *BERT_O4, *common],
-                 [*run, "name=bert-o4", "stages=[eval-untrained]", *BERT_O4, *common]],
+                 [*run, f"name={name}", "stages=[eval]", "untrained_twin=false", *extra, *common],
+                 [*run, f"name={name}", "stages=[eval-untrained]", *extra, *common]],
     }
 
 
@@ -67,9 +74,9 @@ def run_pinned(cmds: list[list[str]]) -> None:
                 del running[core]
 
 
-def run_all(out: Path, budget: str, parallel: bool, data_dir: str) -> None:
+def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    plan = commands(out, budget, parallel, data_dir)
+    plan = commands(out, budget, parallel, data_dir, against)
     data = [c for c in plan["pretrain"][0] if not c.startswith("stages=")] + ["stages=[data]"]
     subprocess.run(data, check=True)  # once, before two processes want it
     for phase in ("pretrain", "eval"):
@@ -81,17 +88,17 @@ def run_all(out: Path, budget: str, parallel: bool, data_dir: str) -> None:
                 subprocess.run(cmd, check=True)
 
 
-def summarize(out: Path) -> dict:
+def summarize(out: Path, against: str = "bert-o4") -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from val_mlm_loss import val_loss
 
     def load(path: Path):
         return json.loads(path.read_text()) if path.is_file() else None
 
-    runs = {"recipe": out / "recipe", "bert-o4": out / "bert-o4"}
-    evals = {"recipe": load(runs["recipe"] / "eval.json"), "bert-o4": load(runs["bert-o4"] / "eval.json"),
-             "untrained twin": load(runs["bert-o4"] / "eval-untrained.json")}
-    result: dict = {"runs": {}, "tasks": {}, "means": {}, "lm": {}}
+    runs = {"recipe": out / "recipe", against: out / against}
+    evals = {"recipe": load(runs["recipe"] / "eval.json"), against: load(runs[against] / "eval.json"),
+             "untrained twin": load(runs[against] / "eval-untrained.json")}
+    result: dict = {"against": against, "runs": {}, "tasks": {}, "means": {}, "lm": {}}
     for name, folder in runs.items():
         s = load(folder / "summary.json") or {}
         result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
@@ -109,8 +116,10 @@ def summarize(out: Path) -> dict:
 
 
 def table(result: dict) -> str:
-    names = ["recipe", "bert-o4", "untrained twin"]
-    lines = ["| task (metric, majority) | cpu-1h recipe | bert-o4 (cramming) | untrained twin | recipe - twin |",
+    against = result.get("against", "bert-o4")
+    names = ["recipe", against, "untrained twin"]
+    label = "bert-o4 (cramming)" if against == "bert-o4" else against
+    lines = [f"| task (metric, majority) | cpu-1h recipe | {label} | untrained twin | recipe - twin |",
              "|---|---:|---:|---:|---:|"]
     for task, entry in result["tasks"].items():
         cells = []
@@ -143,11 +152,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--parallel", action="store_true", help="both pretrainings at once, one pinned core and thread each")
     ap.add_argument("--summarize", metavar="DIR", help="only the tables, from the finished runs in DIR")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--against", nargs="+", metavar=("NAME", "OVERRIDE"),
+                    help="the other contender's name and overrides (default: cramming's recipe, bert-o4)")
     args = ap.parse_args(argv)
     out = Path(args.summarize or args.out)
     if not args.summarize:
-        run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"))
-    result = summarize(out)
+        run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"), args.against)
+    result = summarize(out, args.against[0] if args.against else "bert-o4")
     print(json.dumps(result))
     print(table(result))
     if args.json:
