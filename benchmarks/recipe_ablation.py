@@ -287,6 +287,67 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def collect(dirs: list[Path], out: Path) -> dict:
+    """Several ablations (one per model size) side by side: per size the best-lr losses of each
+    contender (seeds), the baseline's frontier, the multipliers; one plot of loss against FLOPs with
+    every size's best-lr curves (``out``.png) and the table (``out``.md, ``out``.json)."""
+    from cramlm.report.plots import colors, plt, save
+
+    rows, results = [], {}
+    for d in dirs:
+        r = json.loads((d / "ablation.json").read_text())
+        results[str(d)] = r
+        st, base = r["settings"], r["baseline"]
+        for name, e in r["contenders"].items():
+            finals = {s: c["final"] for s, c in e["runs"][f"{e['best_lr']:g}"].items()}
+            rows.append({"size": st.get("size") or st["recipe"], "recipe": st["recipe"], "budget_flops": st.get("flops"),
+                         "contender": name, "baseline": name == base, "best_lr": e["best_lr"], "lr_sweep": e["lr_sweep"],
+                         "loss_per_seed": {s: round(f["val_loss"], 4) for s, f in finals.items()},
+                         "seconds_per_seed": {s: f["seconds"] for s, f in finals.items()},
+                         "frontier": r.get("baseline_frontier") if name == base else None,
+                         "multiplier_flops": None if name == base else e.get("multiplier_flops"),
+                         "multiplier_seconds": None if name == base else e.get("multiplier_seconds")})
+    lines = ["| size | budget FLOPs | contender | best lr (sweep) | held-out loss per seed | baseline at 2x, per seed | "
+             "compute multiplier (per seed) | wall-clock multiplier (per seed) |", "|---|---:|---|---|---|---|---:|---:|"]
+    for row in rows:
+        sweep = ", ".join(f"{lr}: {v:.3f}" for lr, v in row["lr_sweep"].items())
+        losses = ", ".join(f"s{s} {v:.3f}" for s, v in row["loss_per_seed"].items())
+        front = ", ".join(f"s{s} " + " / ".join(f"{f['val_loss']:.3f}" for f in fs[1:]) for s, fs in (row["frontier"] or {}).items())
+
+        def mult(m):
+            if not m:
+                return "-"
+            each = ", ".join(f"{v['multiplier']:.2f}{'+' if v['bound'] == 'lower' else ''}" for v in m["per_seed"].values())
+            return f"{fmt(m)} ({each})"
+        lines.append(f"| {row['size']} | {row['budget_flops']:.0e} | {row['contender']}{' (baseline)' if row['baseline'] else ''} | "
+                     f"{row['best_lr']:g} ({sweep}) | {losses} | {front or '-'} | {mult(row['multiplier_flops'])} | "
+                     f"{mult(row['multiplier_seconds'])} |")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {}
+    for (d, r), color in zip(results.items(), colors(len(results))):
+        size = r["settings"].get("size") or r["settings"]["recipe"]
+        for name, e in r["contenders"].items():
+            if e.get("note"):
+                continue
+            style = styles.setdefault(name, ["-", "--", ":", "-."][len(styles) % 4])
+            for i, c in enumerate(e["runs"][f"{e['best_lr']:g}"].values()):
+                ax.plot(c["flops"], c["val_loss"], style, color=color, lw=1.4, label=f"{size} {name} (lr {e['best_lr']:g})" if i == 0 else None)
+        for finals in r.get("baseline_frontier", {}).values():
+            ax.plot([f["flops"] for f in finals], [f["val_loss"] for f in finals], "s:", color=color, ms=6, mfc="none", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs (model + optimizer)")
+    ax.set_ylabel("validation loss (heldout-v1, the same sequences for every run)")
+    ax.set_title("each size at the best lr of each sweep\nsquares: the baseline's own full runs at 1x and 2x the budget", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    save(fig, out.with_suffix(".png"))
+    collected = {"ablations": [str(d) for d in dirs], "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(collected, indent=1, default=str) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return collected
+
+
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="default", help="the cramlm run recipe every contender starts from")
@@ -317,7 +378,11 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--smoke", action="store_true", help="tiny model, data and budgets: checks the machinery in < 1 minute")
     ap.add_argument("--out", type=Path, default=Path("outputs/recipe-ablation"))
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only the curves and table, from the runs in DIR")
+    ap.add_argument("--collect", type=Path, nargs="+", metavar="DIR",
+                    help="only the cross-size table and plot of these finished ablations (written to --out .md/.json/.png)")
     args = ap.parse_args(argv)
+    if args.collect:
+        return collect(args.collect, args.out)
     if args.smoke:
         args.size = args.size or "32x2"
         args.flops = args.flops or 3e9
