@@ -44,7 +44,7 @@ def stand_ins(recipe: str) -> list[str]:
 
 
 def test_shipped_recipes():
-    assert {"default", "cpu-1h", "crammed-bert-24h", "bert-original", "gpt2-60m"} <= set(RECIPES)
+    assert {"default", "cpu-1h", "crammed-bert-24h", "bert-original", "gpt2-60m", "gpt2-cpu-1h"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
