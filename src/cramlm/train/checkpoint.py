@@ -302,11 +302,13 @@ def resumable_checkpoint(root: Path, warn=print) -> Path | None:
     return None
 
 
-def read_checkpoint(folder: Path, aliases: dict[str, str]) -> tuple[dict, dict, dict]:
-    """(model state, training state, counters) of a checkpoint folder."""
+def read_checkpoint(folder: Path, aliases: dict[str, str], weights: bool = True) -> tuple[dict, dict, dict]:
+    """(model state, training state, counters) of a checkpoint folder. ``weights=False``: no model
+    state ({}), and training.pt memory-mapped, so that tensors not used (the optimizer's, which
+    rank 0 broadcasts under FSDP2) are never read into this process's memory."""
     try:
-        model_state = load_state_dict(folder / "model.safetensors", aliases)
-        training = torch.load(folder / "training.pt", map_location="cpu", weights_only=True)
+        model_state = load_state_dict(folder / "model.safetensors", aliases) if weights else {}
+        training = torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=not weights)
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
     except (FileNotFoundError, pickle.UnpicklingError):
         raise  # the caller names the file (a refused pickle is a security finding, not damage)

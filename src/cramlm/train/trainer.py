@@ -493,10 +493,15 @@ class Trainer:
         return folder.name
 
     def load_weights_and_optimizer(self, folder: Path) -> tuple[dict, dict]:
-        model_state, training, state = ckpt.read_checkpoint(folder, self.aliases)
-        options = StateDictOptions(full_state_dict=True)
+        """Under FSDP2 only rank 0 reads the weights and optimizer state and broadcasts them tensor by
+        tensor, each process keeping its shard: no process holds the full state (DDP's every
+        process needs it whole anyway)."""
+        sharded = self.dist.strategy == "fsdp" and self.dist.world > 1
+        model_state, training, state = ckpt.read_checkpoint(folder, self.aliases, weights=self.dist.main or not sharded)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded)
+        optim_state = training["optimizer"] if self.dist.main or not sharded else {}
         set_model_state_dict(self.module, model_state, options=options)
-        set_optimizer_state_dict(self.module, self.optimizer, training["optimizer"], options=options)
+        set_optimizer_state_dict(self.module, self.optimizer, optim_state, options=options)
         self.steps.load_state_dict(training.get("scaler"))
         return training, state
 
