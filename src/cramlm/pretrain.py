@@ -107,13 +107,16 @@ def load_data(cfg: PretrainConfig, dist):
     return data
 
 
-def run_model(cfg: PretrainConfig, vocab_size: int, device) -> torch.nn.Module:
+def run_model(cfg: PretrainConfig, vocab_size: int, device, move: bool = True) -> torch.nn.Module:
+    """The run's model, on ``device`` (``move=False``: left on the host, as FSDP2 wants it: it moves
+    each block to the device as it shards it, so the whole model never has to fit one device)."""
     model = build_model(cfg.arch, vocab_size)
     if run_objective(cfg) == "rtd":  # ELECTRA: the arch is the discriminator; generator and detector around it
         from cramlm.models.electra import build_rtd
 
         model = build_rtd(model, cfg.train.rtd, len(SPECIAL_TOKENS))
-    model = model.to(device)
+    if move:
+        model = model.to(device)
     if cfg.train.document_attention and not takes_document_ids(model):
         raise ValueError(f"train.document_attention=true: arch.type={cfg.arch.type} takes no document_ids "
                          "(its forward has no such argument); set train.document_attention=false")
@@ -174,7 +177,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     say = print if dist.main else (lambda *a, **k: None)
     data = load_data(cfg, dist)
     vocab_size = data.tokenizer.get_vocab_size()
-    model = run_model(cfg, vocab_size, device)
+    model = run_model(cfg, vocab_size, device, move=dist.strategy != "fsdp")
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
@@ -183,7 +186,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
     train_cfg, hours = (dryrun_config(cfg.train, cfg.impl, dist.world), None) if cfg.dryrun else (cfg.train, cfg.budget)
     config = cfg.model_dump(mode="json")
-    trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours,
+    trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours, device=device,
                             heldout=validation_set(cfg, data, vocab_size),
                             sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
                             max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=config,

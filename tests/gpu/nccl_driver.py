@@ -1,7 +1,7 @@
 """Run by tests/gpu/test_nccl.py as a one-process job (RANK=0, WORLD_SIZE=1 in the env): cramlm's
 own init_distributed on a GPU must give an NCCL group bound to the device; a collective and a
-barrier run through it; compile=auto leaves a DDP-wrapped model alone; then a DDP `cramlm
-pretrain` reuses the group. Prints what it saw as JSON (last line).
+barrier run through it; compile=auto leaves a DDP-wrapped model alone; then a DDP and an FSDP2
+`cramlm pretrain` reuse the group. Prints what it saw as JSON (last line).
 Usage: python tests/gpu/nccl_driver.py <tmp dir> <override>..."""
 
 import json
@@ -30,5 +30,7 @@ if __name__ == "__main__":
     seen["compile_auto_wraps_ddp"] = compile_model(ddp, ImplConfig()) is not ddp
     summary = run_inprocess(tmp, "ddp", *extra, "impl.distributed=ddp")
     seen["summary_world_size"] = summary["world_size"]
+    # FSDP2 on the group: the model is built on the host and each block moves as it is sharded
+    seen["fsdp_world_size"] = run_inprocess(tmp, "fsdp", *extra, "impl.distributed=fsdp")["world_size"]
     close_process_group()
     print(json.dumps(seen))

@@ -1,5 +1,6 @@
 """A one-process NCCL group, set up by cramlm's init_distributed exactly as under torchrun, and a
-DDP run on it that trains like the same run without DDP."""
+DDP and an FSDP2 run on it (the model left on the host, moved block by block as it is sharded)
+that train like the same run without either."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_one_process_nccl_group_and_ddp(cuda, tmp_path):
     assert seen["compile_auto_wraps_ddp"] is False
     assert seen["summary_world_size"] == 1 and single["world_size"] == 1
     assert "x 1 processes (ddp)" in proc.stdout
-    ddp, plain = losses(tmp_path / "ddp"), losses(tmp_path / "single")
-    assert sorted(ddp) == sorted(plain) == [1, 2, 3, 4]
+    ddp, fsdp, plain = losses(tmp_path / "ddp"), losses(tmp_path / "fsdp"), losses(tmp_path / "single")
+    assert sorted(ddp) == sorted(fsdp) == sorted(plain) == [1, 2, 3, 4] and seen["fsdp_world_size"] == 1
     assert all(abs(ddp[s] - plain[s]) < 1e-5 for s in plain), (ddp, plain)
+    assert all(abs(fsdp[s] - plain[s]) < 1e-5 for s in plain), (fsdp, plain)  # moved to the GPU by fully_shard

@@ -27,8 +27,10 @@ from cramlm.train.trainer import Trainer
 def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, impl: ImplConfig, run_dir: str | Path, *,
                   dist: Dist | None = None, hours: float | None = None, heldout=None,
                   sample: dict | None = None, max_steps: int | None = None, config: dict | None = None,
-                  record: dict | None = None, count_compile: bool = True, count_eval: bool = False) -> Trainer:
-    """A Trainer for ``model`` (plain, already on its device) on ``data`` under ``train``'s budget
+                  record: dict | None = None, count_compile: bool = True, count_eval: bool = False,
+                  device: torch.device | None = None) -> Trainer:
+    """A Trainer for ``model`` (plain, on ``device``, default the one it is on; under FSDP2 it may
+    still be on the host: sharding moves it block by block) on ``data`` under ``train``'s budget
     and ``hours`` of wall clock. ``heldout``: what val_loss scores (eval/lm.py's HeldOut; None: no
     validation); ``sample``: a batch at training's masking rate that the FLOPs are counted on when the
     model has no count of its own; ``max_steps``: stop after that many
@@ -36,7 +38,7 @@ def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, im
     and what a checkpoint records about the run (trainer.py); ``count_compile``/``count_eval``:
     whether the first step and validation count against ``hours`` (the root keys of the same names)."""
     dist = dist or Dist()
-    device = next(model.parameters()).device
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     precision = resolve_precision(impl, device, model)  # MFU against the peak of the precision in use
     costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)
     meter = Meter(Budget(train.budget, hours, costs.flops_per_token), costs, dist.world, max_steps=max_steps,

@@ -85,16 +85,22 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
 
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if d.strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        mesh = init_device_mesh(device.type, (d.world,))
         # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
-        # replicated and `sync_replicated_grads` averages their gradients
+        # replicated and `sync_replicated_grads` averages their gradients; FSDP2 does not move them
         scalars = {p for p in model.parameters() if p.ndim == 0}
+        for p in scalars:
+            p.data = p.data.to(device)
+        # each fully_shard moves its module's parameters to the mesh's device and shards them there,
+        # block by block: a model on the host never has to fit one device whole
         for m in list(model.modules()):
             if isinstance(m, nn.ModuleList):
                 for block in m:
-                    fully_shard(block, ignored_params=scalars & set(block.parameters()) or None)
-        fully_shard(model, ignored_params=scalars or None)
+                    fully_shard(block, mesh=mesh, ignored_params=scalars & set(block.parameters()) or None)
+        fully_shard(model, mesh=mesh, ignored_params=scalars or None)  # the rest, buffers too
     return model
 
 

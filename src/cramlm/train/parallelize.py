@@ -43,7 +43,8 @@ class Parallel:
 
 def parallelize(model: nn.Module, impl: ImplConfig, dist: Dist, device: torch.device) -> Parallel:
     """Activation checkpointing, then DDP/FSDP2, then torch.compile (see the module docstring).
-    ``model`` must already be on ``device``."""
+    ``model`` must already be on ``device``, except under FSDP2: on the host, each block moves to
+    ``device`` as it is sharded, so the unsharded model never has to fit one device."""
     aliases = tied_aliases(model)  # before wrapping renames anything
     set_document_kernel(model, impl.document_attention_kernel)
     if impl.activation_checkpointing:
