@@ -70,7 +70,7 @@ def worker(args) -> None:
     with torch.device("meta"):
         model = build_model(cfg, VOCAB)
     params = sum(p.numel() for p in model.parameters())
-    wrap_model(model, Dist(rank, world, rank, "fsdp"), torch.device("cpu"))
+    wrap_model(model, Dist(rank, world, rank, "fsdp"), torch.device("cpu"), from_rank0=False)  # initialised here
     model.to_empty(device="cpu")  # each process allocates its shards only
     local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
     for t in local:

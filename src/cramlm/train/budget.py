@@ -159,8 +159,8 @@ def measure_costs(model, seq_len: int, sample: dict | None, device, dtype=None) 
     from cramlm.train.flops import flops_per_token, peak_flops
 
     if sample is not None:  # a small slice: its labels also give the scored fraction of MLM positions
-        at = next(model.parameters()).device  # where the model is now (the host, before FSDP2 moves it)
-        sample = {k: v[:8].to(at) for k, v in sample.items()}
+        at = next(model.parameters()).device  # where the model is now (the host, before FSDP2 moves it;
+        sample = {k: v[:8] if at.type == "meta" else v[:8].to(at) for k, v in sample.items()}  # meta: FSDP2's rank > 0)
     flops, flops_source = flops_per_token(model, seq_len, sample)
     peak, peak_source = peak_flops(device, dtype)
     return Costs(flops, flops_source, peak, peak_source)

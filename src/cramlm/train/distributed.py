@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cramlm.models.base import tied_aliases
 from cramlm.train.impl import ImplConfig, launcher_env
 
 
@@ -77,9 +78,11 @@ def close_process_group(ok: bool = True) -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
+def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool = True) -> nn.Module:
     """DDP: one replica per process, gradients all-reduced in buckets during backward.
-    FSDP2: each child of an nn.ModuleList (a transformer block) and then the root is sharded."""
+    FSDP2: each child of an nn.ModuleList (a transformer block) and then the root is sharded, each
+    moved to ``device`` as it is; then, with ``from_rank0``, every process takes its shards of rank
+    0's weights (ranks > 0 may have built their model on the meta device: cramlm.pretrain does)."""
     if d.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -89,11 +92,17 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(device.type, (d.world,))
+        # rank 0's weights are the run's (ranks > 0 may have built theirs on the meta device): kept
+        # on its host until each process has its shards of them
+        aliases = tied_aliases(model)  # a tied weight is loaded under its one canonical name
+        full = ({k: v for k, v in model.state_dict().items() if k not in aliases} if d.main else {}) \
+            if from_rank0 and d.world > 1 else None
         # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
         # replicated and `sync_replicated_grads` averages their gradients; FSDP2 does not move them
         scalars = {p for p in model.parameters() if p.ndim == 0}
         for p in scalars:
-            p.data = p.data.to(device)
+            if not p.is_meta:  # (meta ones: allocated with the rest below, values from rank 0)
+                p.data = p.data.to(device)
         # each fully_shard moves its module's parameters to the mesh's device and shards them there,
         # block by block: a model on the host never has to fit one device whole
         for m in list(model.modules()):
@@ -101,7 +110,28 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device) -> nn.Module:
                 for block in m:
                     fully_shard(block, mesh=mesh, ignored_params=scalars & set(block.parameters()) or None)
         fully_shard(model, mesh=mesh, ignored_params=scalars or None)  # the rest, buffers too
+        if full is not None:
+            if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+                model.to_empty(device=device)  # this process's shards only
+            load_from_rank0(model, full, aliases)
+            for b in model.buffers():  # non-persistent ones (rotary frequencies, sinusoid tables): not in a state dict
+                dist.broadcast(b.data, src=0)
     return model
+
+
+def load_from_rank0(model: nn.Module, full: dict, aliases: dict[str, str]) -> None:
+    """Every process's shards from rank 0's ``full`` state (the others pass {}), broadcast tensor by
+    tensor, so that no process but rank 0 holds the whole model (a process that built its model on
+    the meta device has only allocated its shards). A tied weight comes under its canonical name
+    only; anything else missing is an error."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = {k: v for k, v in full.items() if k not in aliases}
+    keys = set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                                                     strict=False))
+    missing = sorted(set(keys.missing_keys) - set(aliases))
+    if missing or keys.unexpected_keys:
+        raise RuntimeError(f"FSDP2 state from rank 0: missing {missing[:5]}, unexpected {sorted(keys.unexpected_keys)[:5]}")
 
 
 def sync_replicated_grads(model: nn.Module, d: Dist) -> None:

@@ -108,5 +108,7 @@ def flops_per_token(model: torch.nn.Module, seq_len: int, sample: dict[str, torc
             kwargs["predicted_fraction"] = float((sample["labels"] != IGNORE_INDEX).float().mean())
         return float(model.flops_per_token(seq_len, **kwargs)), "model.flops_per_token"
     if sample is not None:
+        if next(model.parameters()).is_meta:  # counted without data: a model built on the meta device
+            sample = {k: v.to("meta") for k, v in sample.items()}
         return measure_flops_per_token(model, sample), "FlopCounterMode"
     return 6.0 * sum(p.numel() for p in model.parameters()), "6 * parameters"

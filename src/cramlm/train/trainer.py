@@ -53,7 +53,7 @@ from cramlm.train import checkpoint as ckpt
 from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
-from cramlm.train.distributed import all_reduce, barrier, gradient_sync, sync_replicated_grads
+from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
 from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
 from cramlm.train.parallelize import Parallel
@@ -498,10 +498,13 @@ class Trainer:
         process needs it whole anyway)."""
         sharded = self.dist.strategy == "fsdp" and self.dist.world > 1
         model_state, training, state = ckpt.read_checkpoint(folder, self.aliases, weights=self.dist.main or not sharded)
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded)
+        if sharded:
+            load_from_rank0(self.module, model_state, self.aliases)
+        else:
+            set_model_state_dict(self.module, model_state, options=StateDictOptions(full_state_dict=True))
         optim_state = training["optimizer"] if self.dist.main or not sharded else {}
-        set_model_state_dict(self.module, model_state, options=options)
-        set_optimizer_state_dict(self.module, self.optimizer, optim_state, options=options)
+        set_optimizer_state_dict(self.module, self.optimizer, optim_state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
         self.steps.load_state_dict(training.get("scaler"))
         return training, state
 
