@@ -142,7 +142,8 @@ def plan(args) -> list[dict]:
 
 def run_all(args, runs: list[dict]) -> None:
     # the longest runs first, so that two lanes end together (a 2x run last would leave one idle)
-    todo = [r["cmd"] for r in sorted(runs, key=lambda r: -r.get("times", 1)) if not (r["folder"] / "summary.json").is_file()]
+    todo = [r["cmd"] for r in sorted(runs, key=lambda r: -r.get("times", 1)) if not (r["folder"] / "summary.json").is_file()
+            and (not args.only or r["folder"].name in args.only)]
     if not todo:
         return
     data = [c for c in todo[0] if not c.startswith(("stages=", "name="))] + ["stages=[data]", "name=data"]
@@ -378,6 +379,8 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--smoke", action="store_true", help="tiny model, data and budgets: checks the machinery in < 1 minute")
     ap.add_argument("--out", type=Path, default=Path("outputs/recipe-ablation"))
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only the curves and table, from the runs in DIR")
+    ap.add_argument("--only", nargs="+", metavar="RUN", default=[],
+                    help="run only these runs of the plan (folder names, e.g. muon-lr0.008-s0): one more lr of a sweep")
     ap.add_argument("--collect", type=Path, nargs="+", metavar="DIR",
                     help="only the cross-size table and plot of these finished ablations (written to --out .md/.json/.png)")
     args = ap.parse_args(argv)
