@@ -71,3 +71,18 @@ def test_recipe_dry_run(recipe, tmp_path, monkeypatch):
     assert record["stages"]["pretrain"]["result"]["steps"] == 2
     # the recipe's own training settings survived the tiny overrides
     assert cfg.train.optim.lr == full.train.optim.lr and cfg.train.schedule == full.train.schedule
+
+
+def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(monkeypatch):
+    """cpu-1h and gpt2-cpu-1h train with what recipe_ablation measured better (Muon); the presets
+    that reproduce cramming, BERT and Modalities keep their Adam(W); and train.optim.type=adamw gives
+    back cpu-1h's previous optimizer exactly (bert-o4's), the baseline of those measurements."""
+    from cramlm.config.loader import load_preset
+
+    monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
+    for recipe in ("cpu-1h", "gpt2-cpu-1h"):
+        assert resolve_recipe(recipe).train.optim.type == "muon"
+    for recipe, optimizer in {"crammed-bert-24h": "adamw", "bert-original": "adam", "gpt2-60m": "adamw"}.items():
+        assert resolve_recipe(recipe, stand_ins(recipe)).train.optim.type == optimizer, recipe
+    before = resolve_recipe("cpu-1h", ["train.optim.type=adamw"]).train.optim.model_dump(mode="json")
+    assert before == {**before, **load_preset("train", "bert-o4")["optim"]}
