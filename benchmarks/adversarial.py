@@ -142,6 +142,18 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def after_signal(res, sig) -> tuple[str, str] | None:
+    """The outcomes every signal case shares: still running, a traceback, a silent exit 0; None
+    when the process stopped with an error code and the case has to look further."""
+    if res.timed_out:
+        return ("unclear", f"still running {res.seconds}s after {sig.name}")
+    if TRACEBACK in res.stderr:
+        return ("traceback", last_line(res.stderr))
+    if res.rc == 0:
+        return ("silent", f"exit 0 after {sig.name}")
+    return None
+
+
 def error_blocks(stderr: str) -> list[str]:
     """Each ``Error:`` line with the indented lines that continue it (a config error names the key
     on the next line: ``Error: invalid config:`` / ``  train.grad_clip: ...``), as one string."""
@@ -632,12 +644,8 @@ class Replay:
             label = f"{sig.name} during pretrain"
             if not started:
                 outcome = ("unclear", "training never started: " + last_line(res.stderr))
-            elif res.timed_out:
-                outcome = ("unclear", f"still running {res.seconds}s after {sig.name}")
-            elif TRACEBACK in res.stderr:
-                outcome = ("traceback", last_line(res.stderr))
-            elif res.rc == 0:
-                outcome = ("silent", f"exit 0 after {sig.name}")
+            elif shared := after_signal(res, sig):
+                outcome = shared
             elif not checkpoints:
                 outcome = ("silent", f"exit {res.rc}, no checkpoint written: the work is lost")
             elif res.rc == 1:
@@ -952,14 +960,8 @@ class Issue20(Replay):
             if not started:
                 self.record("eval-signals", label, "ok", res, outcome=("unclear", "no fine-tuning finished: " + last_line(res.stderr)))
                 continue
-            outcome = None
-            if res.timed_out:
-                outcome = ("unclear", f"still running {res.seconds}s after {sig.name}")
-            elif TRACEBACK in res.stderr:
-                outcome = ("traceback", last_line(res.stderr))
-            elif res.rc == 0:
-                outcome = ("silent", f"exit 0 after {sig.name}")
-            elif res.rc != 75 or not seeds:
+            outcome = after_signal(res, sig)
+            if outcome is None and (res.rc != 75 or not seeds):
                 outcome = ("unclear", f"exit {res.rc}, {len(seeds)} finished fine-tunings written: {last_line(res.stderr)}")
             if outcome:
                 self.record("eval-signals", label, "ok", res, outcome=outcome)
