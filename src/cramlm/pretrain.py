@@ -8,6 +8,7 @@ Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -177,14 +178,12 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     say = print if dist.main else (lambda *a, **k: None)
     data = load_data(cfg, dist)
     vocab_size = data.tokenizer.get_vocab_size()
-    if dist.strategy == "fsdp" and dist.world > 1 and not dist.main:
-        with torch.device("meta"):  # its shards come from rank 0's weights (distributed.wrap_model)
-            model = run_model(cfg, vocab_size, device, move=False)
-        torch.set_rng_state(broadcast_object(None, dist))  # as if it had drawn the weights itself
-    else:
+    # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
+    # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights
+    with torch.device("meta") if dist.sharded and not dist.main else contextlib.nullcontext():
         model = run_model(cfg, vocab_size, device, move=dist.strategy != "fsdp")
-        if dist.strategy == "fsdp" and dist.world > 1:
-            broadcast_object(torch.get_rng_state(), dist)
+    if dist.sharded:
+        torch.set_rng_state(broadcast_object(torch.get_rng_state(), dist))
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)

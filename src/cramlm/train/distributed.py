@@ -36,6 +36,11 @@ class Dist:
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def sharded(self) -> bool:
+        """FSDP2 over several processes: each holds only its shards of weights and optimizer state."""
+        return self.strategy == "fsdp" and self.world > 1
+
 
 def init_distributed(impl: ImplConfig) -> Dist:
     """Join the process group set up by torchrun (RANK, WORLD_SIZE, MASTER_ADDR... in the env)."""
@@ -96,7 +101,7 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool
         # on its host until each process has its shards of them
         aliases = tied_aliases(model)  # a tied weight is loaded under its one canonical name
         full = ({k: v for k, v in model.state_dict().items() if k not in aliases} if d.main else {}) \
-            if from_rank0 and d.world > 1 else None
+            if from_rank0 and d.sharded else None
         # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
         # replicated and `sync_replicated_grads` averages their gradients; FSDP2 does not move them
         scalars = {p for p in model.parameters() if p.ndim == 0}

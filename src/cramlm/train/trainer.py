@@ -496,7 +496,7 @@ class Trainer:
         """Under FSDP2 only rank 0 reads the weights and optimizer state and broadcasts them tensor by
         tensor, each process keeping its shard: no process holds the full state (DDP's every
         process needs it whole anyway)."""
-        sharded = self.dist.strategy == "fsdp" and self.dist.world > 1
+        sharded = self.dist.sharded
         model_state, training, state = ckpt.read_checkpoint(folder, self.aliases, weights=self.dist.main or not sharded)
         if sharded:
             load_from_rank0(self.module, model_state, self.aliases)
