@@ -153,3 +153,57 @@ def test_muon_under_ddp_and_fsdp_matches_one_process(tmp_path):
         assert summary["world_size"] == 2
         assert summary["optimizer_flops_per_step"] == json.loads((tmp_path / "one" / "summary.json").read_text())["optimizer_flops_per_step"]
     assert records(tmp_path / "fsdp", "train")
+
+
+@pytest.mark.parametrize("arch", ["crammed-bert-tiny", "llama-tiny"])
+def test_split_fused_orthogonalises_each_block_as_its_own_matrix(arch):
+    """split_fused: q, k, v (and a gated FFN's gate and value) each get torch's Muon update as if they
+    were separate parameters, bit for bit; the Newton-Schulz FLOPs are counted per block."""
+    torch.manual_seed(0)
+    model = tiny_model(arch).train()
+    opt = build_optimizer(muon(lr=0.02, split_fused=True), model)
+    hidden = opt.param_groups[0]
+    by_name = dict(zip(sorted(names_of(model, hidden)), [None] * len(hidden["params"])))
+    names = {id(p): n for n, p in model.named_parameters()}
+    rows = {names[id(p)]: r for p, r in zip(hidden["params"], hidden["rows"])}
+    assert rows.keys() == by_name.keys()
+    attn = model.trunk.blocks[0].attn
+    D = attn.head_dim
+    assert rows["trunk.blocks.0.attn.qkv.weight"] == [attn.num_heads * D, attn.num_kv_heads * D, attn.num_kv_heads * D]
+    gated = model.trunk.blocks[0].ffn.gated
+    inner = model.trunk.blocks[0].ffn.up.out_features
+    assert rows["trunk.blocks.0.ffn.up.weight"] == ([inner // 2] * 2 if gated else None)
+    assert rows["trunk.blocks.0.attn.out.weight"] is None
+    # the reference: plain torch Muon on every block as a parameter of its own
+    ids = random_ids()
+    model(ids, labels=ids)["loss"].backward()
+    ref_params = []
+    for p, r in zip(hidden["params"], hidden["rows"]):
+        for block, grad in zip(p.detach().split(r or [p.shape[0]]), p.grad.split(r or [p.shape[0]])):
+            q = torch.nn.Parameter(block.clone())
+            q.grad = grad.clone()
+            ref_params.append(q)
+    ref = torch.optim.Muon(ref_params, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    with FlopCounterMode(display=False) as counter:
+        opt.step()
+    ref.step()
+    got = [b for p, r in zip(hidden["params"], hidden["rows"]) for b in p.detach().split(r or [p.shape[0]])]
+    assert len(got) == len(ref_params) > len(hidden["params"])
+    assert all(torch.equal(a, b) for a, b in zip(got, ref_params))
+    expected = sum(newton_schulz_flops(tuple(q.shape), 5) for q in ref_params)
+    assert counter.get_total_flops() == optimizer_flops_per_step(opt) == expected
+    assert expected != optimizer_flops_per_step(build_optimizer(muon(lr=0.02), model))
+    # the momentum buffer stays one tensor per weight (a checkpoint is keyed as before)
+    assert all(opt.state[p]["momentum_buffer"].shape == p.shape for p in hidden["params"])
+
+
+def test_split_fused_resumes_bitwise(tmp_path):
+    split = [*STEPS, "train.optim.split_fused=true"]
+    run_inprocess(tmp_path, "ref", *split)
+    run_inprocess(tmp_path, "whole", *STEPS)
+    assert losses(tmp_path / "ref")[4] != losses(tmp_path / "whole")[4]  # the split changed the updates
+    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    run_inprocess(tmp_path, "resumed", *split, "resume=auto")
+    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(tmp_path / "resumed") == {s: v for s, v in losses(tmp_path / "ref").items() if s > 2}

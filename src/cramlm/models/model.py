@@ -240,6 +240,8 @@ class SelfAttention(nn.Module):
         self.dropout = dropout
         self.qkv = nn.Linear(dim, (num_heads + 2 * num_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(dim, dim, bias=bias)
+        # the fused weight's row blocks (q | k | v): an optimizer may treat them as separate matrices
+        self.fused_rows = {"qkv": [num_heads * self.head_dim, num_kv_heads * self.head_dim, num_kv_heads * self.head_dim]}
         if qk_norm is not None:
             self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm), nn.RMSNorm(self.head_dim, eps=qk_norm)
         else:
@@ -338,6 +340,7 @@ class FeedForward(nn.Module):
         self.act = ACTIVATIONS[activation]
         self.up = nn.Linear(dim, inner, bias=bias)
         self.down = nn.Linear(inner // 2 if self.gated else inner, dim, bias=bias)
+        self.fused_rows = {"up": [inner // 2, inner // 2]} if self.gated else {}  # gate | value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
         h = self.up(x)  # (B, T, I)

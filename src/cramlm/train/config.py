@@ -97,6 +97,9 @@ class MuonConfig(OptimizerConfig):
         "match_rms_adamw", description="match_rms_adamw: lr x 0.2 sqrt(max(A, B)), the update RMS of AdamW "
         "(Moonshot); original: lr x sqrt(max(1, A/B)) (Keller Jordan's)")
     adamw_lr: PositiveFloat | None = Field(None, description="peak lr of the AdamW parameters (null: = lr)")
+    split_fused: bool = Field(False, description="orthogonalise each block of a fused weight as a matrix of its own "
+                              "(attention's q, k and v; a gated FFN's gate and value), as modded-nanogpt does; false: "
+                              "the fused matrix as one (torch's Muon as it is)")
     # named as AdamW's own: they go to the AdamW part (a preset's block can set them under the same names)
     betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the parameters Muon does not train)")
     eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the parameters Muon does not train)")

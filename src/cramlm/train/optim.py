@@ -32,8 +32,18 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
         (muon if id(p) in hidden else no_decay if skip else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if isinstance(cfg, MuonConfig):
-        groups = [{"params": muon, "weight_decay": cfg.weight_decay, "muon": True}] + [{**g, "muon": False} for g in groups]
+        hidden_group = {"params": muon, "weight_decay": cfg.weight_decay, "muon": True}
+        if cfg.split_fused:  # per parameter: its row blocks, or None (one matrix)
+            blocks = fused_blocks(model)
+            hidden_group["rows"] = [blocks.get(id(p)) for p in muon]
+        groups = [hidden_group] + [{**g, "muon": False} for g in groups]
     return groups
+
+
+def fused_blocks(model: nn.Module) -> dict[int, list[int]]:
+    """{id(weight): its row blocks} of the fused linear layers: a module names them in ``fused_rows``
+    (attention's qkv: q | k | v; a gated FFN's up: gate | value)."""
+    return {id(getattr(m, name).weight): rows for m in model.modules() for name, rows in getattr(m, "fused_rows", {}).items()}
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
@@ -124,6 +134,32 @@ def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> float:
     return float(ns_steps * (4 * r * r * c + 2 * r**3))
 
 
+def _block_muon(muon: type) -> type:
+    """torch's Muon, orthogonalising each row block of a fused weight separately (``split_fused``):
+    the group's ``rows`` names each parameter's blocks, and the parameter, its gradient and its
+    momentum buffer go to torch's update as row views, one matrix per block. torch updates them in
+    place, so the weight and its state stay one tensor each (checkpoints unchanged)."""
+
+    class BlockMuon(muon):
+        def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
+            has_complex = super()._init_group(group, params_with_grad, grads, muon_momentum_bufs)
+            rows = group.get("rows")
+            if not rows:
+                return has_complex
+            blocks = dict(zip(map(id, group["params"]), rows))
+            params, grads_, bufs = list(params_with_grad), list(grads), list(muon_momentum_bufs)
+            params_with_grad.clear(), grads.clear(), muon_momentum_bufs.clear()
+            for p, g, b in zip(params, grads_, bufs):
+                split = blocks.get(id(p))
+                if split is None:
+                    params_with_grad.append(p), grads.append(g), muon_momentum_bufs.append(b)
+                    continue
+                params_with_grad.extend(p.split(split)), grads.extend(g.split(split)), muon_momentum_bufs.extend(b.split(split))
+            return has_complex
+
+    return BlockMuon
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """torch.optim.Muon on the groups marked ``"muon": True``, torch.optim.AdamW on the others: one
     optimizer to the trainer (one list of param_groups, one state, one state dict keyed like any
@@ -136,9 +172,15 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"train.optim.type=muon needs torch >= {MUON_TORCH} (torch.optim.Muon); this is "
                              f"torch {torch.__version__}: upgrade torch or choose another train.optim.type")
         adamw_lr = cfg.adamw_lr or cfg.lr
+        if cfg.split_fused:
+            from torch.distributed.tensor import DTensor
+
+            if any(isinstance(p, DTensor) for g in groups if g.get("rows") for p in g["params"]):
+                raise ValueError("train.optim.split_fused=true splits whole weights, and these are sharded "
+                                 "(impl.distributed=fsdp): set train.optim.split_fused=false or use impl.distributed=ddp")
         muon_groups = [{**g, "peak_lr": cfg.lr} for g in groups if g["muon"] and g["params"]]
         adamw_groups = [{**g, "peak_lr": adamw_lr} for g in groups if not g["muon"] and g["params"]]
-        self.muon = muon(muon_groups or [{"params": []}], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+        self.muon = _block_muon(muon)(muon_groups or [{"params": []}], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                          nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr_fn)
         self.adamw = torch.optim.AdamW(adamw_groups or [{"params": []}], lr=adamw_lr, betas=cfg.betas, eps=cfg.eps,
                                        weight_decay=cfg.weight_decay)
@@ -166,7 +208,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def flops_per_step(self) -> float:
         """Newton-Schulz matmul FLOPs of one step over all Muon matrices (global shapes: a sharded
         parameter counts once, whatever the number of processes)."""
-        return sum(newton_schulz_flops(tuple(p.shape), g["ns_steps"]) for g in self.muon.param_groups for p in g["params"])
+        return sum(newton_schulz_flops((r, p.shape[1]), g["ns_steps"]) for g in self.muon.param_groups
+                   for p, rows in zip(g["params"], g.get("rows") or [None] * len(g["params"])) for r in (rows or [p.shape[0]]))
 
 
 @register("optimizer", "muon", MuonConfig)
