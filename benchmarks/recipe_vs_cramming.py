@@ -88,22 +88,27 @@ def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list
                 subprocess.run(cmd, check=True)
 
 
-def summarize(out: Path, against: str = "bert-o4") -> dict:
+def summarize(out: Path, against: str = "bert-o4", also: list[str] = ()) -> dict:
+    """The tables' figures; ``also``: more evaluated runs in ``out`` (e.g. an RTD pretraining), as
+    columns of their own."""
     sys.path.insert(0, str(Path(__file__).parent))
     from val_mlm_loss import val_loss
 
     def load(path: Path):
         return json.loads(path.read_text()) if path.is_file() else None
 
-    runs = {"recipe": out / "recipe", against: out / against}
-    evals = {"recipe": load(runs["recipe"] / "eval.json"), against: load(runs[against] / "eval.json"),
+    runs = {name: out / name for name in ("recipe", against, *also)}
+    evals = {**{name: load(folder / "eval.json") for name, folder in runs.items()},
              "untrained twin": load(runs[against] / "eval-untrained.json")}
-    result: dict = {"against": against, "runs": {}, "tasks": {}, "means": {}, "lm": {}}
+    result: dict = {"against": against, "also": list(also), "runs": {}, "tasks": {}, "means": {}, "lm": {}}
     for name, folder in runs.items():
         s = load(folder / "summary.json") or {}
         result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
                                                       "mfu", "precision", "val_loss")}
-        result["runs"][name]["common_split"] = val_loss(str(folder))
+        try:  # an RTD run exports its discriminator, which has no MLM head
+            result["runs"][name]["common_split"] = val_loss(str(folder))
+        except Exception as e:  # noqa: BLE001 (shown as '-', with the reason in the JSON)
+            result["runs"][name]["common_split"] = {"error": f"{type(e).__name__}: {e}"}
     for name, ev in evals.items():
         if not ev:
             continue
@@ -117,10 +122,10 @@ def summarize(out: Path, against: str = "bert-o4") -> dict:
 
 def table(result: dict) -> str:
     against = result.get("against", "bert-o4")
-    names = ["recipe", against, "untrained twin"]
+    names = ["recipe", against, *result.get("also", []), "untrained twin"]
     label = "bert-o4 (cramming)" if against == "bert-o4" else against
-    lines = [f"| task (metric, majority) | cpu-1h recipe | {label} | untrained twin | recipe - twin |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [f"| task (metric, majority) | cpu-1h recipe | {label} | " + "".join(f"{n} | " for n in result.get("also", []))
+             + "untrained twin | recipe - twin |", "|---|" + "---:|" * (len(names) + 1)]
     for task, entry in result["tasks"].items():
         cells = []
         for n in names:
@@ -130,15 +135,20 @@ def table(result: dict) -> str:
                   if "recipe" in entry and "untrained twin" in entry else "-")
         majority = "" if entry.get("majority") is None else f", {100 * entry['majority']:.1f}"
         lines.append(f"| {task} ({entry['metric']}{majority}) | " + " | ".join(cells) + f" | {margin} |")
+    ahead = [t for t, e in result["tasks"].items() if "recipe" in e and "untrained twin" in e
+             and e["recipe"]["median"] - e["untrained twin"]["median"] >= 0.02]
+    result["ahead_of_twin_by_2_points"] = ahead
     lines.append("| mean | " + " | ".join(f"{100 * result['means'][n]:.1f}" if n in result["means"] else "-" for n in names)
                  + " | " + (f"{100 * (result['means']['recipe'] - result['means']['untrained twin']):+.1f}"
                             if {"recipe", "untrained twin"} <= set(result["means"]) else "-") + " |")
     runs = result["runs"]
     lines.append("| held-out MLM loss, benchmarks/val_mlm_loss.py | " + " | ".join(
-        f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if n in runs else "-" for n in names) + " | |")
+        f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if "val_mlm_loss" in runs.get(n, {}).get("common_split", {}) else "-"
+        for n in names) + " | |")
     lines.append("| held-out MLM loss, eval.json | " + " | ".join(
         f"{result['lm'][n]:.3f}" if result["lm"].get(n) is not None else "-" for n in names) + " | |")
     lines.append("")
+    lines.append(f"recipe >= 2 points above the twin on {len(ahead)} of {len(result['tasks'])} tasks" + (f" ({', '.join(ahead)})" if ahead else ""))
     for n, r in runs.items():
         lines.append(f"{n}: {r['steps']:,} steps, {r['tokens'] / 1e6:.2f}M tokens, {r['flops']:.3g} FLOPs in {r['train_seconds']:.0f} s "
                      f"({r['tokens_per_second']:,.0f} tokens/s, {r['precision']}, MFU {100 * r['mfu']:.1f}%)")
@@ -152,15 +162,17 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--parallel", action="store_true", help="both pretrainings at once, one pinned core and thread each")
     ap.add_argument("--summarize", metavar="DIR", help="only the tables, from the finished runs in DIR")
     ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--also", nargs="*", default=[], metavar="NAME", help="more evaluated runs in DIR, as columns (--summarize)")
     ap.add_argument("--against", nargs="+", metavar=("NAME", "OVERRIDE"),
                     help="the other contender's name and overrides (default: cramming's recipe, bert-o4)")
     args = ap.parse_args(argv)
     out = Path(args.summarize or args.out)
     if not args.summarize:
         run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"), args.against)
-    result = summarize(out, args.against[0] if args.against else "bert-o4")
+    result = summarize(out, args.against[0] if args.against else "bert-o4", args.also)
+    text = table(result)  # (adds the tasks ahead of the twin to result)
     print(json.dumps(result))
-    print(table(result))
+    print(text)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
