@@ -116,6 +116,8 @@ def plan(args) -> list[dict]:
 
     runs = []
     for name, extra in args.contenders.items():
+        if name == args.baseline[0] and getattr(args, "stored_baseline", None):
+            continue  # measured before (--baseline-from): its runs are not trained again
         for key in (o.split("=", 1)[0] for o in extra):
             if key.startswith("data") or key in {f"arch.{k}" for k in ("hidden_size", "num_layers", "num_heads", "intermediate_size")}:
                 raise SystemExit(f"Error: contender {name}: '{key}' would change the data or the model shape; "
@@ -129,7 +131,7 @@ def plan(args) -> list[dict]:
                        f"seed={seed}", f"name={folder.name}"]
                 runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": 1})
     base_lr = getattr(args, "baseline_lr", None)
-    if base_lr is not None:  # the baseline at larger budgets, its best lr, its own full schedule each
+    if base_lr is not None and not getattr(args, "stored_baseline", None):  # the baseline at larger budgets, its best lr, its own full schedule each
         name, extra = args.baseline[0], args.contenders[args.baseline[0]]
         for times in args.baseline_budgets:
             for seed in args.baseline_budget_seeds or args.seeds:
@@ -176,8 +178,38 @@ def curve(folder: Path) -> dict:
                       "optimizer_flops_per_step": opt, "flops_per_token": fpt}}
 
 
-def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, sweep_seeds=None) -> dict:
+def stored_baseline(path: Path, args) -> dict:
+    """The baseline of a finished ablation (its ablation.json, or a copy under benchmarks/results):
+    its runs' curves and its frontier, checked to be the same recipe, size, budget, overrides and
+    baseline contender as this ablation's, so that only the candidates need training."""
+    try:
+        stored = json.loads(path.read_text())
+        st, name = stored["settings"], stored["baseline"]
+        entry = stored["contenders"][name]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"Error: --baseline-from {path}: not a finished ablation's JSON ({e})") from None
+    mine = {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock,
+            "overrides": args.overrides, "baseline": name, "baseline overrides": args.contenders.get(name)}
+    theirs = {**{k: st.get(k) for k in ("recipe", "size", "flops", "clock", "overrides")}, "baseline": name,
+              "baseline overrides": st["contenders"].get(name)}
+    if name != args.baseline[0]:
+        raise SystemExit(f"Error: --baseline-from {path}: its baseline is '{name}', this ablation's is '{args.baseline[0]}'")
+    if diff := [k for k in mine if k != "overrides" and mine[k] != theirs[k]]:
+        raise SystemExit(f"Error: --baseline-from {path}: {', '.join(f'{k} {theirs[k]!r} there, {mine[k]!r} here' for k in diff)}")
+    # the shared overrides may differ in where the data cache lives and in threads, never in what is trained
+    where = ("impl.data_cache=", "impl.threads=")
+    if [o for o in mine["overrides"] if not o.startswith(where)] != [o for o in (theirs["overrides"] or []) if not o.startswith(where)]:
+        raise SystemExit(f"Error: --baseline-from {path}: shared overrides {theirs['overrides']} there, {mine['overrides']} here")
+    return {"path": str(path), "entry": entry, "frontier": stored.get("baseline_frontier") or {}}
+
+
+def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, sweep_seeds=None, stored=None) -> dict:
     curves, larger = {}, {}  # larger: the baseline's runs at multiples of the budget, (lr, seed) -> [final]
+    if stored:  # the baseline measured before (--baseline-from): its curves and its frontier's larger budgets
+        entry = stored["entry"]
+        curves[baseline] = {float(lr): {int(s): c for s, c in seeds.items()} for lr, seeds in entry["runs"].items()}
+        for seed, finals in stored["frontier"].items():
+            larger[(entry["best_lr"], int(seed))] = [{**f, "steps": None} for f in finals[1:]]
     for r in runs:
         if (r["folder"] / "summary.json").is_file():
             if r.get("times", 1) != 1:
@@ -187,6 +219,8 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
     if baseline not in curves:
         raise SystemExit(f"Error: no finished run of the baseline '{baseline}' in {out}")
     result = {"baseline": baseline, "extrapolate": extrapolate, "contenders": {}}
+    if stored:
+        result["baseline_from"] = stored["path"]
     best = {}
     for name, by_lr in curves.items():
         def mean_loss(seeds: dict, only=None) -> float | None:
@@ -219,6 +253,12 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
                              "baseline's (rtd: the generator's MLM loss), so no multiplier; judge it downstream")
             continue
         for axis in ("flops", "seconds"):
+            if axis == "seconds" and stored and name != baseline:
+                # the baseline's seconds were measured in another session, under another load: no
+                # wall-clock comparison (measure it side by side: both contenders in one --parallel run)
+                entry["multiplier_seconds"] = None
+                entry["note_seconds"] = "baseline from another session (--baseline-from): seconds not side by side"
+                continue
             for source in ("curve", "frontier"):
                 if source == "frontier" and not frontier:
                     continue
@@ -237,6 +277,8 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
                     "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
                     "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
             entry[f"multiplier_{axis}"] = entry.get(f"multiplier_{axis}_frontier") or entry[f"multiplier_{axis}_curve"]
+    if stored and stored["frontier"]:
+        result["baseline_frontier"] = stored["frontier"]
     return result
 
 
@@ -267,9 +309,9 @@ def plot(result: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def fmt(m: dict | None) -> str:
+def fmt(m: dict | None, none: str = "n/a (other objective)") -> str:
     if m is None:
-        return "n/a (other objective)"
+        return none
     sign = {"lower": ">=", "upper": "<="}.get(m["bounds"][0], "") if m["bounds"] else ""
     return (f"{sign}{m['median']:.2f}x" + (" (extrapolated)" if m["extrapolated"] else "")
             + (" (one curve)" if m.get("source") == "curve" else ""))
@@ -284,7 +326,7 @@ def table(result: dict) -> str:
         lines.append(f"| {name}{' (baseline)' if name == result['baseline'] else ''} | {e['best_lr']:g} | {sweep} | "
                      f"{e['final_val_loss']:.4f} | {statistics.mean(f['flops'] for f in finals):.3g} | "
                      + ("1x (itself) | 1x (itself) |" if name == result["baseline"] else
-                        f"{fmt(e['multiplier_flops'])} | {fmt(e['multiplier_seconds'])} |"))
+                        f"{fmt(e['multiplier_flops'])} | {fmt(e['multiplier_seconds'], e.get('note_seconds', 'n/a'))} |"))
     return "\n".join(lines)
 
 
@@ -374,6 +416,9 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--baseline-budget-seeds", type=int, nargs="*", default=[], metavar="SEED",
                     help="the seeds of those larger baseline runs (default: all); a seed without them is judged "
                          "on the first seed's frontier")
+    ap.add_argument("--baseline-from", type=Path, metavar="JSON",
+                    help="the baseline's runs and frontier from a finished ablation of the same recipe, size, budget and "
+                         "baseline (its ablation.json): only the candidates are trained; no wall-clock multiplier")
     ap.add_argument("--extrapolate", action="store_true", help="continue the baseline's curve past its last point (flagged)")
     ap.add_argument("--parallel", action="store_true", help="two runs at a time, one pinned core and thread each")
     ap.add_argument("--smoke", action="store_true", help="tiny model, data and budgets: checks the machinery in < 1 minute")
@@ -417,6 +462,10 @@ def main(argv: list[str]) -> dict:
         args.baseline_budgets = args.baseline_budgets or settings.get("baseline_budgets") or []
         args.baseline_budget_seeds = args.baseline_budget_seeds or settings.get("baseline_budget_seeds") or []
         args.only_best_for_seeds = args.only_best_for_seeds or settings.get("only_best_for_seeds") or []
+        args.size, args.flops, args.overrides = settings.get("size"), settings.get("flops"), settings.get("overrides") or []
+        if settings.get("baseline_from") and not args.baseline_from:
+            args.baseline_from = Path(settings["baseline_from"])
+    args.stored_baseline = stored_baseline(args.baseline_from, args) if args.baseline_from else None
     sweep_seeds = [s for s in args.seeds if s not in args.only_best_for_seeds]
     if args.only_best_for_seeds and not sweep_seeds:
         ap.error("--only-best-for-seeds: some seed of --seeds must sweep the lrs")
@@ -425,18 +474,18 @@ def main(argv: list[str]) -> dict:
         args.out.mkdir(parents=True, exist_ok=True)
         run_all(args, runs)
     if args.only_best_for_seeds or args.baseline_budgets:  # the sweep decides the lrs; then the rest
-        swept = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds)["contenders"]
+        swept = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds, args.stored_baseline)["contenders"]
         args.best_lrs = {name: e["best_lr"] for name, e in swept.items()}
         if args.baseline_budgets:
             args.baseline_lr = args.best_lrs[args.baseline[0]]
         runs = plan(args)
         if not args.summarize:
             run_all(args, runs)
-    result = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds)
+    result = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds, args.stored_baseline)
     result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
                           "lrs_for": args.lrs_of, "seeds": args.seeds, "baseline_budgets": args.baseline_budgets,
                           "baseline_budget_seeds": args.baseline_budget_seeds, "only_best_for_seeds": args.only_best_for_seeds, "parallel": args.parallel, "overrides": args.overrides,
-                          "contenders": args.contenders}
+                          "contenders": args.contenders, "baseline_from": args.baseline_from and str(args.baseline_from)}
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plot(result, args.out / "ablation.png")
     print(table(result))

@@ -125,3 +125,20 @@ def test_softcapped_linear_cross_entropy_in_chunks():
     torch.testing.assert_close(loss, ref)
     g = torch.autograd.grad(loss, (hidden, weight))
     torch.testing.assert_close(g, torch.autograd.grad(ref, (hidden, weight)))
+
+
+def test_qk_norm_under_bf16_autocast_takes_the_fused_kernel():
+    """Under bf16 autocast the QKV projection hands bf16 queries and keys to the norm: it runs in
+    float32 (as autocast runs the other norms), so RMSNorm's fused kernel is taken (torch warns
+    'Mismatch dtype' when it falls back), and attention still gets bf16."""
+    import warnings
+
+    model = tiny_model("llama-tiny", qk_norm=True)
+    attn = model.trunk.blocks[0].attn
+    seen = {}
+    attn.q_norm.register_forward_hook(lambda m, i, o: seen.update(inp=i[0].dtype, out=o.dtype))
+    with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", dtype=torch.bfloat16):
+        warnings.simplefilter("always")
+        model(random_ids())
+    assert not [w for w in caught if "Mismatch dtype" in str(w.message)]
+    assert seen == {"inp": torch.float32, "out": torch.float32}

@@ -92,3 +92,43 @@ def test_the_baselines_larger_budgets_make_the_frontier(tmp_path):
     assert cand["multiplier_flops_curve"]["bounds"] == ["lower"]  # one curve: 4.5 is past the 1x run's end
     assert [f["val_loss"] for f in result["baseline_frontier"]["0"]] == [5.0, 4.0]
     assert "1.41x" in table(result).splitlines()[-1]
+
+
+def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
+    """--baseline-from: the baseline's runs and frontier come from a finished ablation's JSON, so only
+    the candidates train; the multiplier is the one the baseline's own runs give, no wall-clock
+    multiplier is claimed (the seconds were another session's), and a JSON of another recipe, size,
+    budget, baseline or shared overrides is refused with an Error line."""
+    import argparse
+    import json
+
+    from recipe_ablation import stored_baseline, summarize, table
+
+    first = tmp_path / "first"
+    first.mkdir()
+    base = [fake(first, "base", "mlm", [7.0, 6.0, 5.0]), fake(first, "base", "mlm", [7.0, 6.5, 6.0, 5.5, 5.0, 4.0], times=2)]
+    cand = fake(first, "cand", "mlm", [6.0, 5.0, 4.5])
+    together = summarize(first, [*base, cand], "base", extrapolate=False)
+    settings = {"recipe": "cpu-1h", "size": "128x4", "flops": 2e13, "clock": None, "overrides": [],
+                "contenders": {"base": ["train.optim.type=adamw"], "cand": []}}
+    saved = tmp_path / "ablation.json"
+    saved.write_text(json.dumps({**summarize(first, base, "base", extrapolate=False), "settings": settings}, default=str))
+
+    args = argparse.Namespace(recipe="cpu-1h", size="128x4", flops=2e13, clock=None, baseline=["base"],
+                              overrides=["impl.data_cache=elsewhere", "impl.threads=1"], contenders=settings["contenders"])
+    stored = stored_baseline(saved, args)
+    second = tmp_path / "second"
+    second.mkdir()
+    alone = summarize(second, [fake(second, "cand", "mlm", [6.0, 5.0, 4.5])], "base", extrapolate=False, stored=stored)
+    assert alone["contenders"]["cand"]["multiplier_flops"]["median"] == pytest.approx(
+        together["contenders"]["cand"]["multiplier_flops"]["median"]) == pytest.approx(2 ** 0.5)
+    assert alone["contenders"]["cand"]["multiplier_seconds"] is None and alone["baseline_from"] == str(saved)
+    assert "not side by side" in table(alone).splitlines()[-1]
+    for change, needle in [({"size": "256x4"}, "size"), ({"flops": 4e13}, "flops"), ({"baseline": ["other"]}, "baseline"),
+                           ({"contenders": {"base": ["train.optim.type=sgd"], "cand": []}}, "baseline overrides"),
+                           ({"overrides": ["data.seq_length=64"]}, "shared overrides")]:
+        with pytest.raises(SystemExit, match=f"^Error: --baseline-from .*{needle}"):
+            stored_baseline(saved, argparse.Namespace(**{**vars(args), **change}))
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(SystemExit, match="^Error: --baseline-from .*broken.json: not a finished ablation"):
+        stored_baseline(tmp_path / "broken.json", args)

@@ -259,7 +259,10 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # each head's vector to RMS 1 (times a gain): bounded logits
+            # each head's vector to RMS 1 (times a gain): bounded logits. In float32, as autocast runs the
+            # other norms: under bf16 autocast q and k arrive in bf16, and RMSNorm with a bf16 input and a
+            # float gain falls back from its fused kernel to a slower path (torch warns)
+            q, k = self.q_norm(q.float()).to(q.dtype), self.k_norm(k.float()).to(k.dtype)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
         extra = {"enable_gqa": True} if K != N else {}
