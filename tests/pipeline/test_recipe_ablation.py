@@ -132,3 +132,29 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(SystemExit, match="^Error: --baseline-from .*broken.json: not a finished ablation"):
         stored_baseline(tmp_path / "broken.json", args)
+
+
+def test_contender_steps_rates_and_the_wall_clock_multiplier(tmp_path):
+    """benchmarks/contender_steps.py: each contender's real training step (its optimizer's FLOPs
+    counted: Muon's Newton-Schulz), interleaved; the wall-clock multiplier is the compute multiplier
+    times the candidate's rate over the baseline's, per seed, its bound kept."""
+    import json
+
+    from contender_steps import main
+
+    ablation = tmp_path / "ablation.json"
+    ablation.write_text(json.dumps({"contenders": {
+        "adamw": {"multiplier_flops": None},
+        "muon": {"multiplier_flops": {"median": 2.0, "bounds": ["lower"], "per_seed": {"0": {"multiplier": 2.0}, "1": {"multiplier": 3.0}}}}}}))
+    small = ["data.tokenizer.vocab_size=512", "train.batch_size=8", "impl.microbatch_size=8", "data.seq_length=32", "arch.max_seq_length=32", "impl.precision=fp32"]
+    r = main(["--recipe", "cpu-1h", "--size", "32x2", "--overrides", *small, "--steps", "2", "--warmup", "0",
+              "--contender", "adamw", "train.optim.type=adamw", "--contender", "muon", "train.optim.type=muon",
+              "--ablation", str(ablation), "--out", str(tmp_path / "steps.json")])
+    adamw, muon = r["rows"]["adamw"], r["rows"]["muon"]
+    assert adamw["optimizer_share_of_flops"] == 0 and 0 < muon["optimizer_share_of_flops"] < 1
+    assert muon["counted_flops_per_step"] > adamw["counted_flops_per_step"] > 0  # same model and batch, + Newton-Schulz
+    assert adamw["rate_vs_first"]["median"] == pytest.approx(1.0)
+    wall = r["wall_clock_multiplier"]["muon"]
+    rate = muon["rate_vs_first"]["median"]
+    assert wall["bound"] == ">=" and wall["per_seed"] == pytest.approx({"0": 2.0 * rate, "1": 3.0 * rate})
+    assert json.loads((tmp_path / "steps.json").read_text())["rows"].keys() == {"adamw", "muon"}

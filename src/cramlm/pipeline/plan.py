@@ -161,11 +161,11 @@ def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), non_embedding_parameters(model)
 
 
-def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2, device=None) -> float:
-    """Tokens/s of a few real training steps (median) of ``arch`` on random tokens, on ``device``
-    (default: the CPU). The model and batches are the run's own (``cramlm.pretrain``'s builders):
-    an RTD recipe (train.objective=rtd) is measured with its generator and detector, a causal arch
-    with causal batches."""
+def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: Path, device=None):
+    """A trainer of ``arch`` with the run's own model, collator and optimizer (``cramlm.pretrain``'s
+    builders: an RTD recipe (train.objective=rtd) gets its generator and detector, a causal arch
+    causal batches) fed ``steps`` microbatches of ``micro`` random token blocks, one microbatch per
+    step, for timing real training steps (``trainer.train_step(1)``)."""
     import numpy as np
     import torch
 
@@ -192,15 +192,25 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
     run = cfg.model_copy(update={"arch": config_class("model", arch["type"]).model_validate(arch)})
     model = run_model(run, vocab, device)
     collate = make_collator(run, vocab, 0)
-    data = StepData(RandomBlocks(micro * (warmup + steps), 0), collate, 0)
+    data = StepData(RandomBlocks(micro * steps, 0), collate, 0)
     train = cfg.train.model_copy(update={"batch_size": micro, "batch_ramp": 0.0, "min_updates": 0,
                                          "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
     impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
     sample = {k: v.to(device) for k, v in collate(RandomBlocks(2, 1).batch([0, 1])).items()}
+    trainer = build_trainer(model, data, train, impl, run_dir, sample=sample)
+    trainer.model.train()
+    return trainer
+
+
+def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2, device=None) -> float:
+    """Tokens/s of a few real training steps (median) of ``arch`` on random tokens, on ``device``
+    (default: the CPU), the run's own model, batches and optimizer (:func:`step_trainer`)."""
+    import torch
+
+    device = torch.device(device or "cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(model, data, train, impl, Path(tmp), sample=sample)
-        trainer.model.train()
+        trainer = step_trainer(cfg, arch, vocab, micro, warmup + steps, Path(tmp), device)
         seconds = []
         for i in range(warmup + steps):
             sync()
@@ -210,7 +220,7 @@ def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int
             if i >= warmup:
                 seconds.append(time.perf_counter() - start)
     seconds.sort()
-    return micro * seq / seconds[len(seconds) // 2]
+    return micro * cfg.data.seq_length / seconds[len(seconds) // 2]
 
 
 def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None = None,
