@@ -462,7 +462,8 @@ def main(argv: list[str]) -> dict:
         args.baseline_budgets = args.baseline_budgets or settings.get("baseline_budgets") or []
         args.baseline_budget_seeds = args.baseline_budget_seeds or settings.get("baseline_budget_seeds") or []
         args.only_best_for_seeds = args.only_best_for_seeds or settings.get("only_best_for_seeds") or []
-        args.size, args.flops, args.overrides = settings.get("size"), settings.get("flops"), settings.get("overrides") or []
+        args.recipe, args.size, args.flops, args.clock = settings["recipe"], settings.get("size"), settings.get("flops"), settings.get("clock")
+        args.overrides = settings.get("overrides") or []
         if settings.get("baseline_from") and not args.baseline_from:
             args.baseline_from = Path(settings["baseline_from"])
     args.stored_baseline = stored_baseline(args.baseline_from, args) if args.baseline_from else None
