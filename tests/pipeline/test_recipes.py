@@ -74,15 +74,20 @@ def test_recipe_dry_run(recipe, tmp_path, monkeypatch):
 
 
 def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(monkeypatch):
-    """cpu-1h and gpt2-cpu-1h train with what recipe_ablation measured better (Muon); the presets
-    that reproduce cramming, BERT and Modalities keep their Adam(W); and train.optim.type=adamw gives
-    back cpu-1h's previous optimizer exactly (bert-o4's), the baseline of those measurements."""
+    """default, cpu-1h and gpt2-cpu-1h train with what recipe_ablation measured better (Muon with
+    QK-norm, zero-initialised output projections and q/k/v orthogonalised apart); the presets that
+    reproduce cramming, BERT and Modalities keep their Adam(W) and leave those fields off; and
+    train.optim.type=adamw gives back cpu-1h's previous optimizer exactly (bert-o4's), the baseline
+    of those measurements."""
     from cramlm.config.loader import load_preset
 
     monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
-    for recipe in ("cpu-1h", "gpt2-cpu-1h"):
-        assert resolve_recipe(recipe).train.optim.type == "muon"
+    for recipe in ("default", "cpu-1h", "gpt2-cpu-1h"):
+        cfg = resolve_recipe(recipe)
+        assert (cfg.train.optim.type, cfg.train.optim.split_fused, cfg.arch.qk_norm, cfg.arch.zero_init_out) == (
+            "muon", True, True, True), recipe
     for recipe, optimizer in {"crammed-bert-24h": "adamw", "bert-original": "adam", "gpt2-60m": "adamw"}.items():
-        assert resolve_recipe(recipe, stand_ins(recipe)).train.optim.type == optimizer, recipe
+        cfg = resolve_recipe(recipe, stand_ins(recipe))
+        assert cfg.train.optim.type == optimizer and not cfg.arch.qk_norm and not cfg.arch.zero_init_out, recipe
     before = resolve_recipe("cpu-1h", ["train.optim.type=adamw"]).train.optim.model_dump(mode="json")
     assert before == {**before, **load_preset("train", "bert-o4")["optim"]}
