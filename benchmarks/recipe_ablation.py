@@ -343,7 +343,7 @@ def collect(dirs: list[Path], out: Path) -> dict:
         st, base = r["settings"], r["baseline"]
         for name, e in r["contenders"].items():
             finals = {s: c["final"] for s, c in e["runs"][f"{e['best_lr']:g}"].items()}
-            rows.append({"size": st.get("size") or st["recipe"], "recipe": st["recipe"], "budget_flops": st.get("flops"),
+            rows.append({"size": " ".join(filter(None, (st["recipe"], st.get("size")))), "recipe": st["recipe"], "budget_flops": st.get("flops"),
                          "contender": name, "baseline": name == base, "best_lr": e["best_lr"], "lr_sweep": e["lr_sweep"],
                          "loss_per_seed": {s: round(f["val_loss"], 4) for s, f in finals.items()},
                          "seconds_per_seed": {s: f["seconds"] for s, f in finals.items()},
@@ -368,7 +368,7 @@ def collect(dirs: list[Path], out: Path) -> dict:
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = {}
     for (d, r), color in zip(results.items(), colors(len(results))):
-        size = r["settings"].get("size") or r["settings"]["recipe"]
+        size = " ".join(filter(None, (r["settings"]["recipe"], r["settings"].get("size"))))
         for name, e in r["contenders"].items():
             if e.get("note"):
                 continue
