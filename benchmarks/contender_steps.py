@@ -24,8 +24,10 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_step import interleaved  # noqa: E402  (A B A B timing, warm-up rounds first)
 
 
 def build(recipe: str, overrides: list[str], root: Path, steps: int):
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> dict:
     shared = [*(size_overrides(args.size) if args.size else []), *args.overrides, f"impl.threads={args.threads}",
               "impl.progress=false"]
     torch.set_num_threads(args.threads)
-    steps, counted, ns_share, times = {}, {}, {}, {}
+    steps, counted, ns_share = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, *extra in args.contender:
             trainer, counted[name], ns_share[name] = build(args.recipe, [*shared, *extra], Path(tmp) / name, args.warmup + args.steps)
@@ -71,13 +73,8 @@ def main(argv: list[str]) -> dict:
                     group["lr"] = 1e-4  # random tokens: a small step keeps the weights finite
                 trainer.train_step(1)
 
-            steps[name], times[name] = step, []
-        for i in range(args.warmup + args.steps):
-            for name, step in steps.items():
-                start = time.perf_counter()
-                step()
-                if i >= args.warmup:
-                    times[name].append(time.perf_counter() - start)
+            steps[name] = step
+        times = interleaved(steps, args.warmup, args.steps, torch.device("cpu"))
     first = args.contender[0][0]
     rows = {}
     for name in steps:

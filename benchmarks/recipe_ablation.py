@@ -189,8 +189,8 @@ def stored_baseline(path: Path, args) -> dict:
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"Error: --baseline-from {path}: not a finished ablation's JSON ({e})") from None
     mine = {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock,
-            "overrides": args.overrides, "baseline": name, "baseline overrides": args.contenders.get(name)}
-    theirs = {**{k: st.get(k) for k in ("recipe", "size", "flops", "clock", "overrides")}, "baseline": name,
+            "overrides": args.overrides, "baseline overrides": args.contenders.get(name)}
+    theirs = {**{k: st.get(k) for k in ("recipe", "size", "flops", "clock", "overrides")},
               "baseline overrides": st["contenders"].get(name)}
     if name != args.baseline[0]:
         raise SystemExit(f"Error: --baseline-from {path}: its baseline is '{name}', this ablation's is '{args.baseline[0]}'")
@@ -209,7 +209,7 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
         entry = stored["entry"]
         curves[baseline] = {float(lr): {int(s): c for s, c in seeds.items()} for lr, seeds in entry["runs"].items()}
         for seed, finals in stored["frontier"].items():
-            larger[(entry["best_lr"], int(seed))] = [{**f, "steps": None} for f in finals[1:]]
+            larger[(entry["best_lr"], int(seed))] = finals[1:]
     for r in runs:
         if (r["folder"] / "summary.json").is_file():
             if r.get("times", 1) != 1:
