@@ -39,12 +39,14 @@ TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
 BERT_O4 = ["train=bert-o4", "train.batch_size=8192", "train.batch_ramp=0.6", "train.min_updates=1000"]
 
 
-def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None) -> dict[str, list[list[str]]]:
+def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None,
+             shared: list[str] = ()) -> dict[str, list[list[str]]]:
     """The pretrainings and evaluations; ``against``: the other contender's name and overrides
-    (default: cramming's recipe, ``bert-o4``)."""
+    (default: cramming's recipe, ``bert-o4``); ``shared``: overrides for every run (e.g. a FLOP
+    budget, ``train.budget.flops=2e14``, for a comparison at equal FLOPs)."""
     name, extra = (against[0], against[1:]) if against else ("bert-o4", BERT_O4)
     common = [f"base_dir={out}", f"impl.data_cache={out / 'data'}", "impl.progress=false", f"budget={budget}",
-              "eval.seeds=3", "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]"]
+              "eval.seeds=3", "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]", *shared]
     if parallel:
         common.append("impl.threads=1")
     run = ["cramlm", "run", "cpu-1h"]
@@ -74,9 +76,10 @@ def run_pinned(cmds: list[list[str]]) -> None:
                 del running[core]
 
 
-def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None) -> None:
+def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None,
+            shared: list[str] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    plan = commands(out, budget, parallel, data_dir, against)
+    plan = commands(out, budget, parallel, data_dir, against, shared)
     data = [c for c in plan["pretrain"][0] if not c.startswith("stages=")] + ["stages=[data]"]
     subprocess.run(data, check=True)  # once, before two processes want it
     for phase in ("pretrain", "eval"):
@@ -90,7 +93,8 @@ def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list
 
 def summarize(out: Path, against: str = "bert-o4", also: list[str] = ()) -> dict:
     """The tables' figures; ``also``: more evaluated runs in ``out`` (e.g. an RTD pretraining), as
-    columns of their own."""
+    columns of their own. The twin's scores: ``eval-untrained.json`` in the other contender's folder,
+    else in the recipe's (the twin depends only on architecture, tokenizer and eval seed)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from val_mlm_loss import val_loss
 
@@ -99,7 +103,7 @@ def summarize(out: Path, against: str = "bert-o4", also: list[str] = ()) -> dict
 
     runs = {name: out / name for name in ("recipe", against, *also)}
     evals = {**{name: load(folder / "eval.json") for name, folder in runs.items()},
-             "untrained twin": load(runs[against] / "eval-untrained.json")}
+             "untrained twin": load(runs[against] / "eval-untrained.json") or load(runs["recipe"] / "eval-untrained.json")}
     result: dict = {"against": against, "also": list(also), "runs": {}, "tasks": {}, "means": {}, "lm": {}}
     for name, folder in runs.items():
         s = load(folder / "summary.json") or {}
@@ -150,6 +154,9 @@ def table(result: dict) -> str:
     lines.append("")
     lines.append(f"recipe >= 2 points above the twin on {len(ahead)} of {len(result['tasks'])} tasks" + (f" ({', '.join(ahead)})" if ahead else ""))
     for n, r in runs.items():
+        if r.get("steps") is None:  # no summary.json (a pretraining that did not finish)
+            lines.append(f"{n}: no summary.json")
+            continue
         lines.append(f"{n}: {r['steps']:,} steps, {r['tokens'] / 1e6:.2f}M tokens, {r['flops']:.3g} FLOPs in {r['train_seconds']:.0f} s "
                      f"({r['tokens_per_second']:,.0f} tokens/s, {r['precision']}, MFU {100 * r['mfu']:.1f}%)")
     return "\n".join(lines)
@@ -158,7 +165,11 @@ def table(result: dict) -> str:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="outputs/recipe-vs-cramming")
-    ap.add_argument("--budget", default="1h")
+    ap.add_argument("--budget", default="1h", help="wall-clock hours of each pretraining ('null': none, then --set a "
+                    "train.budget)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE", dest="shared",
+                    help="overrides for every run, e.g. train.budget.flops=2e14 (equal FLOPs; with --budget 1h, "
+                    "whichever is spent first ends a run)")
     ap.add_argument("--parallel", action="store_true", help="both pretrainings at once, one pinned core and thread each")
     ap.add_argument("--summarize", metavar="DIR", help="only the tables, from the finished runs in DIR")
     ap.add_argument("--json", help="also write the result here")
@@ -168,7 +179,8 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     out = Path(args.summarize or args.out)
     if not args.summarize:
-        run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"), args.against)
+        run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"), args.against,
+                args.shared)
     result = summarize(out, args.against[0] if args.against else "bert-o4", args.also)
     text = table(result)  # (adds the tasks ahead of the twin to result)
     print(json.dumps(result))

@@ -198,3 +198,32 @@ def test_predictions_within_the_laws_error_go_to_the_shape_nearest_the_fitted_ru
     assert chosen is inside and tied == [outside, inside]
     # a law that knows no error of its own: the lowest prediction, as before
     assert choose([outside, inside, far], {**law, "residual": None})[0] is outside
+
+
+def test_lr_comes_from_the_law_only_for_the_optimizer_it_was_fitted_with(tmp_path):
+    """A law fitted with Muon at lr 1.6e-2 gives that lr to a Muon recipe; an AdamW recipe keeps its
+    own lr (an lr does not carry across optimizers), and a law with no optimizer is bert-o4's AdamW."""
+    def law(data):
+        path = tmp_path / f"law-{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump({"law": LAW, "data": {"vocab_size": 8192, **data}}))
+        return str(path)
+
+    muon_law = law({"optimizer": "muon", "lr": 0.016, "mlm_probability": 0.3})
+    quiet = {"throughput": THROUGHPUT, "say": lambda *_: None}
+    muon = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", law_path=muon_law, **quiet)
+    assert muon["choice"]["optimizer"] == "muon" and muon["choice"]["lr"] == 0.016
+    assert "train.optim.lr=0.016" in muon["command"] and "train.mlm_probability=0.3" in muon["command"]
+    assert not any(line.startswith("note: the law was fitted") for line in muon["why"])
+
+    adamw_cfg = resolve_recipe("crammed-bert-24h", ["budget=15m"])
+    assert adamw_cfg.train.optim.type == "adamw"
+    adamw = plan(adamw_cfg, "crammed-bert-24h", law_path=muon_law, **quiet)
+    assert adamw["choice"]["lr"] == adamw_cfg.train.optim.lr != 0.016
+    assert f"train.optim.lr={adamw_cfg.train.optim.lr:g}" in adamw["command"]
+    assert any("fitted with train.optim.type=muon" in line for line in adamw["why"])
+
+    old_law = law({})  # the shipped law's form before it recorded an optimizer: bert-o4's AdamW at 1e-3
+    old = plan(adamw_cfg, "crammed-bert-24h", law_path=old_law, **quiet)
+    assert old["choice"]["lr"] == 0.001 and "train.optim.lr=0.001" in old["command"]
+    on_muon = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", law_path=old_law, **quiet)
+    assert on_muon["choice"]["lr"] == 0.016  # cpu-1h's own Muon lr, not AdamW's 1e-3

@@ -13,8 +13,11 @@
 
 Batch, learning rate and masking rate are not fitted (the sweep held them fixed): the batch is the
 largest power of two that still gives about ``MIN_UPDATES`` optimizer steps (cramming's failure on
-slow hardware is too few updates), lr 1e-3 and 25% masking are bert-o4's, with which the law's
-points were trained.
+slow hardware is too few updates); lr and masking rate are those the law's points were trained with
+(its ``data`` block: ``optimizer``, ``lr``, ``mlm_probability``; a law without them was fitted with
+bert-o4's AdamW at lr 1e-3 and 25% masking) when the recipe trains with the same optimizer; with
+another optimizer the recipe keeps its own lr and masking (an lr does not carry from one optimizer
+to another) and the plan says so.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from cramlm.runs import format_hours
 DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
 LAW = "scaling-cpu.yaml"
 MIN_UPDATES = 1000  # optimizer steps the batch rule aims for
-LR, MASKING = 1e-3, 0.25  # bert-o4's, as in the sweep the law was fitted to
+LR, MASKING, OPTIMIZER = 1e-3, 0.25, "adamw"  # bert-o4's: what a law with no optimizer/lr/masking was fitted with
 EXTRAPOLATION = 4.0  # a prediction further than this factor outside the fitted N or D range is flagged
 
 
@@ -80,6 +83,23 @@ def load_law(path: str | Path | None = None) -> dict[str, Any]:
         residual = math.sqrt(sum(e * e for e in errors) / len(errors))
     return {**fit, "source": source, "ranges": ranges, "data": data.get("data"), "command": data.get("command"),
             "residual": residual}
+
+
+def law_hyperparameters(law: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer, lr and masking rate the law's runs were trained with (its ``data`` block)."""
+    data = law.get("data") if isinstance(law.get("data"), dict) else {}
+    return {"optimizer": str(data.get("optimizer", OPTIMIZER)), "lr": float(data.get("lr", LR)),
+            "mlm_probability": float(data.get("mlm_probability", MASKING))}
+
+
+def planned_hyperparameters(cfg, law: dict[str, Any]) -> dict[str, Any]:
+    """lr and masking for the plan: the law's runs' where the recipe has their optimizer, else the
+    recipe's own (``same_optimizer`` says which)."""
+    hp = law_hyperparameters(law)
+    if hp["optimizer"] == cfg.train.optim.type:
+        return {**hp, "same_optimizer": True}
+    return {"optimizer": cfg.train.optim.type, "lr": float(cfg.train.optim.lr),
+            "mlm_probability": float(cfg.train.mlm_probability), "same_optimizer": False, "law_optimizer": hp["optimizer"]}
 
 
 def shape(spec: str) -> tuple[int, int]:
@@ -241,10 +261,12 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     micro = min(batch, cfg.impl.microbatch_size)
     while batch % micro:
         micro //= 2
-    choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "lr": LR, "mlm_probability": MASKING}
+    hp = planned_hyperparameters(cfg, law)
+    choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "optimizer": hp["optimizer"],
+              "lr": hp["lr"], "mlm_probability": hp["mlm_probability"]}
     why = reasons(cfg, law, ranked, chosen, tied, batch)
     overrides = [*size_overrides(chosen.size), f"train.batch_size={batch}", f"impl.microbatch_size={micro}",
-                 f"train.optim.lr={LR:g}", f"train.mlm_probability={MASKING}"]
+                 f"train.optim.lr={hp['lr']:g}", f"train.mlm_probability={hp['mlm_probability']:g}"]
     command = f"cramlm run {recipe} budget={format_hours(cfg.budget)} " + " ".join(overrides)
     say(table(ranked, chosen))
     for line in why:
@@ -291,6 +313,7 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
             batch: int) -> list[str]:
     """Why this shape and batch, one line each (printed, and kept in plan.json)."""
     vocab = cfg.data.tokenizer.vocab_size
+    hp = planned_hyperparameters(cfg, law)
     runner_up = next((c for c in ranked if c is not chosen), None)
     why = [
         f"budget {format_hours(cfg.budget)}; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
@@ -305,8 +328,13 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
         + f": {chosen.tokens / 1e6:,.1f}M tokens at {chosen.tokens_per_second:,.0f} tokens/s, "
         f"{chosen.tokens / max(chosen.non_embedding, 1):,.0f} per non-embedding parameter",
         batch_reason(batch, chosen.tokens / (batch * cfg.data.seq_length))
-        + f"; lr {LR:g} and masking {MASKING:.0%} are bert-o4's (the law's runs used them; not fitted)",
+        + (f"; {hp['optimizer']} at lr {hp['lr']:g} and masking {hp['mlm_probability']:.0%}: what the law's runs were "
+           "trained with (not fitted)" if hp["same_optimizer"] else
+           f"; {hp['optimizer']} at lr {hp['lr']:g} and masking {hp['mlm_probability']:.0%}: the recipe's own"),
     ]
+    if not hp["same_optimizer"]:
+        why.append(f"note: the law was fitted with train.optim.type={hp['law_optimizer']}, the recipe trains with "
+                   f"{hp['optimizer']}: its shape ranking is used, its lr is not (an lr does not carry across optimizers)")
     if any(c.extrapolated for c in ranked):
         why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")
     if law.get("data") and isinstance(law["data"], dict) and law["data"].get("vocab_size") not in (None, vocab):
