@@ -96,6 +96,8 @@ def test_sweep_grid(tmp_path):
         if p["flops_from"] == "6*params*tokens":
             assert p["flops"] == 6 * p["parameters"] * p["tokens"]
     assert min(p["parameters"] for p in points if p["size"] == "32x2") > max(p["parameters"] for p in points if p["size"] == "16x1")
+    # what the points were trained with, for `cramlm plan --law sweep.json` (its lr goes with its optimizer)
+    assert result["data"]["optimizer"] == "muon" and result["data"]["lr"] == 0.016 and result["data"]["mlm_probability"] == 0.25
     fit = result["fit"]
     assert fit["E"] >= 0 and fit["A"] >= 0 and 0 <= fit["alpha"] <= 3 and fit["r2"] <= 1.0
     summary = out[out.index("size  budget"):]  # the sweep's own output: a table and the law, not raw JSON

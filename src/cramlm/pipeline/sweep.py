@@ -270,7 +270,10 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     result = {"recipe": recipe, "overrides": overrides, "sizes": sizes, "budgets": budgets, "points": points,
               "fit": fit, "law": "loss = E + A * flops^-alpha (scipy curve_fit, E >= 0)",
               "fit_nd": fit_nd, "law_nd": "loss = E + A / N^a + B / D^b (N non-embedding parameters, D tokens)",
-              "fit_errors": errors}
+              "fit_errors": errors, "data": {  # what the points were trained with (cramlm plan --law reads it)
+                  "recipe": recipe, "vocab_size": base.data.tokenizer.vocab_size, "seq_length": base.data.seq_length,
+                  "batch_size": base.train.batch_size, "optimizer": base.train.optim.type,
+                  "lr": base.train.optim.lr, "mlm_probability": base.train.mlm_probability}}
     write_json(folder / "sweep.json", result)
     plot_sweep(points, fit, folder / "sweep.png")
     if report:
