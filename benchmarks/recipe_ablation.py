@@ -178,6 +178,31 @@ def curve(folder: Path) -> dict:
                       "optimizer_flops_per_step": opt, "flops_per_token": fpt}}
 
 
+NOT_TRAINING = {"lr", "log_every", "validate_every", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints"}
+
+
+def trained(args, name: str) -> dict:
+    """What a contender trains: the ``arch`` and ``train`` sections of its resolved config (the swept
+    lr and the logging, validation and checkpoint cadence aside), flattened to dotted keys. Overrides
+    are text: the same ``train.optim.type=adamw`` means another model once the recipe's defaults
+    change (cpu-1h took qk_norm), so a stored baseline is checked on this, not on its overrides alone."""
+    from cramlm.pipeline.recipe import resolve_recipe
+
+    budget = ["budget=null", f"train.budget.flops={args.flops:g}"] if args.flops else [f"budget={args.clock}"] if args.clock else []
+    cfg = resolve_recipe(args.recipe, [*args.overrides, *(SMOKE if getattr(args, "smoke", False) else []),
+                                       *(size_overrides(args.size) if args.size else []), *budget, *args.contenders[name]])
+    flat: dict = {}
+
+    def walk(tree: dict, prefix: str) -> None:
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            elif key not in NOT_TRAINING:
+                flat[prefix + key] = value
+    walk({"arch": cfg.arch.model_dump(mode="json"), "train": cfg.train.model_dump(mode="json")}, "")
+    return flat
+
+
 def stored_baseline(path: Path, args) -> dict:
     """The baseline of a finished ablation (its ablation.json, or a copy under benchmarks/results):
     its runs' curves and its frontier, checked to be the same recipe, size, budget, overrides and
@@ -200,7 +225,16 @@ def stored_baseline(path: Path, args) -> dict:
     where = ("impl.data_cache=", "impl.threads=")
     if [o for o in mine["overrides"] if not o.startswith(where)] != [o for o in (theirs["overrides"] or []) if not o.startswith(where)]:
         raise SystemExit(f"Error: --baseline-from {path}: shared overrides {theirs['overrides']} there, {mine['overrides']} here")
-    return {"path": str(path), "entry": entry, "frontier": stored.get("baseline_frontier") or {}}
+    if stored_trained := (st.get("trained") or {}).get(name):  # the same words may mean another model today
+        now = (getattr(args, "settings_trained", None) or {}).get(name) or trained(args, name)
+        if diff := sorted(k for k in stored_trained.keys() | now.keys() if stored_trained.get(k) != now.get(k)):
+            raise SystemExit(f"Error: --baseline-from {path}: its baseline trained another config than '{name}' resolves to "
+                             f"now: {', '.join(f'{k} {stored_trained.get(k)!r} there, {now.get(k)!r} here' for k in diff[:4])}"
+                             + (f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""))
+    else:
+        print(f"note: --baseline-from {path} records no resolved config (written before they were): its baseline's "
+              "overrides are compared as text only; check that the recipe's defaults have not changed since", file=sys.stderr)
+    return {"path": str(path), "entry": entry, "frontier": stored.get("baseline_frontier") or {}, "trained": stored_trained or None}
 
 
 def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, sweep_seeds=None, stored=None) -> dict:
@@ -437,7 +471,7 @@ def main(argv: list[str]) -> dict:
         args.validate_every = 0.25
         args.lrs = args.lrs if args.lrs != [1e-3] else [1e-3, 3e-3]  # a sweep of two
         if not args.candidate:
-            args.candidate = [["muon", "train.optim.type=muon"]]  # the recipe's AdamW settings kept
+            args.candidate = [["adamw", "train.optim.type=adamw"]]  # against the recipe's Muon: two contenders that differ
         if args.out == Path("outputs/recipe-ablation"):
             args.out = Path("outputs/recipe-ablation-smoke")
     if not (args.flops or args.clock or args.summarize):
@@ -464,6 +498,7 @@ def main(argv: list[str]) -> dict:
         args.only_best_for_seeds = args.only_best_for_seeds or settings.get("only_best_for_seeds") or []
         args.recipe, args.size, args.flops, args.clock = settings["recipe"], settings.get("size"), settings.get("flops"), settings.get("clock")
         args.overrides = settings.get("overrides") or []
+        args.settings_trained = settings.get("trained")  # what these runs trained then (the recipe may have changed since)
         if settings.get("baseline_from") and not args.baseline_from:
             args.baseline_from = Path(settings["baseline_from"])
     args.stored_baseline = stored_baseline(args.baseline_from, args) if args.baseline_from else None
@@ -486,7 +521,9 @@ def main(argv: list[str]) -> dict:
     result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
                           "lrs_for": args.lrs_of, "seeds": args.seeds, "baseline_budgets": args.baseline_budgets,
                           "baseline_budget_seeds": args.baseline_budget_seeds, "only_best_for_seeds": args.only_best_for_seeds, "parallel": args.parallel, "overrides": args.overrides,
-                          "contenders": args.contenders, "baseline_from": args.baseline_from and str(args.baseline_from)}
+                          "contenders": args.contenders, "baseline_from": args.baseline_from and str(args.baseline_from),
+                          "trained": {name: args.stored_baseline["trained"] if args.stored_baseline and name == args.baseline[0]
+                                      else trained(args, name) for name in args.contenders}}  # a stored baseline: what it trained then
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plot(result, args.out / "ablation.png")
     print(table(result))

@@ -129,6 +129,21 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
                            ({"overrides": ["data.seq_length=64"]}, "shared overrides")]:
         with pytest.raises(SystemExit, match=f"^Error: --baseline-from .*{needle}"):
             stored_baseline(saved, argparse.Namespace(**{**vars(args), **change}))
+    # the same override text may mean another model once the recipe's defaults change: what the stored
+    # baseline trained (its resolved arch and train sections) must be what the same words resolve to now
+    from recipe_ablation import trained
+
+    now = trained(args, "base")
+    assert now["train.optim.type"] == "adamw" and "train.optim.lr" not in now  # the swept lr is not part of it
+    then = {**now, "arch.qk_norm": not now["arch.qk_norm"]}  # as if trained before the recipe took qk_norm
+    for recorded, ok in [(now, True), (then, False)]:
+        saved.write_text(json.dumps({**summarize(first, base, "base", extrapolate=False),
+                                     "settings": {**settings, "trained": {"base": recorded}}}, default=str))
+        if ok:
+            assert stored_baseline(saved, args)["trained"] == now
+        else:
+            with pytest.raises(SystemExit, match=r"^Error: --baseline-from .*trained another config.*arch\.qk_norm"):
+                stored_baseline(saved, args)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(SystemExit, match="^Error: --baseline-from .*broken.json: not a finished ablation"):
         stored_baseline(tmp_path / "broken.json", args)
