@@ -227,3 +227,40 @@ def test_lr_comes_from_the_law_only_for_the_optimizer_it_was_fitted_with(tmp_pat
     assert old["choice"]["lr"] == 0.001 and "train.optim.lr=0.001" in old["command"]
     on_muon = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", law_path=old_law, **quiet)
     assert on_muon["choice"]["lr"] == 0.016  # cpu-1h's own Muon lr, not AdamW's 1e-3
+
+
+def test_the_shipped_law_follows_the_recipes_optimizer():
+    """Each optimizer has its own shipped law (fitted with it, its lr in its data block): a Muon
+    recipe is planned with the Muon law at its lr, an AdamW recipe with the AdamW law at 1e-3, and
+    the plan key tells them apart (a recorded plan is not reused once the optimizer changes)."""
+    from cramlm.pipeline.recipe import plan_key
+
+    muon_law, adamw_law = load_law(optimizer="muon"), load_law(optimizer="adamw")
+    assert muon_law["source"].endswith("/scaling-cpu.yaml") and adamw_law["source"].endswith("/scaling-cpu-adamw.yaml")
+    assert load_law()["source"] == muon_law["source"]  # the base law: also for an optimizer without one of its own
+    for law, optimizer, lr in [(muon_law, "muon", 0.016), (adamw_law, "adamw", 0.001)]:
+        assert law["data"]["optimizer"] == optimizer and law["data"]["lr"] == lr and law["command"].startswith("cramlm sweep")
+        assert len({(p[0], p[1]) for p in [law["ranges"]["N"], law["ranges"]["D"]]}) == 2 and law["residual"] > 0
+    quiet = {"throughput": THROUGHPUT, "say": lambda *_: None}
+    muon = resolve_recipe("cpu-1h", ["budget=15m"])
+    adamw = resolve_recipe("cpu-1h", ["budget=15m", "train.optim.type=adamw"])
+    planned = {name: plan(cfg, "cpu-1h", **quiet) for name, cfg in [("muon", muon), ("adamw", adamw)]}
+    assert planned["muon"]["law"]["source"] == muon_law["source"] and planned["muon"]["choice"]["lr"] == 0.016
+    assert planned["adamw"]["law"]["source"] == adamw_law["source"] and planned["adamw"]["choice"]["lr"] == 0.001
+    assert not any(line.startswith("note: the law was fitted") for p in planned.values() for line in p["why"])
+    assert plan_key(muon) != plan_key(adamw) and plan_key(muon) == plan_key(resolve_recipe("cpu-1h", ["budget=15m", "name=other"]))
+
+
+def test_lower_extrapolated_predictions_are_named_as_passed_over_not_as_runners_up():
+    """With Muon's law, tiny shapes with many tokens are predicted lowest but lie outside the fitted
+    runs: the reason names them as extrapolated and measures the pick against the next shape inside."""
+    fast = {"64x2": 50496.0, "96x3": 26380.0, "128x4": 14577.0, "192x4": 9964.0, "256x4": 6280.0, "384x6": 2146.0}
+    result = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", throughput=fast, say=lambda *_: None)
+    ranked = result["candidates"]
+    chosen = next(c for c in ranked if c["size"] == result["choice"]["size"])
+    passed = [c for c in ranked if c["extrapolated"] and c["predicted_loss"] < chosen["predicted_loss"]]
+    assert passed and not chosen["extrapolated"]
+    line = next(w for w in result["why"] if "lowest predicted" in w)
+    assert "inside the fitted range" in line and all(f"{c['size']} {c['predicted_loss']:.3f}" in line for c in passed)
+    inside = [c for c in ranked if c is not chosen and c not in passed]
+    assert f"below {inside[0]['size']}" in line and "-" not in line.split("below")[0].split(",")[-1]

@@ -6,8 +6,9 @@
    (impl.precision / impl.threads resolve as in a run). Seconds per shape.
 2. Predict each shape's validation MLM loss (the sweep's val_loss) after the budget from the Chinchilla law
    L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
-   ``cramlm sweep`` to this project's own runs and shipped as ``recipes/plan/scaling-cpu.yaml``
-   (which records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
+   ``cramlm sweep`` to this project's own runs and shipped per optimizer (``LAWS``: the recipe's
+   ``train.optim.type`` picks ``recipes/plan/scaling-cpu.yaml`` for Muon, ``scaling-cpu-adamw.yaml``
+   for AdamW; each records the command that produced it; ``--law`` takes another, e.g. your own sweep.json).
 3. Pick the lowest predicted loss; where several are predicted closer to it than the law's own error
    on its points, the one nearest the fitted runs. Print the table it chose from, why, and the command.
 
@@ -34,7 +35,8 @@ from cramlm.pipeline.scaling import chinchilla_law
 from cramlm.runs import format_hours
 
 DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
-LAW = "scaling-cpu.yaml"
+LAW = "scaling-cpu.yaml"  # the Muon recipes' law (default, cpu-1h); also for an optimizer without its own
+LAWS = {"muon": LAW, "adamw": "scaling-cpu-adamw.yaml"}  # the shipped law fitted with each optimizer
 MIN_UPDATES = 1000  # optimizer steps the batch rule aims for
 LR, MASKING, OPTIMIZER = 1e-3, 0.25, "adamw"  # bert-o4's: what a law with no optimizer/lr/masking was fitted with
 EXTRAPOLATION = 4.0  # a prediction further than this factor outside the fitted N or D range is flagged
@@ -52,16 +54,25 @@ class Candidate:
     outside: float = 0.0  # how far N and D lie outside the fitted runs (sum of log-distances; 0 inside)
 
 
-def load_law(path: str | Path | None = None) -> dict[str, Any]:
-    """The fitted L(N, D) constants: the shipped file, another YAML of the same form, or a
-    ``sweep.json`` written by ``cramlm sweep`` (its ``fit_nd``)."""
+def default_law(optimizer: str | None = None) -> str | None:
+    """The shipped law fitted with ``optimizer`` (a file name under recipes/plan/), or None for the
+    base one (``LAW``): what a plan's key records, so that the base law's plans keep their keys."""
+    name = LAWS.get(optimizer or "", LAW)
+    return None if name == LAW else name
+
+
+def load_law(path: str | Path | None = None, optimizer: str | None = None) -> dict[str, Any]:
+    """The fitted L(N, D) constants: the shipped file fitted with ``optimizer`` (the recipe's
+    ``train.optim.type``; ``LAWS``), another YAML of the same form, or a ``sweep.json`` written by
+    ``cramlm sweep`` (its ``fit_nd``)."""
     import json
 
     from cramlm.config.loader import safe_load_text
 
     if path is None:
-        source = f"cramlm/recipes/plan/{LAW}"
-        data = safe_load_text((files("cramlm") / "recipes" / "plan" / LAW).read_text(encoding="utf-8"), source)
+        name = default_law(optimizer) or LAW
+        source = f"cramlm/recipes/plan/{name}"
+        data = safe_load_text((files("cramlm") / "recipes" / "plan" / name).read_text(encoding="utf-8"), source)
     else:
         text = Path(path).read_text(encoding="utf-8")
         source = str(path)
@@ -252,7 +263,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     if not cfg.budget:
         raise ValueError("cramlm plan needs a wall-clock budget, e.g. budget=1h or budget=15m")
     seconds = cfg.budget * 3600
-    law = load_law(law_path)
+    law = load_law(law_path, cfg.train.optim.type)
     sizes = sizes or (list(throughput) if throughput else DEFAULT_SIZES)
     ranked = rank(measure_candidates(cfg, sizes, throughput, say), law, seconds)
     chosen, tied = choose(ranked, law)
@@ -314,13 +325,17 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
     """Why this shape and batch, one line each (printed, and kept in plan.json)."""
     vocab = cfg.data.tokenizer.vocab_size
     hp = planned_hyperparameters(cfg, law)
-    runner_up = next((c for c in ranked if c is not chosen), None)
+    # lower predictions the planner passed over because they are extrapolated are named as such, not as runners-up
+    passed = [c for c in ranked if c.extrapolated and not chosen.extrapolated and c.predicted_loss < chosen.predicted_loss]
+    runner_up = next((c for c in ranked if c is not chosen and c not in passed), None)
     why = [
         f"budget {format_hours(cfg.budget)}; vocab {vocab}, sequences of {cfg.data.seq_length} tokens; law {law['source']}: "
         f"L = {law['E']:.3g} + {law['A']:.3g}/N^{law['a']:.3f} + {law['B']:.3g}/D^{law['b']:.3f}"
         + (f" (R^2 {law['r2']:.3f})" if "r2" in law else ""),
         (f"{chosen.size} has the lowest predicted validation MLM loss ({chosen.predicted_loss:.3f})"
+         + (" of the shapes inside the fitted range" if passed else "")
          + (f", {runner_up.predicted_loss - chosen.predicted_loss:.3f} below {runner_up.size}" if runner_up else "")
+         + (f" (lower but extrapolated: {', '.join(f'{c.size} {c.predicted_loss:.3f}' for c in passed)})" if passed else "")
          if len(tied) == 1 else
          f"{', '.join(c.size for c in tied)} are predicted within the law's error on its own points "
          f"({100 * (law.get('residual') or 0):.1f}% RMS) of the best ({tied[0].predicted_loss:.3f}), so no prediction "

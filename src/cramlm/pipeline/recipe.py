@@ -127,11 +127,14 @@ PLAN = "plan.json"
 
 def plan_key(cfg: PipelineConfig, law_path: str | None = None) -> str:
     """What a plan depends on: the budget, the starting arch, sequence length and vocabulary, the
-    implementation it was measured with and the law (not the run's name, resume or dryrun flags,
-    checkpoint or logging settings)."""
+    implementation it was measured with and the law (the shipped one follows the optimizer: another
+    optimizer, another law and lr; not the run's name, resume or dryrun flags, checkpoint or logging settings)."""
+    from cramlm.pipeline.plan import default_law
+
     impl = cfg.impl
     return _hash([cfg.budget, cfg.arch.model_dump(mode="json"), cfg.data.seq_length, cfg.data.tokenizer.vocab_size,
-                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], cfg.train.mlm_probability, law_path])
+                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], cfg.train.mlm_probability,
+                  law_path or default_law(cfg.train.optim.type)])
 
 
 def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any]) -> list[str]:
