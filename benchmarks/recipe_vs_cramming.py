@@ -146,9 +146,12 @@ def table(result: dict) -> str:
                  + " | " + (f"{100 * (result['means']['recipe'] - result['means']['untrained twin']):+.1f}"
                             if {"recipe", "untrained twin"} <= set(result["means"]) else "-") + " |")
     runs = result["runs"]
-    lines.append("| held-out MLM loss, benchmarks/val_mlm_loss.py | " + " | ".join(
-        f"{runs[n]['common_split']['val_mlm_loss']:.3f}" if "val_mlm_loss" in runs.get(n, {}).get("common_split", {}) else "-"
-        for n in names) + " | |")
+    def common(n: str) -> str:  # an RTD run is scored by its generator (a smaller MLM): said in the cell
+        split = runs.get(n, {}).get("common_split", {})
+        if "val_mlm_loss" not in split:
+            return "-"
+        return f"{split['val_mlm_loss']:.3f}" + (" (its generator)" if split.get("objective") == "rtd" else "")
+    lines.append("| held-out MLM loss, benchmarks/val_mlm_loss.py | " + " | ".join(common(n) for n in names) + " | |")
     lines.append("| held-out MLM loss, eval.json | " + " | ".join(
         f"{result['lm'][n]:.3f}" if result["lm"].get(n) is not None else "-" for n in names) + " | |")
     lines.append("")

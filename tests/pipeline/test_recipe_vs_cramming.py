@@ -36,3 +36,12 @@ def test_twin_read_from_the_recipe_when_the_other_run_has_none(tmp_path):
     _eval(tmp_path / "rtd" / "eval-untrained.json", 0.55)  # the other contender's twin comes first
     assert rvc.summarize(tmp_path, "rtd")["means"]["untrained twin"] == 0.55
     assert "recipe - twin" in rvc.table(result) and "+20.0" in rvc.table(result)
+
+
+def test_an_rtd_runs_common_split_loss_is_marked_as_its_generators():
+    """The RTD run's held-out MLM loss is its (smaller) generator's: the table says so in the cell."""
+    result = {"against": "rtd", "tasks": {}, "means": {}, "lm": {}, "runs": {
+        "recipe": {"common_split": {"val_mlm_loss": 2.873, "objective": "mlm"}},
+        "rtd": {"common_split": {"val_mlm_loss": 3.834, "objective": "rtd"}}}}
+    row = next(line for line in rvc.table(result).splitlines() if "val_mlm_loss.py" in line)
+    assert "| 2.873 | 3.834 (its generator) |" in row
