@@ -91,3 +91,14 @@ def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(mon
         assert cfg.train.optim.type == optimizer and not cfg.arch.qk_norm and not cfg.arch.zero_init_out, recipe
     before = resolve_recipe("cpu-1h", ["train.optim.type=adamw"]).train.optim.model_dump(mode="json")
     assert before == {**before, **load_preset("train", "bert-o4")["optim"]}
+
+
+def test_cpu_1h_rtd_is_cpu_1h_with_the_rtd_objective(monkeypatch):
+    """The downstream recipe differs from cpu-1h in its objective alone (and its name), so the two
+    compare at equal everything else; it extends cpu-1h, so a change to cpu-1h reaches it."""
+    monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
+    mlm, rtd = (resolve_recipe(r).model_dump(mode="json") for r in ("cpu-1h", "cpu-1h-rtd"))
+    assert (mlm["train"].pop("objective"), rtd["train"].pop("objective")) == ("mlm", "rtd")
+    for key in ("name", "description"):
+        mlm.pop(key), rtd.pop(key)
+    assert mlm == rtd
