@@ -98,6 +98,13 @@ def run_name(contender: str, lr: float, seed: int, times: float = 1) -> str:
     return f"{contender}-lr{lr:g}-s{seed}" + (f"-x{times:g}" if times != 1 else "")
 
 
+def budget_args(args, times: float = 1) -> list[str]:
+    """The budget overrides of a run at ``times`` the ablation's budget (FLOPs, or the wall clock)."""
+    if args.flops:
+        return ["budget=null", f"train.budget.flops={args.flops * times:g}"]
+    return [f"budget={args.clock}"] if args.clock else []
+
+
 def plan(args) -> list[dict]:
     """One entry per run: its contender, lr, seed, folder and command."""
     shared = [f"base_dir={args.out}", f"impl.data_cache={args.out / 'data'}", "impl.progress=false",
@@ -108,11 +115,6 @@ def plan(args) -> list[dict]:
         shared += size_overrides(args.size)
     if args.parallel:
         shared.append("impl.threads=1")
-
-    def budget(times: float) -> list[str]:
-        if args.flops:
-            return ["budget=null", f"train.budget.flops={args.flops * times:g}"]
-        return [f"budget={args.clock}"] if args.clock else []
 
     runs = []
     for name, extra in args.contenders.items():
@@ -127,7 +129,7 @@ def plan(args) -> list[dict]:
                 if seed in args.only_best_for_seeds and lr != getattr(args, "best_lrs", {}).get(name):
                     continue  # this seed confirms the sweep's best lr only (known after the sweep)
                 folder = args.out / run_name(name, lr, seed)
-                cmd = ["cramlm", "run", args.recipe, *shared, *budget(1), *extra, f"train.optim.lr={lr:g}",
+                cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args), *extra, f"train.optim.lr={lr:g}",
                        f"seed={seed}", f"name={folder.name}"]
                 runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": 1})
     base_lr = getattr(args, "baseline_lr", None)
@@ -136,7 +138,7 @@ def plan(args) -> list[dict]:
         for times in args.baseline_budgets:
             for seed in args.baseline_budget_seeds or args.seeds:
                 folder = args.out / run_name(name, base_lr, seed, times)
-                cmd = ["cramlm", "run", args.recipe, *shared, *budget(times), *extra, f"train.optim.lr={base_lr:g}",
+                cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args, times), *extra, f"train.optim.lr={base_lr:g}",
                        f"seed={seed}", f"name={folder.name}"]
                 runs.append({"contender": name, "lr": base_lr, "seed": seed, "folder": folder, "cmd": cmd, "times": times})
     return runs
@@ -187,20 +189,12 @@ def trained(args, name: str) -> dict:
     are text: the same ``train.optim.type=adamw`` means another model once the recipe's defaults
     change (cpu-1h took qk_norm), so a stored baseline is checked on this, not on its overrides alone."""
     from cramlm.pipeline.recipe import resolve_recipe
+    from cramlm.train.checkpoint import flat
 
-    budget = ["budget=null", f"train.budget.flops={args.flops:g}"] if args.flops else [f"budget={args.clock}"] if args.clock else []
     cfg = resolve_recipe(args.recipe, [*args.overrides, *(SMOKE if getattr(args, "smoke", False) else []),
-                                       *(size_overrides(args.size) if args.size else []), *budget, *args.contenders[name]])
-    flat: dict = {}
-
-    def walk(tree: dict, prefix: str) -> None:
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            elif key not in NOT_TRAINING:
-                flat[prefix + key] = value
-    walk({"arch": cfg.arch.model_dump(mode="json"), "train": cfg.train.model_dump(mode="json")}, "")
-    return flat
+                                       *(size_overrides(args.size) if args.size else []), *budget_args(args), *args.contenders[name]])
+    tree = flat({"arch": cfg.arch.model_dump(mode="json"), "train": cfg.train.model_dump(mode="json")})
+    return {key: value for key, value in tree.items() if key.rsplit(".", 1)[-1] not in NOT_TRAINING}
 
 
 def stored_baseline(path: Path, args) -> dict:
