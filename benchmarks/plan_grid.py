@@ -57,19 +57,18 @@ def run_grid(args, sizes: list[str]) -> None:
                                                        | {"sizes": sizes}, indent=1) + "\n")
     first = point_command(args, sizes[0])
     subprocess.run([c if not c.startswith("stages=") else "stages=[data]" for c in first], check=True)
-    plan_txt = args.out / "plan.txt"
+    plan_txt, running, rest = args.out / "plan.txt", {}, sizes
     if not plan_txt.is_file():  # the planner measures with one busy neighbour, as the runs train
         print("+", shlex.join(["taskset", "-c", "1", *first]), flush=True)
-        neighbour = subprocess.Popen(["taskset", "-c", "1", *first])
+        running, rest = {1: subprocess.Popen(["taskset", "-c", "1", *first])}, sizes[1:]
         plan = ["taskset", "-c", "0", "cramlm", "plan", args.recipe, f"budget={args.budget}", *args.overrides,
                 "--sizes", ",".join(sizes), *(["--law", args.law] if args.law else [])]
         print("+", shlex.join(plan), flush=True)
         text = subprocess.run(plan, check=True, capture_output=True, text=True).stdout
         plan_txt.write_text(text)
         print(text, flush=True)
-        if neighbour.wait():
-            sys.exit(f"failed: {shlex.join(first)}")
-    run_pinned([point_command(args, s) for s in sizes])  # finished points return at once
+    # the rest on core 0 as soon as the plan is done, beside the first point (finished points return at once)
+    run_pinned([point_command(args, s) for s in rest], running)
     subprocess.run(["cramlm", "sweep", args.recipe, "--sizes", ",".join(sizes), "--budgets", args.budget,
                     "--name", "grid", "--no-report", f"base_dir={args.out}", *args.overrides], check=True)
 

@@ -59,9 +59,10 @@ def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: lis
     }
 
 
-def run_pinned(cmds: list[list[str]]) -> None:
-    """Each command pinned to a free core of two (taskset), the next as soon as one is free."""
-    pending, running = list(cmds), {}
+def run_pinned(cmds: list[list[str]], running: dict | None = None) -> None:
+    """Each command pinned to a free core of two (taskset), the next as soon as one is free;
+    ``running``: {core: Popen} already started there (waited for like the others)."""
+    pending, running = list(cmds), dict(running or {})
     while pending or running:
         for core in (0, 1):
             if core not in running and pending:
