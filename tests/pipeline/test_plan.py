@@ -114,8 +114,25 @@ def test_measure_throughput_runs_real_training_steps():
 
     cfg = resolve_recipe("default", ["impl.precision=fp32", "data.seq_length=32", "data.tokenizer.vocab_size=512"])
     arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-    tokens_per_second = measure_throughput(cfg, arch, 512, micro=2, warmup=1, steps=1)
+    tokens_per_second = measure_throughput(cfg, arch, 512, batch=2, micro=2, warmup=1, steps=1)
     assert tokens_per_second > 0
+
+
+def test_measure_throughput_times_the_runs_step(monkeypatch):
+    """The probe times steps of the smallest batch the planner picks in the run's microbatches, after
+    warm-up steps: at a half batch a step's fixed costs (Muon's) weigh twice, and the first steps are
+    slow (the grid of 2026-12-02: 128x4 probed at 6,205 tokens/s, trained at 11,281)."""
+    from cramlm.pipeline.plan import BATCH_RANGE, measure_throughput
+    from cramlm.train.trainer import Trainer
+
+    calls = []
+    real = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self, n: calls.append((self.cfg.batch_size, self.impl.microbatch_size, n)) or real(self, n))
+    cfg = resolve_recipe("default", ["impl.precision=fp32", "data.seq_length=16", "data.tokenizer.vocab_size=512",
+                                     "impl.microbatch_size=8"])
+    arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+    assert measure_throughput(cfg, arch, 512) > 0
+    assert len(calls) >= 6 and set(calls) == {(BATCH_RANGE[0], 8, BATCH_RANGE[0] // 8)}
 
 
 def test_measure_throughput_trains_what_the_run_trains(monkeypatch):
@@ -132,7 +149,7 @@ def test_measure_throughput_trains_what_the_run_trains(monkeypatch):
     for objective in ("mlm", "rtd"):
         cfg = resolve_recipe("default", [*small, f"train.objective={objective}"])
         arch = {**cfg.arch.model_dump(mode="json"), "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
-        assert measure_throughput(cfg, arch, 512, micro=2, warmup=1, steps=1) > 0
+        assert measure_throughput(cfg, arch, 512, batch=2, micro=2, warmup=1, steps=1) > 0
     (mlm, mlm_batch), (rtd, rtd_batch) = seen
     assert not isinstance(mlm, ReplacedTokenDetection) and "sample_noise" not in mlm_batch
     assert isinstance(rtd, ReplacedTokenDetection) and "sample_noise" in rtd_batch

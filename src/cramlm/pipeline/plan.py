@@ -1,8 +1,9 @@
 """``cramlm plan budget=1h``: the model a budget buys on this machine.
 
 1. Measure this machine's training throughput (tokens/s) for a handful of candidate shapes: a few
-   real training steps each (Trainer.train_step: masking, forward, backward, clipping, AdamW) on
-   random tokens at the recipe's vocabulary, sequence length and implementation settings
+   real training steps each (Trainer.train_step: masking, forward, backward, clipping, the recipe's
+   optimizer) of the smallest batch the planner picks, in the run's microbatches, after warm-up
+   steps, on random tokens at the recipe's vocabulary, sequence length and implementation settings
    (impl.precision / impl.threads resolve as in a run). Seconds per shape.
 2. Predict each shape's validation MLM loss (the sweep's val_loss) after the budget from the Chinchilla law
    L(N, D) = E + A / N^a + B / D^b (N non-embedding parameters, D = tokens/s x budget), fitted by
@@ -192,11 +193,11 @@ def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), non_embedding_parameters(model)
 
 
-def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: Path, device=None):
+def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: Path, device=None, batch: int | None = None):
     """A trainer of ``arch`` with the run's own model, collator and optimizer (``cramlm.pretrain``'s
     builders: an RTD recipe (train.objective=rtd) gets its generator and detector, a causal arch
-    causal batches) fed ``steps`` microbatches of ``micro`` random token blocks, one microbatch per
-    step, for timing real training steps (``trainer.train_step(1)``)."""
+    causal batches) fed ``steps`` batches of ``batch`` (default ``micro``) random token blocks in
+    microbatches of ``micro``, for timing real training steps (``trainer.train_step(batch // micro)``)."""
     import numpy as np
     import torch
 
@@ -223,8 +224,9 @@ def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: P
     run = cfg.model_copy(update={"arch": config_class("model", arch["type"]).model_validate(arch)})
     model = run_model(run, vocab, device)
     collate = make_collator(run, vocab, 0)
-    data = StepData(RandomBlocks(micro * steps, 0), collate, 0)
-    train = cfg.train.model_copy(update={"batch_size": micro, "batch_ramp": 0.0, "min_updates": 0,
+    batch = batch or micro
+    data = StepData(RandomBlocks(batch * steps, 0), collate, 0)
+    train = cfg.train.model_copy(update={"batch_size": batch, "batch_ramp": 0.0, "min_updates": 0,
                                          "budget": cfg.train.budget.model_copy(update={"steps": 10**9, "tokens": None, "flops": None})})
     impl = cfg.impl.model_copy(update={"microbatch_size": micro, "progress": False, "compile": False})
     sample = {k: v.to(device) for k, v in collate(RandomBlocks(2, 1).batch([0, 1])).items()}
@@ -233,25 +235,34 @@ def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: P
     return trainer
 
 
-def measure_throughput(cfg, arch: dict, vocab: int, micro: int = 16, warmup: int = 1, steps: int = 2, device=None) -> float:
+def measure_throughput(cfg, arch: dict, vocab: int, batch: int = BATCH_RANGE[0], micro: int | None = None,
+                       warmup: int = 3, steps: int = 5, device=None) -> float:
     """Tokens/s of a few real training steps (median) of ``arch`` on random tokens, on ``device``
-    (default: the CPU), the run's own model, batches and optimizer (:func:`step_trainer`)."""
+    (default: the CPU), the run's own model, batches and optimizer (:func:`step_trainer`). A step is
+    the smallest batch the planner picks, in the run's microbatches (``impl.microbatch_size``): a
+    step's fixed costs (Muon's Newton-Schulz, the optimizer, clipping) weigh as in the run, not twice
+    as much as at a half batch; three warm-up steps (the first ones are slow: lazy state, caches).
+    The 15-minute grid of 2026-12-02 had 128x4 at 11,281 tokens/s where the previous probe (batch
+    16, one warm-up, median of two) measured 6,205 and steered the pick off the best shape."""
     import torch
 
     device = torch.device(device or "cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    micro = min(batch, micro or cfg.impl.microbatch_size)
+    while batch % micro:
+        micro //= 2
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = step_trainer(cfg, arch, vocab, micro, warmup + steps, Path(tmp), device)
+        trainer = step_trainer(cfg, arch, vocab, micro, warmup + steps, Path(tmp), device, batch=batch)
         seconds = []
         for i in range(warmup + steps):
             sync()
             start = time.perf_counter()
-            trainer.train_step(1)
+            trainer.train_step(batch // micro)
             sync()
             if i >= warmup:
                 seconds.append(time.perf_counter() - start)
     seconds.sort()
-    return micro * cfg.data.seq_length / seconds[len(seconds) // 2]
+    return batch * cfg.data.seq_length / seconds[len(seconds) // 2]
 
 
 def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None = None,
