@@ -1,5 +1,5 @@
 """The modern architecture choices (QK-norm, ReLU^2, zero-initialised output projections, logit
-soft-capping) are config fields, off in every preset, and each does what it says; the presets that
+soft-capping, value embeddings) are config fields, off in every preset, and each does what it says; the presets that
 reproduce cramming, BERT, GPT-2 and llama keep their parameter counts and stock exports."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cramlm.models.hf import stock_architecture
 from cramlm.models.model import linear_cross_entropy
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 
-FIELDS = {"qk_norm": False, "zero_init_out": False, "logit_softcap": None}
+FIELDS = {"qk_norm": False, "zero_init_out": False, "logit_softcap": None, "value_embeddings": 0}
 # full-size parameter counts at vocab 32768, as before the fields existed (counted on main, meta device)
 FAITHFUL = {
     "crammed-bert": 119_589_889,
@@ -114,6 +114,47 @@ def test_logit_softcap_bounds_the_logits_and_the_fused_loss_follows(name):
     torch.testing.assert_close(out["loss"], manual)
     for n, p in capped.named_parameters():
         torch.testing.assert_close(fused[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_value_embeddings_feed_the_values_of_the_mirrored_layers(name):
+    import pydantic
+
+    import cramlm.models.model as model_module
+    from cramlm.pipeline.scaling import non_embedding_parameters
+
+    plain, ve = tiny_model(name, num_layers=5), tiny_model(name, num_layers=5, value_embeddings=2)
+    K, D = ve.cfg.num_kv_heads or ve.cfg.num_heads, ve.cfg.hidden_size // ve.cfg.num_heads
+    assert [b.attn.value_gate is not None for b in ve.trunk.blocks] == [True, True, False, True, True]
+    assert ve.trunk.value_table == [0, 1, None, 1, 0]  # table i: layers i and L-1-i
+    extra = sum(p.numel() for p in ve.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert extra == 2 * VOCAB * K * D + 4  # two tables, one gate per fed layer
+    assert non_embedding_parameters(ve) == non_embedding_parameters(plain) + 4  # the tables are embeddings
+    assert stock_architecture(ve.cfg) is None
+    ids = random_ids()
+    with torch.no_grad():  # zero tables: exactly the plain model (same weights otherwise)
+        ve.load_state_dict(plain.state_dict(), strict=False)
+        for table in ve.trunk.value_embeds:
+            table.weight.zero_()
+        torch.testing.assert_close(ve(ids)["logits"], plain(ids)["logits"])
+        inputs, values = {}, []
+        attn = ve.trunk.blocks[3].attn  # fed by table 1: its values are v + gate * table[ids]
+        attn.register_forward_hook(lambda m, i, o: inputs.update(x=i[0]))
+        ve.trunk.value_embeds[1].weight.normal_()
+        sdpa = model_module.F.scaled_dot_product_attention
+        model_module.F.scaled_dot_product_attention = lambda q, k, v, **kw: values.append(v) or sdpa(q, k, v, **kw)
+        try:
+            out = ve(ids)["logits"]
+        finally:
+            model_module.F.scaled_dot_product_attention = sdpa
+        assert not torch.allclose(out, plain(ids)["logits"])
+        x = inputs["x"]
+        B, T, _ = x.shape
+        v = attn.qkv(x).view(B, T, -1, D)[:, :, -K:].transpose(1, 2)  # (B, K, T, D)
+        gate = attn.value_gate
+        torch.testing.assert_close(values[3], v + gate * ve.trunk.value_embeds[1](ids).view(B, T, K, D).transpose(1, 2))
+    with pytest.raises(pydantic.ValidationError, match="value_embeddings 4 > .num_layers"):
+        tiny_model(name, num_layers=5, value_embeddings=4)
 
 
 def test_softcapped_linear_cross_entropy_in_chunks():

@@ -74,7 +74,7 @@ def test_stock_architecture_needs_every_choice():
     assert stock_architecture(tiny_model("llama-tiny").cfg) == "llama"
 
 
-MODERN = {"qk_norm": True, "activation": "relu2", "zero_init_out": True, "logit_softcap": 15.0}
+MODERN = {"qk_norm": True, "activation": "relu2", "zero_init_out": True, "logit_softcap": 15.0, "value_embeddings": 1}
 
 
 @pytest.mark.parametrize("name,auto,overrides", [

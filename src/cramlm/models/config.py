@@ -71,6 +71,10 @@ class TransformerConfig(ModelConfig):
                                 "(each block starts as the identity; modded-nanogpt)")
     logit_softcap: PositiveFloat | None = Field(None, description="output logits -> cap * tanh(logits / cap) "
                                                 "(Gemma 2: 30; modded-nanogpt: 15..30); null: off; exports as remote code")
+    value_embeddings: NonNegativeInt = Field(
+        0, description="k extra token-embedding tables (vocab x key/value width) added into the attention values: "
+        "table i, times a learned per-layer scalar, into layers i and num_layers-1-i (modded-nanogpt's value "
+        "embeddings, U-net order); no matmul FLOPs; 0: off; exports as remote code")
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -81,6 +85,9 @@ class TransformerConfig(ModelConfig):
             raise ValueError("rope needs an even head dimension")
         if self.ffn == "glu" and self.intermediate_size % 2:
             raise ValueError("ffn=glu needs an even intermediate_size")
+        if 2 * self.value_embeddings > self.num_layers + 1:
+            raise ValueError(f"value_embeddings {self.value_embeddings} > (num_layers + 1) / 2: table i feeds layers i "
+                             f"and num_layers-1-i, so {self.num_layers} layers take at most {(self.num_layers + 1) // 2}")
         return self
 
 

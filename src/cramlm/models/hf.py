@@ -35,7 +35,7 @@ STOCK_CLASSES = {
 
 # the choices each stock class hard-codes; anything else needs the remote-code package
 _COMMON = {"num_kv_heads_equal": True, "type_vocab_size": 0, "first_attn_norm": True,
-           "qk_norm": False}  # (and no logit_softcap; zero_init_out changes only the init: any class holds it)
+           "qk_norm": False, "value_embeddings": 0}  # (and no logit_softcap; zero_init_out changes only the init)
 _MLM_HEAD = {"head_transform": True}  # BERT's and ModernBERT's heads always have the dense + act + norm transform
 REQUIREMENTS: dict[str, dict] = {
     "bert": dict(_COMMON, **_MLM_HEAD, objective="mlm", norm="layernorm", norm_scheme="post", norm_bias=True, bias=True,

@@ -56,6 +56,11 @@ class Trunk(nn.Module):
         self.embedding_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else nn.Identity()
         self.embedding_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        # value embeddings (modded-nanogpt): table i feeds the values of layers i and L-1-i (U-net order)
+        k, L = getattr(cfg, "value_embeddings", 0), cfg.num_layers  # (configs from before the field: none)
+        kv_width = (cfg.num_kv_heads or cfg.num_heads) * (H // cfg.num_heads)
+        self.value_embeds = nn.ModuleList(nn.Embedding(vocab_size, kv_width) for _ in range(k)) if k else None
+        self.value_table = [i if i < k else (L - 1 - i if L - 1 - i < k else None) for i in range(L)]
         self.final_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else nn.Identity()
 
     def forward(
@@ -84,8 +89,9 @@ class Trunk(nn.Module):
         dropout = self.cfg.attention_dropout if self.training else 0.0
         flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout, self.document_kernel)
         mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T, block_mask=flex)
-        for block in self.blocks:
-            x = block(x, mask, rotary, is_causal)
+        values = [table(input_ids) for table in self.value_embeds] if self.value_embeds is not None else []  # (B, T, K*D) each
+        for block, table in zip(self.blocks, self.value_table):
+            x = block(x, mask, rotary, is_causal, None if table is None else values[table])
         return self.final_norm(x)
 
 
@@ -203,16 +209,18 @@ class Block(nn.Module):
         self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         kv_heads = cfg.num_kv_heads or cfg.num_heads
         qk_norm = cfg.norm_eps if getattr(cfg, "qk_norm", False) else None  # (configs from before the field: off)
-        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout, qk_norm)
+        k = getattr(cfg, "value_embeddings", 0)
+        self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout, qk_norm,
+                                  value_embedding=index < k or cfg.num_layers - 1 - index < k)
         self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, attn_mask=None, rotary=None, is_causal=False) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
+    def forward(self, x, attn_mask=None, rotary=None, is_causal=False, value_embed=None) -> torch.Tensor:  # (B, T, H) -> (B, T, H)
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rotary, is_causal))
+            x = x + self.dropout(self.attn(self.norm1(x), attn_mask, rotary, is_causal, value_embed))
             return x + self.dropout(self.ffn(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rotary, is_causal)))
+        x = self.norm1(x + self.dropout(self.attn(x, attn_mask, rotary, is_causal, value_embed)))
         return self.norm2(x + self.dropout(self.ffn(x)))
 
 
@@ -230,9 +238,12 @@ class SelfAttention(nn.Module):
     """Multi-head (or grouped-query: fewer key/value heads) self-attention with a fused QKV
     projection, through SDPA (flash kernels on GPU). The fused output is [q heads | k heads | v heads].
     ``qk_norm`` (an eps; None: off): RMSNorm of each query and key head over D before rotary, one
-    learned (D,) gain for q and one for k shared by the heads (OLMo 2, Qwen 3, modded-nanogpt)."""
+    learned (D,) gain for q and one for k shared by the heads (OLMo 2, Qwen 3, modded-nanogpt).
+    ``value_embedding``: the values get a token embedding added (``forward``'s ``value_embed``, from the
+    trunk's tables) times one learned scalar, ``value_gate`` (starts at 0.5)."""
 
-    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float, qk_norm: float | None = None):
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, bias: bool, dropout: float, qk_norm: float | None = None,
+                 value_embedding: bool = False):
         super().__init__()
         if dim % num_heads or num_heads % num_kv_heads:
             raise ValueError(f"hidden size {dim}, {num_heads} heads and {num_kv_heads} key/value heads do not divide")
@@ -246,6 +257,7 @@ class SelfAttention(nn.Module):
             self.q_norm, self.k_norm = nn.RMSNorm(self.head_dim, eps=qk_norm), nn.RMSNorm(self.head_dim, eps=qk_norm)
         else:
             self.q_norm = self.k_norm = None
+        self.value_gate = nn.Parameter(torch.tensor(0.5)) if value_embedding else None
 
     def forward(
         self,
@@ -253,11 +265,14 @@ class SelfAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         is_causal: bool = False,
+        value_embed: torch.Tensor | None = None,  # (B, T, K*D): this layer's value embedding, or None
     ) -> torch.Tensor:
         B, T, H = x.shape
         N, K = self.num_heads, self.num_kv_heads
         qkv = self.qkv(x).view(B, T, N + 2 * K, self.head_dim).transpose(1, 2)
         q, k, v = qkv.split([N, K, K], dim=1)  # (B, N, T, D), (B, K, T, D), (B, K, T, D)
+        if self.value_gate is not None:
+            v = v + self.value_gate * value_embed.view(B, T, K, self.head_dim).transpose(1, 2).to(v.dtype)
         if self.q_norm is not None:
             # each head's vector to RMS 1 (times a gain): bounded logits. In float32, as autocast runs the
             # other norms: under bf16 autocast q and k arrive in bf16, and RMSNorm with a bf16 input and a

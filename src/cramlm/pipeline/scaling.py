@@ -112,7 +112,7 @@ def chinchilla_law(fit: dict[str, float], params: float | np.ndarray, tokens: fl
     return fit["E"] + fit["A"] * N ** (-fit["a"]) + fit["B"] * D ** (-fit["b"])
 
 
-EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.")
+EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.", "trunk.value_embeds.")
 
 
 def non_embedding_parameters(model) -> int:
