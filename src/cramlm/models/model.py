@@ -56,11 +56,10 @@ class Trunk(nn.Module):
         self.embedding_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else nn.Identity()
         self.embedding_dropout = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        # value embeddings (modded-nanogpt): table i feeds the values of layers i and L-1-i (U-net order)
-        k, L = getattr(cfg, "value_embeddings", 0), cfg.num_layers  # (configs from before the field: none)
+        k = getattr(cfg, "value_embeddings", 0)  # (configs from before the field: none)
         kv_width = (cfg.num_kv_heads or cfg.num_heads) * (H // cfg.num_heads)
         self.value_embeds = nn.ModuleList(nn.Embedding(vocab_size, kv_width) for _ in range(k)) if k else None
-        self.value_table = [i if i < k else (L - 1 - i if L - 1 - i < k else None) for i in range(L)]
+        self.value_table = value_tables(cfg)
         self.final_norm = make_norm(cfg.norm, H, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else nn.Identity()
 
     def forward(
@@ -93,6 +92,13 @@ class Trunk(nn.Module):
         for block, table in zip(self.blocks, self.value_table):
             x = block(x, mask, rotary, is_causal, None if table is None else values[table])
         return self.final_norm(x)
+
+
+def value_tables(cfg) -> list[int | None]:
+    """Per layer, the value-embedding table it adds to its attention values, or None: table i feeds
+    layers i and L-1-i (modded-nanogpt's U-net order)."""
+    k, L = getattr(cfg, "value_embeddings", 0), cfg.num_layers
+    return [i if i < k else (L - 1 - i if L - 1 - i < k else None) for i in range(L)]
 
 
 class PositionEmbedding(nn.Module):
@@ -209,9 +215,8 @@ class Block(nn.Module):
         self.norm1 = nn.Identity() if skip else make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         kv_heads = cfg.num_kv_heads or cfg.num_heads
         qk_norm = cfg.norm_eps if getattr(cfg, "qk_norm", False) else None  # (configs from before the field: off)
-        k = getattr(cfg, "value_embeddings", 0)
         self.attn = SelfAttention(cfg.hidden_size, cfg.num_heads, kv_heads, cfg.bias, cfg.attention_dropout, qk_norm,
-                                  value_embedding=index < k or cfg.num_layers - 1 - index < k)
+                                  value_embedding=value_tables(cfg)[index] is not None)
         self.norm2 = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.ffn = FeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.ffn, cfg.activation, cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)

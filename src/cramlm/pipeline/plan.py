@@ -133,6 +133,14 @@ def batch_for(tokens: float, seq_len: int, min_updates: int = MIN_UPDATES, lo: i
     return int(min(hi, max(lo, batch)))
 
 
+def microbatch_for(batch: int, micro: int) -> int:
+    """The largest microbatch <= ``micro`` that divides ``batch`` (halving)."""
+    micro = min(batch, micro)
+    while batch % micro:
+        micro //= 2
+    return micro
+
+
 def batch_reason(batch: int, steps: float) -> str:
     """Why the batch is what it is, with the optimizer steps it gives at this budget."""
     if batch == BATCH_RANGE[0] and steps < MIN_UPDATES:
@@ -248,9 +256,7 @@ def measure_throughput(cfg, arch: dict, vocab: int, batch: int = BATCH_RANGE[0],
 
     device = torch.device(device or "cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    micro = min(batch, micro or cfg.impl.microbatch_size)
-    while batch % micro:
-        micro //= 2
+    micro = microbatch_for(batch, micro or cfg.impl.microbatch_size)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = step_trainer(cfg, arch, vocab, micro, warmup + steps, Path(tmp), device, batch=batch)
         seconds = []
@@ -280,9 +286,7 @@ def plan(cfg, recipe: str, sizes: list[str] | None = None, law_path: str | None 
     chosen, tied = choose(ranked, law)
     hidden, layers = shape(chosen.size)
     batch = batch_for(chosen.tokens, cfg.data.seq_length)
-    micro = min(batch, cfg.impl.microbatch_size)
-    while batch % micro:
-        micro //= 2
+    micro = microbatch_for(batch, cfg.impl.microbatch_size)
     hp = planned_hyperparameters(cfg, law)
     choice = {"size": chosen.size, "batch_size": batch, "microbatch_size": micro, "optimizer": hp["optimizer"],
               "lr": hp["lr"], "mlm_probability": hp["mlm_probability"]}
