@@ -11,7 +11,7 @@ see the same load, so their ratio holds on a busy machine. Each contender is the
 collator and optimizer (``cramlm.pipeline.plan.step_trainer``), its whole batch as one microbatch,
 on random tokens at a small lr (time does not depend on the text).
 
-    python benchmarks/contender_steps.py --recipe cpu-1h --size 384x6 --threads 1 \\
+    python benchmarks/contender_steps.py --recipe cpu-1h-mlm --size 384x6 --threads 1 \\
         --contender adamw train.optim.type=adamw \\
         --contender muon-full train.optim.type=muon arch.qk_norm=true arch.zero_init_out=true train.optim.split_fused=true \\
         --ablation outputs/r25-384x6/ablation.json      # + the wall-clock multiplier of its candidates
@@ -44,7 +44,7 @@ def build(recipe: str, overrides: list[str], root: Path, steps: int):
 
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="cpu-1h")
+    ap.add_argument("--recipe", default="cpu-1h-mlm")
     ap.add_argument("--size", help="HIDDENxLAYERS for every contender")
     ap.add_argument("--overrides", nargs="*", default=[], help="cramlm overrides shared by every contender")
     ap.add_argument("--contender", nargs="+", action="append", required=True, metavar=("NAME", "OVERRIDE"),

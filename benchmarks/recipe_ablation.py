@@ -27,7 +27,7 @@ interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to
 (taskset) with impl.threads=1 (recipe_vs_cramming.run_pinned).
 
     python benchmarks/recipe_ablation.py --smoke --parallel            # about a minute (mostly set-up): the machinery
-    CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h --size 128x4 \\
+    CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h-mlm --size 128x4 \\
         --flops 2e13 --lrs 1e-3 3e-3 1e-2 --seeds 0 1 --parallel --out outputs/ablation-muon \\
         --baseline adamw --candidate muon train.optim.type=muon --lrs-for muon 3e-3 1e-2 3e-2
     python benchmarks/recipe_ablation.py --summarize outputs/ablation-muon   # curves and table again
@@ -197,6 +197,11 @@ def trained(args, name: str) -> dict:
     return {key: value for key, value in tree.items() if key.rsplit(".", 1)[-1] not in NOT_TRAINING}
 
 
+# (stored name, today's name): recipes renamed since ablations were stored; cpu-1h trained MLM until
+# 2026-12-02 and took ELECTRA's objective then, its MLM recipe is cpu-1h-mlm since
+RENAMED = {("cpu-1h", "cpu-1h-mlm")}
+
+
 def stored_baseline(path: Path, args) -> dict:
     """The baseline of a finished ablation (its ablation.json, or a copy under benchmarks/results):
     its runs' curves and its frontier, checked to be the same recipe, size, budget, overrides and
@@ -213,13 +218,16 @@ def stored_baseline(path: Path, args) -> dict:
               "baseline overrides": st["contenders"].get(name)}
     if name != args.baseline[0]:
         raise SystemExit(f"Error: --baseline-from {path}: its baseline is '{name}', this ablation's is '{args.baseline[0]}'")
+    stored_trained = (st.get("trained") or {}).get(name)
+    if mine["recipe"] != theirs["recipe"] and (stored_trained or (theirs["recipe"], mine["recipe"]) in RENAMED):
+        mine["recipe"] = theirs["recipe"]  # a recipe's name is a label: what it trained is compared below (or renamed)
     if diff := [k for k in mine if k != "overrides" and mine[k] != theirs[k]]:
         raise SystemExit(f"Error: --baseline-from {path}: {', '.join(f'{k} {theirs[k]!r} there, {mine[k]!r} here' for k in diff)}")
     # the shared overrides may differ in where the data cache lives and in threads, never in what is trained
     where = ("impl.data_cache=", "impl.threads=")
     if [o for o in mine["overrides"] if not o.startswith(where)] != [o for o in (theirs["overrides"] or []) if not o.startswith(where)]:
         raise SystemExit(f"Error: --baseline-from {path}: shared overrides {theirs['overrides']} there, {mine['overrides']} here")
-    if stored_trained := (st.get("trained") or {}).get(name):  # the same words may mean another model today
+    if stored_trained:  # the same words may mean another model today
         now = (getattr(args, "settings_trained", None) or {}).get(name) or trained(args, name)
         if diff := sorted(k for k in stored_trained.keys() | now.keys() if stored_trained.get(k) != now.get(k)):
             raise SystemExit(f"Error: --baseline-from {path}: its baseline trained another config than '{name}' resolves to "

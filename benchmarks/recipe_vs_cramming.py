@@ -1,9 +1,10 @@
-"""Quality at equal compute: the `cpu-1h` recipe against cramming's recipe (`train=bert-o4`: its
+"""Quality at equal compute: the `cpu-1h-mlm` recipe against cramming's recipe (`train=bert-o4`: its
 batch ramp to 8192 sequences, budget-keyed triangle schedule) on the same model, data, tokenizer,
 implementation and wall-clock budget, and both against their untrained twin (same architecture and
 tokenizer, random weights). Issue 13's check (a) and (b).
 
-Three `cramlm run` pipelines into ``--out``: ``recipe`` (cpu-1h as shipped), ``bert-o4`` (the same
+Three `cramlm run` pipelines into ``--out``: ``recipe`` (``--recipe``, default cpu-1h-mlm: cpu-1h with
+MLM, as cramming's; it was named cpu-1h until 2026-12-02, when cpu-1h took ELECTRA's objective), ``bert-o4`` (the same
 with ``train=bert-o4``; cramlm's bert-o4 caps the ramp so the budget gives at least 1,000 updates,
 kinder than cramming's original), and the twin's evaluation (through the bert-o4 run:
 ``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the
@@ -14,8 +15,9 @@ train the same model with the same implementation, also (within a fraction of a 
 the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.
 
 ``--against NAME OVERRIDE ...`` replaces cramming's recipe by another contender of the same
-model (the twin is then evaluated through it): e.g. the cpu-1h recipe as it was before Muon,
-``--against cpu-1h-adamw train.optim.type=adamw train.optim.lr=1e-3 ...``.
+model (the twin is then evaluated through it): e.g. the recipe as it was before Muon,
+``--against cpu-1h-adamw train.optim.type=adamw train.optim.lr=1e-3 ...``, or ELECTRA's objective,
+``--against rtd train.objective=rtd`` (that is ``--recipe cpu-1h`` against ``--recipe cpu-1h-mlm``).
 
 ``--parallel`` runs the two pretrainings side by side, each pinned to one core with one thread
 (``taskset``): two hours of a 2-core machine in one, each run a 1-core hour. Evaluation follows.
@@ -40,7 +42,7 @@ BERT_O4 = ["train=bert-o4", "train.batch_size=8192", "train.batch_ramp=0.6", "tr
 
 
 def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None,
-             shared: list[str] = ()) -> dict[str, list[list[str]]]:
+             shared: list[str] = (), recipe: str = "cpu-1h-mlm") -> dict[str, list[list[str]]]:
     """The pretrainings and evaluations; ``against``: the other contender's name and overrides
     (default: cramming's recipe, ``bert-o4``); ``shared``: overrides for every run (e.g. a FLOP
     budget, ``train.budget.flops=2e14``, for a comparison at equal FLOPs)."""
@@ -49,7 +51,7 @@ def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: lis
               "eval.seeds=3", "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]", *shared]
     if parallel:
         common.append("impl.threads=1")
-    run = ["cramlm", "run", "cpu-1h"]
+    run = ["cramlm", "run", recipe]
     return {
         "pretrain": [[*run, "name=recipe", "stages=[data,pretrain]", *common],
                      [*run, f"name={name}", "stages=[data,pretrain]", *extra, *common]],
@@ -78,9 +80,9 @@ def run_pinned(cmds: list[list[str]], running: dict | None = None) -> None:
 
 
 def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None,
-            shared: list[str] = ()) -> None:
+            shared: list[str] = (), recipe: str = "cpu-1h-mlm") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    plan = commands(out, budget, parallel, data_dir, against, shared)
+    plan = commands(out, budget, parallel, data_dir, against, shared, recipe)
     data = [c for c in plan["pretrain"][0] if not c.startswith("stages=")] + ["stages=[data]"]
     subprocess.run(data, check=True)  # once, before two processes want it
     for phase in ("pretrain", "eval"):
@@ -169,6 +171,7 @@ def table(result: dict) -> str:
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="outputs/recipe-vs-cramming")
+    ap.add_argument("--recipe", default="cpu-1h-mlm", help="the recipe of both contenders (default cpu-1h-mlm: MLM, as cramming's)")
     ap.add_argument("--budget", default="1h", help="wall-clock hours of each pretraining ('null': none, then --set a "
                     "train.budget)")
     ap.add_argument("--set", nargs="+", default=[], metavar="OVERRIDE", dest="shared",
@@ -184,7 +187,7 @@ def main(argv: list[str]) -> None:
     out = Path(args.summarize or args.out)
     if not args.summarize:
         run_all(out, args.budget, args.parallel, os.environ.get("CRAMLM_DATA_DIR", "../shared/data"), args.against,
-                args.shared)
+                args.shared, args.recipe)
     result = summarize(out, args.against[0] if args.against else "bert-o4", args.also)
     text = table(result)  # (adds the tasks ahead of the twin to result)
     print(json.dumps(result))

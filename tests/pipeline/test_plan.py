@@ -227,7 +227,7 @@ def test_lr_comes_from_the_law_only_for_the_optimizer_it_was_fitted_with(tmp_pat
 
     muon_law = law({"optimizer": "muon", "lr": 0.016, "mlm_probability": 0.3})
     quiet = {"throughput": THROUGHPUT, "say": lambda *_: None}
-    muon = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", law_path=muon_law, **quiet)
+    muon = plan(resolve_recipe("cpu-1h-mlm", ["budget=15m"]), "cpu-1h-mlm", law_path=muon_law, **quiet)
     assert muon["choice"]["optimizer"] == "muon" and muon["choice"]["lr"] == 0.016
     assert "train.optim.lr=0.016" in muon["command"] and "train.mlm_probability=0.3" in muon["command"]
     assert not any(line.startswith("note: the law was fitted") for line in muon["why"])
@@ -242,7 +242,7 @@ def test_lr_comes_from_the_law_only_for_the_optimizer_it_was_fitted_with(tmp_pat
     old_law = law({})  # the shipped law's form before it recorded an optimizer: bert-o4's AdamW at 1e-3
     old = plan(adamw_cfg, "crammed-bert-24h", law_path=old_law, **quiet)
     assert old["choice"]["lr"] == 0.001 and "train.optim.lr=0.001" in old["command"]
-    on_muon = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", law_path=old_law, **quiet)
+    on_muon = plan(resolve_recipe("cpu-1h-mlm", ["budget=15m"]), "cpu-1h-mlm", law_path=old_law, **quiet)
     assert on_muon["choice"]["lr"] == 0.016  # cpu-1h's own Muon lr, not AdamW's 1e-3
 
 
@@ -259,20 +259,25 @@ def test_the_shipped_law_follows_the_recipes_optimizer():
         assert law["data"]["optimizer"] == optimizer and law["data"]["lr"] == lr and law["command"].startswith("cramlm sweep")
         assert len({(p[0], p[1]) for p in [law["ranges"]["N"], law["ranges"]["D"]]}) == 2 and law["residual"] > 0
     quiet = {"throughput": THROUGHPUT, "say": lambda *_: None}
-    muon = resolve_recipe("cpu-1h", ["budget=15m"])
-    adamw = resolve_recipe("cpu-1h", ["budget=15m", "train.optim.type=adamw"])
-    planned = {name: plan(cfg, "cpu-1h", **quiet) for name, cfg in [("muon", muon), ("adamw", adamw)]}
+    muon = resolve_recipe("cpu-1h-mlm", ["budget=15m"])
+    adamw = resolve_recipe("cpu-1h-mlm", ["budget=15m", "train.optim.type=adamw"])
+    planned = {name: plan(cfg, "cpu-1h-mlm", **quiet) for name, cfg in [("muon", muon), ("adamw", adamw)]}
     assert planned["muon"]["law"]["source"] == muon_law["source"] and planned["muon"]["choice"]["lr"] == 0.016
     assert planned["adamw"]["law"]["source"] == adamw_law["source"] and planned["adamw"]["choice"]["lr"] == 0.001
     assert not any(line.startswith("note: the law was fitted") for p in planned.values() for line in p["why"])
-    assert plan_key(muon) != plan_key(adamw) and plan_key(muon) == plan_key(resolve_recipe("cpu-1h", ["budget=15m", "name=other"]))
+    assert plan_key(muon) != plan_key(adamw) and plan_key(muon) == plan_key(resolve_recipe("cpu-1h-mlm", ["budget=15m", "name=other"]))
+    # cpu-1h trains ELECTRA's objective: planned with the MLM law as a proxy, and the plan says so
+    rtd = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", **quiet)
+    assert rtd["law"]["source"] == muon_law["source"] and muon_law["data"]["objective"] == "mlm"
+    assert [line for line in rtd["why"] if line.startswith("note:")] == [next(
+        line for line in rtd["why"] if "fitted on mlm runs" in line and "train.objective=rtd" in line)]
 
 
 def test_lower_extrapolated_predictions_are_named_as_passed_over_not_as_runners_up():
     """With Muon's law, tiny shapes with many tokens are predicted lowest but lie outside the fitted
     runs: the reason names them as extrapolated and measures the pick against the next shape inside."""
     fast = {"64x2": 50496.0, "96x3": 26380.0, "128x4": 14577.0, "192x4": 9964.0, "256x4": 6280.0, "384x6": 2146.0}
-    result = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", throughput=fast, say=lambda *_: None)
+    result = plan(resolve_recipe("cpu-1h-mlm", ["budget=15m"]), "cpu-1h-mlm", throughput=fast, say=lambda *_: None)
     ranked = result["candidates"]
     chosen = next(c for c in ranked if c["size"] == result["choice"]["size"])
     passed = [c for c in ranked if c["extrapolated"] and c["predicted_loss"] < chosen["predicted_loss"]]

@@ -114,7 +114,8 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
     saved = tmp_path / "ablation.json"
     saved.write_text(json.dumps({**summarize(first, base, "base", extrapolate=False), "settings": settings}, default=str))
 
-    args = argparse.Namespace(recipe="cpu-1h", size="128x4", flops=2e13, clock=None, baseline=["base"],
+    # stored as cpu-1h, the MLM recipe's name until 2026-12-02 (RENAMED): cpu-1h-mlm's baseline today
+    args = argparse.Namespace(recipe="cpu-1h-mlm", size="128x4", flops=2e13, clock=None, baseline=["base"],
                               overrides=["impl.data_cache=elsewhere", "impl.threads=1"], contenders=settings["contenders"])
     stored = stored_baseline(saved, args)
     second = tmp_path / "second"
@@ -124,7 +125,7 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
         together["contenders"]["cand"]["multiplier_flops"]["median"]) == pytest.approx(2 ** 0.5)
     assert alone["contenders"]["cand"]["multiplier_seconds"] is None and alone["baseline_from"] == str(saved)
     assert "not side by side" in table(alone).splitlines()[-1]
-    for change, needle in [({"size": "256x4"}, "size"), ({"flops": 4e13}, "flops"), ({"baseline": ["other"]}, "baseline"),
+    for change, needle in [({"recipe": "gpt2-cpu-1h"}, "recipe"), ({"size": "256x4"}, "size"), ({"flops": 4e13}, "flops"), ({"baseline": ["other"]}, "baseline"),
                            ({"contenders": {"base": ["train.optim.type=sgd"], "cand": []}}, "baseline overrides"),
                            ({"overrides": ["data.seq_length=64"]}, "shared overrides")]:
         with pytest.raises(SystemExit, match=f"^Error: --baseline-from .*{needle}"):
@@ -135,14 +136,16 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
 
     now = trained(args, "base")
     assert now["train.optim.type"] == "adamw" and "train.optim.lr" not in now  # the swept lr is not part of it
+    assert now["train.objective"] == "mlm"
     then = {**now, "arch.qk_norm": not now["arch.qk_norm"]}  # as if trained before the recipe took qk_norm
-    for recorded, ok in [(now, True), (then, False)]:
+    rtd = {**now, "train.objective": "rtd"}  # today's cpu-1h: the same name, another objective
+    for recorded, ok in [(now, True), (then, False), (rtd, False)]:
         saved.write_text(json.dumps({**summarize(first, base, "base", extrapolate=False),
                                      "settings": {**settings, "trained": {"base": recorded}}}, default=str))
         if ok:
             assert stored_baseline(saved, args)["trained"] == now
         else:
-            with pytest.raises(SystemExit, match=r"^Error: --baseline-from .*trained another config.*arch\.qk_norm"):
+            with pytest.raises(SystemExit, match=r"^Error: --baseline-from .*trained another config.*(arch\.qk_norm|train\.objective)"):
                 stored_baseline(saved, args)
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(SystemExit, match="^Error: --baseline-from .*broken.json: not a finished ablation"):

@@ -44,7 +44,7 @@ def stand_ins(recipe: str) -> list[str]:
 
 
 def test_shipped_recipes():
-    assert {"default", "cpu-1h", "crammed-bert-24h", "bert-original", "gpt2-60m", "gpt2-cpu-1h"} <= set(RECIPES)
+    assert {"default", "cpu-1h", "cpu-1h-mlm", "crammed-bert-24h", "bert-original", "gpt2-60m", "gpt2-cpu-1h"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -82,7 +82,7 @@ def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(mon
     from cramlm.config.loader import load_preset
 
     monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
-    for recipe in ("default", "cpu-1h", "gpt2-cpu-1h"):
+    for recipe in ("default", "cpu-1h", "cpu-1h-mlm", "gpt2-cpu-1h"):
         cfg = resolve_recipe(recipe)
         assert (cfg.train.optim.type, cfg.train.optim.split_fused, cfg.arch.qk_norm, cfg.arch.zero_init_out) == (
             "muon", True, True, True), recipe
@@ -90,16 +90,18 @@ def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(mon
     for recipe, optimizer in {"crammed-bert-24h": "adamw", "bert-original": "adam", "gpt2-60m": "adamw"}.items():
         cfg = resolve_recipe(recipe, stand_ins(recipe))
         assert cfg.train.optim.type == optimizer and not cfg.arch.qk_norm and not cfg.arch.zero_init_out, recipe
-    before = resolve_recipe("cpu-1h", ["train.optim.type=adamw"]).train.optim.model_dump(mode="json")
+    before = resolve_recipe("cpu-1h-mlm", ["train.optim.type=adamw"]).train.optim.model_dump(mode="json")
     assert before == {**before, **load_preset("train", "bert-o4")["optim"]}
 
 
-def test_cpu_1h_rtd_is_cpu_1h_with_the_rtd_objective(monkeypatch):
-    """The downstream recipe differs from cpu-1h in its objective alone (and its name), so the two
-    compare at equal everything else; it extends cpu-1h, so a change to cpu-1h reaches it."""
+def test_cpu_1h_mlm_is_cpu_1h_with_the_mlm_objective(monkeypatch):
+    """cpu-1h trains ELECTRA's discriminator (what pays downstream); cpu-1h-mlm differs from it in
+    its objective alone (and its name), so the two compare at equal everything else and held-out MLM
+    loss (the planner's law, sweeps, ablations) is measured on the same recipe; it extends cpu-1h, so
+    a change to cpu-1h reaches it."""
     monkeypatch.setenv("CRAMLM_DATA_DIR", "/data")
-    mlm, rtd = (resolve_recipe(r).model_dump(mode="json") for r in ("cpu-1h", "cpu-1h-rtd"))
-    assert (mlm["train"].pop("objective"), rtd["train"].pop("objective")) == ("mlm", "rtd")
+    rtd, mlm = (resolve_recipe(r).model_dump(mode="json") for r in ("cpu-1h", "cpu-1h-mlm"))
+    assert (rtd["train"].pop("objective"), mlm["train"].pop("objective")) == ("rtd", "mlm")
     for key in ("name", "description"):
         mlm.pop(key), rtd.pop(key)
     assert mlm == rtd

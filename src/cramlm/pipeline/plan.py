@@ -36,7 +36,7 @@ from cramlm.pipeline.scaling import chinchilla_law
 from cramlm.runs import format_hours
 
 DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
-LAW = "scaling-cpu.yaml"  # the Muon recipes' law (default, cpu-1h); also for an optimizer without its own
+LAW = "scaling-cpu.yaml"  # the Muon recipes' law (default, cpu-1h, cpu-1h-mlm); also for an optimizer without its own
 LAWS = {"muon": LAW, "adamw": "scaling-cpu-adamw.yaml"}  # the shipped law fitted with each optimizer
 MIN_UPDATES = 1000  # optimizer steps the batch rule aims for
 LR, MASKING, OPTIMIZER = 1e-3, 0.25, "adamw"  # bert-o4's: what a law with no optimizer/lr/masking was fitted with
@@ -365,6 +365,11 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
     if not hp["same_optimizer"]:
         why.append(f"note: the law was fitted with train.optim.type={hp['law_optimizer']}, the recipe trains with "
                    f"{hp['optimizer']}: its shape ranking is used, its lr is not (an lr does not carry across optimizers)")
+    fitted_on = (law.get("data") if isinstance(law.get("data"), dict) else {}).get("objective") or "mlm"
+    if cfg.train.objective != fitted_on:
+        why.append(f"note: the law was fitted on {fitted_on} runs, the recipe trains with train.objective={cfg.train.objective}: "
+                   f"each shape is ranked by the {fitted_on} loss its measured tokens would buy (its own step timed), "
+                   "a proxy not checked against runs of this objective")
     if any(c.extrapolated for c in ranked):
         why.append(f"(extrapolated): N or D more than {EXTRAPOLATION:g}x outside the fitted runs; chosen only if nothing else is left")
     if law.get("data") and isinstance(law["data"], dict) and law["data"].get("vocab_size") not in (None, vocab):
