@@ -504,6 +504,8 @@ def main(argv: list[str]) -> dict:
         if settings.get("baseline_from") and not args.baseline_from:
             args.baseline_from = Path(settings["baseline_from"])
     args.stored_baseline = stored_baseline(args.baseline_from, args) if args.baseline_from else None
+    if args.baseline_budgets and len(base_lrs := args.lrs_of.get(args.baseline[0], args.lrs)) == 1 and not args.stored_baseline:
+        args.baseline_lr = base_lrs[0]  # nothing to sweep: its larger budgets train beside the sweep, not after it
     sweep_seeds = [s for s in args.seeds if s not in args.only_best_for_seeds]
     if args.only_best_for_seeds and not sweep_seeds:
         ap.error("--only-best-for-seeds: some seed of --seeds must sweep the lrs")

@@ -94,6 +94,28 @@ def test_the_baselines_larger_budgets_make_the_frontier(tmp_path):
     assert "1.41x" in table(result).splitlines()[-1]
 
 
+def test_a_baseline_without_a_sweep_trains_its_larger_budgets_in_the_first_phase(tmp_path, monkeypatch):
+    """One baseline lr: its best lr is known before any run, so its runs at larger budgets (the
+    longest) start beside the sweep instead of after it, where one core would wait; with several
+    lrs they wait for the sweep's choice."""
+    import recipe_ablation
+
+    phases = []
+
+    def first_phase(args, runs):
+        phases.append(sorted(r["folder"].name for r in runs))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(recipe_ablation, "run_all", first_phase)
+    common = ["--recipe", "cpu-1h-mlm", "--flops", "1e12", "--seeds", "0", "--baseline-budgets", "2", "--out", str(tmp_path),
+              "--baseline", "adamw", "train.optim.type=adamw", "--candidate", "muon", "--lrs-for", "muon", "8e-3"]
+    for lrs in (["2e-3"], ["1e-3", "2e-3"]):
+        with pytest.raises(SystemExit):
+            recipe_ablation.main([*common, "--lrs", *lrs])
+    assert phases[0] == ["adamw-lr0.002-s0", "adamw-lr0.002-s0-x2", "muon-lr0.008-s0"]
+    assert phases[1] == ["adamw-lr0.001-s0", "adamw-lr0.002-s0", "muon-lr0.008-s0"]
+
+
 def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
     """--baseline-from: the baseline's runs and frontier come from a finished ablation's JSON, so only
     the candidates train; the multiplier is the one the baseline's own runs give, no wall-clock
