@@ -98,10 +98,10 @@ def load_law(path: str | Path | None = None, optimizer: str | None = None) -> di
 
 
 def law_hyperparameters(law: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer, lr and masking rate the law's runs were trained with (its ``data`` block)."""
+    """The optimizer, lr, masking rate and objective the law's runs were trained with (its ``data`` block)."""
     data = law.get("data") if isinstance(law.get("data"), dict) else {}
     return {"optimizer": str(data.get("optimizer", OPTIMIZER)), "lr": float(data.get("lr", LR)),
-            "mlm_probability": float(data.get("mlm_probability", MASKING))}
+            "mlm_probability": float(data.get("mlm_probability", MASKING)), "objective": str(data.get("objective", "mlm"))}
 
 
 def planned_hyperparameters(cfg, law: dict[str, Any]) -> dict[str, Any]:
@@ -365,7 +365,7 @@ def reasons(cfg, law: dict[str, Any], ranked: list[Candidate], chosen: Candidate
     if not hp["same_optimizer"]:
         why.append(f"note: the law was fitted with train.optim.type={hp['law_optimizer']}, the recipe trains with "
                    f"{hp['optimizer']}: its shape ranking is used, its lr is not (an lr does not carry across optimizers)")
-    fitted_on = (law.get("data") if isinstance(law.get("data"), dict) else {}).get("objective") or "mlm"
+    fitted_on = law_hyperparameters(law)["objective"]
     if cfg.train.objective != fitted_on:
         why.append(f"note: the law was fitted on {fitted_on} runs, the recipe trains with train.objective={cfg.train.objective}: "
                    f"each shape is ranked by the {fitted_on} loss its measured tokens would buy (its own step timed), "
