@@ -14,7 +14,10 @@ A single run's curve flatters a candidate (its middle is not annealed: the sched
 the end of its own budget), so ``--baseline-budgets 2 4`` also trains the baseline, at the best lr
 of its sweep, with its own full schedule at 2x and 4x the budget (``<name>-lr<LR>-s<S>-x2``): the
 multiplier is then read off that frontier of final losses (``source: "frontier"``) and the
-single-curve figure is kept beside it (``multiplier_flops_curve``).
+single-curve figure is kept beside it (``multiplier_flops_curve``). The sweep's best lr is the
+best at 1x, not at 4x (a longer run takes a larger lr: at 128x4 and 120 steps AdamW's 4x run
+ended 0.2 nats lower at twice its 1x-best lr), so ``--baseline-budget-lr-factors 1 2`` trains
+each larger budget at the best lr and at twice it, and each budget's frontier point is the lower.
 Each contender is judged at the lr of its own sweep with the lowest mean final loss over seeds; a
 multiplier is per seed (baseline seed s against candidate seed s), summarised by the median. A
 candidate of another objective than the baseline's (``train.objective=rtd``: its held-out loss is
@@ -133,15 +136,29 @@ def plan(args) -> list[dict]:
                        f"seed={seed}", f"name={folder.name}"]
                 runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": 1})
     base_lr = getattr(args, "baseline_lr", None)
-    if base_lr is not None and not getattr(args, "stored_baseline", None):  # the baseline at larger budgets, its best lr, its own full schedule each
+    if base_lr is not None and not getattr(args, "stored_baseline", None):  # the baseline at larger budgets, its own full schedule each
         name, extra = args.baseline[0], args.contenders[args.baseline[0]]
         for times in args.baseline_budgets:
-            for seed in args.baseline_budget_seeds or args.seeds:
-                folder = args.out / run_name(name, base_lr, seed, times)
-                cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args, times), *extra, f"train.optim.lr={base_lr:g}",
-                       f"seed={seed}", f"name={folder.name}"]
-                runs.append({"contender": name, "lr": base_lr, "seed": seed, "folder": folder, "cmd": cmd, "times": times})
+            for factor in getattr(args, "baseline_budget_lr_factors", None) or [1.0]:  # its best lr, and more where asked
+                lr = float(f"{base_lr * factor:g}")
+                for seed in args.baseline_budget_seeds or args.seeds:
+                    folder = args.out / run_name(name, lr, seed, times)
+                    cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args, times), *extra, f"train.optim.lr={lr:g}",
+                           f"seed={seed}", f"name={folder.name}"]
+                    runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": times})
     return runs
+
+
+def best_lr_frontier(first: dict, larger: list[dict]) -> list[dict]:
+    """The baseline's frontier of one seed: its 1x final (``first``, at the sweep's best lr), then at
+    each larger budget the lowest final loss of the lrs trained there (the best lr at 1x is not the
+    best at 4x: a longer run takes a larger lr), each point with the lr it came from."""
+    by_times: dict[float, dict] = {}
+    for f in larger:
+        times = f.get("times") or round(f["flops"] / first["flops"], 1)  # stored points carry no multiple
+        if f.get("val_loss") is not None and (times not in by_times or f["val_loss"] < by_times[times]["val_loss"]):
+            by_times[times] = f
+    return [first, *(by_times[t] for t in sorted(by_times))]
 
 
 def run_all(args, runs: list[dict]) -> None:
@@ -245,11 +262,11 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
         entry = stored["entry"]
         curves[baseline] = {float(lr): {int(s): c for s, c in seeds.items()} for lr, seeds in entry["runs"].items()}
         for seed, finals in stored["frontier"].items():
-            larger[(entry["best_lr"], int(seed))] = finals[1:]
+            larger.setdefault(int(seed), []).extend({"lr": entry["best_lr"], **f} for f in finals[1:])
     for r in runs:
         if (r["folder"] / "summary.json").is_file():
-            if r.get("times", 1) != 1:
-                larger.setdefault((r["lr"], r["seed"]), []).append(curve(r["folder"])["final"])
+            if r.get("times", 1) != 1:  # the baseline at a larger budget, at some lr
+                larger.setdefault(r["seed"], []).append({**curve(r["folder"])["final"], "lr": r["lr"], "times": r["times"]})
                 continue
             curves.setdefault(r["contender"], {}).setdefault(r["lr"], {})[r["seed"]] = curve(r["folder"])
     if baseline not in curves:
@@ -271,13 +288,12 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
                                       "best_lr": best[name], "final_val_loss": mean_loss(by_lr[best[name]]),
                                       "seeds_at_best_lr": sorted(by_lr[best[name]])}
     base = curves[baseline][best[baseline]]
-    frontier = {}  # seed -> the baseline's final points at its budgets (1x and the larger ones), best lr
+    frontier = {}  # seed -> the baseline's final points at its budgets (1x and the larger ones), best lr at each
     for seed, c in base.items():
-        finals = [c["final"], *larger.get((best[baseline], seed), [])]
-        if len(finals) > 1:
-            frontier[seed] = finals
+        if larger.get(seed):
+            frontier[seed] = best_lr_frontier({**c["final"], "lr": best[baseline]}, larger[seed])
     if frontier:
-        result["baseline_frontier"] = {str(s): [{k: f[k] for k in ("flops", "seconds", "tokens", "val_loss")} for f in fs]
+        result["baseline_frontier"] = {str(s): [{k: f.get(k) for k in ("flops", "seconds", "tokens", "val_loss", "lr")} for f in fs]
                                        for s, fs in frontier.items()}
     for name in curves:
         entry = result["contenders"][name]
@@ -313,8 +329,6 @@ def summarize(out: Path, runs: list[dict], baseline: str, extrapolate: bool, swe
                     "bounds": sorted({m["bound"] for m in per_seed.values() if m["bound"]}),
                     "extrapolated": any(m["extrapolated"] for m in per_seed.values())}
             entry[f"multiplier_{axis}"] = entry.get(f"multiplier_{axis}_frontier") or entry[f"multiplier_{axis}_curve"]
-    if stored and stored["frontier"]:
-        result["baseline_frontier"] = stored["frontier"]
     return result
 
 
@@ -449,6 +463,9 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--baseline-budgets", type=float, nargs="*", default=[], metavar="TIMES",
                     help="also train the baseline at these multiples of the budget (its best lr, full schedule each): "
                          "the multiplier is read off that frontier")
+    ap.add_argument("--baseline-budget-lr-factors", type=float, nargs="+", default=[1.0], metavar="F",
+                    help="train those larger budgets at the best lr times each F (e.g. 1 2): each budget's frontier point "
+                         "is the lowest loss of its lrs (a longer run takes a larger lr; the 1x-best alone flatters a candidate)")
     ap.add_argument("--baseline-budget-seeds", type=int, nargs="*", default=[], metavar="SEED",
                     help="the seeds of those larger baseline runs (default: all); a seed without them is judged "
                          "on the first seed's frontier")
@@ -497,6 +514,8 @@ def main(argv: list[str]) -> dict:
         args.lrs_of, args.baseline = settings.get("lrs_for") or {}, [next(iter(settings["contenders"]))]
         args.baseline_budgets = args.baseline_budgets or settings.get("baseline_budgets") or []
         args.baseline_budget_seeds = args.baseline_budget_seeds or settings.get("baseline_budget_seeds") or []
+        if args.baseline_budget_lr_factors == [1.0]:
+            args.baseline_budget_lr_factors = settings.get("baseline_budget_lr_factors") or [1.0]
         args.only_best_for_seeds = args.only_best_for_seeds or settings.get("only_best_for_seeds") or []
         args.recipe, args.size, args.flops, args.clock = settings["recipe"], settings.get("size"), settings.get("flops"), settings.get("clock")
         args.overrides = settings.get("overrides") or []
@@ -524,7 +543,8 @@ def main(argv: list[str]) -> dict:
     result = summarize(args.out, runs, args.baseline[0], args.extrapolate, sweep_seeds, args.stored_baseline)
     result["settings"] = settings or {"recipe": args.recipe, "size": args.size, "flops": args.flops, "clock": args.clock, "lrs": args.lrs,
                           "lrs_for": args.lrs_of, "seeds": args.seeds, "baseline_budgets": args.baseline_budgets,
-                          "baseline_budget_seeds": args.baseline_budget_seeds, "only_best_for_seeds": args.only_best_for_seeds, "parallel": args.parallel, "overrides": args.overrides,
+                          "baseline_budget_seeds": args.baseline_budget_seeds,
+                          "baseline_budget_lr_factors": args.baseline_budget_lr_factors, "only_best_for_seeds": args.only_best_for_seeds, "parallel": args.parallel, "overrides": args.overrides,
                           "contenders": args.contenders, "baseline_from": args.baseline_from and str(args.baseline_from),
                           "trained": {name: args.stored_baseline["trained"] if args.stored_baseline and name == args.baseline[0]
                                       else trained(args, name) for name in args.contenders}}  # a stored baseline: what it trained then

@@ -49,11 +49,11 @@ def test_bad_curves_are_refused():
     assert math.isfinite(compute_multiplier([5], [2.0], 5, 3.0)["multiplier"])
 
 
-def fake(tmp_path, name: str, objective: str, losses: list[float], times: float = 1) -> dict:
+def fake(tmp_path, name: str, objective: str, losses: list[float], times: float = 1, lr: float = 1e-3) -> dict:
     """A finished run folder: validation points every 1000 tokens, 10 FLOPs per token."""
     import json
 
-    folder = tmp_path / f"{name}-x{times:g}"
+    folder = tmp_path / f"{name}-lr{lr:g}-x{times:g}"
     folder.mkdir()
     lines = [{"kind": "val", "step": i + 1, "tokens": 1000 * (i + 1), "elapsed": i + 1.0, "val_loss": v}
              for i, v in enumerate(losses)]
@@ -61,7 +61,7 @@ def fake(tmp_path, name: str, objective: str, losses: list[float], times: float 
     (folder / "summary.json").write_text(json.dumps({
         "objective": objective, "flops_per_token": 10.0, "flops": 10.0 * 1000 * len(losses), "train_seconds": float(len(losses)),
         "tokens": 1000 * len(losses), "val_loss": losses[-1], "steps": len(losses)}))
-    return {"folder": folder, "contender": name, "lr": 1e-3, "seed": 0, "times": times}
+    return {"folder": folder, "contender": name, "lr": lr, "seed": 0, "times": times}
 
 
 def test_a_candidate_of_another_objective_gets_no_multiplier(tmp_path):
@@ -94,6 +94,23 @@ def test_the_baselines_larger_budgets_make_the_frontier(tmp_path):
     assert "1.41x" in table(result).splitlines()[-1]
 
 
+def test_each_budget_of_the_frontier_takes_its_best_lr(tmp_path):
+    """The baseline at 2x its budget at two lrs: the frontier's 2x point is the lower of the two (and
+    says which lr), so a candidate is judged against the baseline tuned at every budget, not only at 1x."""
+    from recipe_ablation import summarize
+
+    base = fake(tmp_path, "base", "mlm", [7.0, 6.0, 5.0])
+    low = fake(tmp_path, "base", "mlm", [7.0, 6.5, 6.0, 5.5, 5.0, 4.0], times=2)
+    high = fake(tmp_path, "base", "mlm", [7.0, 6.0, 5.0, 4.0, 3.5, 3.0], times=2, lr=2e-3)
+    cand = fake(tmp_path, "cand", "mlm", [6.0, 5.0, 4.5])
+    result = summarize(tmp_path, [base, low, cand], "base", extrapolate=False)
+    assert result["contenders"]["cand"]["multiplier_flops"]["median"] == pytest.approx(2 ** 0.5)
+    result = summarize(tmp_path, [base, low, high, cand], "base", extrapolate=False)
+    points = result["baseline_frontier"]["0"]
+    assert [(p["val_loss"], p["lr"]) for p in points] == [(5.0, 1e-3), (3.0, 2e-3)]
+    assert result["contenders"]["cand"]["multiplier_flops"]["median"] == pytest.approx(2 ** 0.25)  # a quarter of the way
+
+
 def test_a_baseline_without_a_sweep_trains_its_larger_budgets_in_the_first_phase(tmp_path, monkeypatch):
     """One baseline lr: its best lr is known before any run, so its runs at larger budgets (the
     longest) start beside the sweep instead of after it, where one core would wait; with several
@@ -114,6 +131,9 @@ def test_a_baseline_without_a_sweep_trains_its_larger_budgets_in_the_first_phase
             recipe_ablation.main([*common, "--lrs", *lrs])
     assert phases[0] == ["adamw-lr0.002-s0", "adamw-lr0.002-s0-x2", "muon-lr0.008-s0"]
     assert phases[1] == ["adamw-lr0.001-s0", "adamw-lr0.002-s0", "muon-lr0.008-s0"]
+    with pytest.raises(SystemExit):  # the larger budget at the best lr and at twice it
+        recipe_ablation.main([*common, "--lrs", "2e-3", "--baseline-budget-lr-factors", "1", "2"])
+    assert phases[2] == ["adamw-lr0.002-s0", "adamw-lr0.002-s0-x2", "adamw-lr0.004-s0-x2", "muon-lr0.008-s0"]
 
 
 def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):

@@ -1,0 +1,122 @@
+"""The masked-LM multipliers of benchmarks/results/recipe_multiplier.md read again on a baseline
+frontier tuned at every budget, not only at 1x (issue 25's "not shrinking" check).
+
+The stored ablations judged muon-full against AdamW's frontier at AdamW's 1x-best lr; a run four
+times as long takes a larger lr, so that frontier flatters the candidate where the larger budgets
+were under-tuned. This adds AdamW runs at larger budgets and other lrs (finished ``cramlm run``
+folders, trained with the ablation's baseline overrides: checked) to the stored frontier points,
+takes at each budget the lowest final loss of its lrs (recipe_ablation.best_lr_frontier), and reads
+the stored muon-full finals on both frontiers (recipe_ablation.compute_multiplier). The wall-clock
+multiplier is the compute multiplier times the stored rate of counted FLOPs per second
+(benchmarks/contender_steps.py, steps_mlm_<size>.json).
+
+    python benchmarks/frontier_lr_check.py --runs outputs/frontier-lr --out outputs/frontier-lr-check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from recipe_ablation import best_lr_frontier, compute_multiplier  # noqa: E402
+
+R = Path(__file__).parent / "results" / "recipe_multiplier"
+# size -> (the ablation with muon-full's runs and the 1x/2x frontier, further stored frontier points)
+SIZES = {"128x4": ("128x4.json", ["x4-128x4.json"]), "256x4": ("256x4.json", ["x4-256x4.json"]),
+         "384x6": ("384x6.json", ["384x6-x2.json"])}
+SHAPE = {"128x4": (128, 4), "256x4": (256, 4), "384x6": (384, 6)}
+
+
+def stored_points(size: str) -> tuple[dict, list[dict]]:
+    """The stored ablation of ``size`` and its AdamW frontier points (seed 0) beyond 1x, each with its lr."""
+    main, extra = SIZES[size]
+    ab = json.loads((R / main).read_text())
+    lr = ab["contenders"]["adamw"]["best_lr"]
+    points = [{**f, "lr": lr, "source": main} for f in ab["baseline_frontier"]["0"][1:]]
+    for name in extra:
+        d = json.loads((R / name).read_text())
+        if "x4" in d:  # one 4x run: {x4: {flops, val_loss, ...}}
+            points.append({"flops": d["x4"]["flops"], "seconds": d["x4"]["train_seconds"], "val_loss": d["x4"]["val_loss"],
+                           "lr": lr, "source": name})
+        else:  # an ablation at 2x the budget with its own frontier (its 1x is our 2x)
+            points += [{**f, "lr": d["contenders"]["adamw"]["best_lr"], "source": name} for f in d["baseline_frontier"]["0"]]
+    return ab, points
+
+
+def run_points(folder: Path, size: str) -> list[dict]:
+    """Finished AdamW runs of ``size`` under ``folder`` (seed 0, the baseline's overrides): final points."""
+    import yaml
+
+    hidden, layers = SHAPE[size]
+    points = []
+    for summary in sorted(folder.glob("*/summary.json")):
+        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        arch, train = cfg["arch"], cfg["train"]
+        if (arch["hidden_size"], arch["num_layers"]) != (hidden, layers) or cfg.get("seed", 0) != 0:
+            continue
+        if (train["optim"]["type"], arch["qk_norm"], arch["zero_init_out"], train["objective"]) != ("adamw", False, False, "mlm"):
+            raise SystemExit(f"Error: {summary.parent}: not the ablation's AdamW baseline (optim, qk_norm, zero_init_out, objective)")
+        s = json.loads(summary.read_text())
+        points.append({"flops": s["flops"], "seconds": s["train_seconds"], "val_loss": s["val_loss"],
+                       "lr": train["optim"]["lr"], "source": str(summary.parent)})
+    return points
+
+
+def check(size: str, runs: Path | None) -> dict:
+    ab, stored = stored_points(size)
+    base = ab["contenders"]["adamw"]
+    first = {**base["runs"][f"{base['best_lr']:g}"]["0"]["final"], "lr": base["best_lr"], "source": "1x sweep"}
+    new = run_points(runs, size) if runs else []
+    one_x = [p for p in new if abs(p["flops"] / first["flops"] - 1) < 0.05]  # more 1x lrs: the sweep, not the frontier
+    larger = [p for p in stored + new if p not in one_x]
+    fronts = {"1x-best lr": best_lr_frontier(first, [p for p in larger if p["lr"] == first["lr"]]),
+              "best lr at each budget": best_lr_frontier(first, larger)}
+    cand = ab["contenders"]["muon-full"]
+    rate = json.loads((R / f"steps_mlm_{size}.json").read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
+    out = {"size": size, "rate_vs_adamw": rate, "adamw_points": [first, *larger], "adamw_1x_other_lrs": one_x, "frontiers": {}}
+    for name, front in fronts.items():
+        per_seed = {s: compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front],
+                                          r["final"]["flops"], r["final"]["val_loss"])
+                    for s, r in cand["runs"][f"{cand['best_lr']:g}"].items()}
+        out["frontiers"][name] = {
+            "points": [{k: f.get(k) for k in ("flops", "val_loss", "lr", "source")} for f in front],
+            "muon_full": {s: {"val_loss": cand["runs"][f"{cand['best_lr']:g}"][s]["final"]["val_loss"], **m,
+                              "wall_clock": m["multiplier"] * rate} for s, m in per_seed.items()},
+            "median": statistics.median(m["multiplier"] for m in per_seed.values()),
+            "median_wall_clock": statistics.median(m["multiplier"] for m in per_seed.values()) * rate}
+    return out
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| size | frontier | AdamW points (FLOPs: loss @ lr) | muon-full s0 / s1 | multiplier s0 / s1 (median) | wall clock (median) |",
+             "|---|---|---|---|---:|---:|"]
+    for r in results:
+        for name, f in r["frontiers"].items():
+            pts = "; ".join(f"{p['flops']:.2g}: {p['val_loss']:.3f} @ {p['lr']:g}" for p in f["points"])
+            m = f["muon_full"]
+            losses = " / ".join(f"{v['val_loss']:.3f}" for v in m.values())
+            lines.append(f"| {r['size']} | {name} | {pts} | {losses} | "
+                         + " / ".join(f"{'>= ' if v['bound'] == 'lower' else ''}{v['multiplier']:.2f}x" for v in m.values())
+                         + f" ({f['median']:.2f}x) | {f['median_wall_clock']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, help="a folder of finished AdamW cramlm runs (any size, budget, lr; seed 0)")
+    ap.add_argument("--sizes", nargs="+", default=list(SIZES))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    results = [check(size, args.runs) for size in args.sizes]
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
