@@ -105,14 +105,43 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def candidates(folder: Path, results: list[dict]) -> list[dict]:
+    """Finished runs under ``folder`` (screens on top of muon-full: any size of SIZES, any overrides)
+    read on their size's frontier tuned at every budget: their final loss and multiplier."""
+    import yaml
+
+    fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results}
+    rows = []
+    for summary in sorted(folder.glob("*/summary.json")):
+        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        size = next((k for k, v in SHAPE.items() if v == (cfg["arch"]["hidden_size"], cfg["arch"]["num_layers"])), None)
+        s = json.loads(summary.read_text())
+        if (size not in fronts or cfg["train"]["objective"] != "mlm" or cfg["arch"]["type"] != "crammed-bert"
+                or "shared-corpus" not in str(s.get("data"))):  # the ablations' model, objective and data only
+            continue
+        front = fronts[size]
+        m = compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], s["flops"], s["val_loss"])
+        rows.append({"run": summary.parent.name, "size": size, "seed": cfg.get("seed"), "flops": s["flops"], "steps": s["steps"],
+                     "val_loss": s["val_loss"], "momentum": cfg["train"]["optim"].get("momentum"), **m})
+    return rows
+
+
 def main(argv: list[str]) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, help="a folder of finished AdamW cramlm runs (any size, budget, lr; seed 0)")
     ap.add_argument("--sizes", nargs="+", default=list(SIZES))
+    ap.add_argument("--candidate-runs", type=Path, help="a folder of finished screen runs: each read on its size's tuned frontier")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     results = [check(size, args.runs) for size in args.sizes]
     print(table(results))
+    if args.candidate_runs:
+        rows = candidates(args.candidate_runs, results)
+        print("\n| run | size | seed | steps | held-out loss | multiplier |\n|---|---|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['run']} | {r['size']} | {r['seed']} | {r['steps']} | {r['val_loss']:.3f} | "
+                  f"{'>= ' if r['bound'] == 'lower' else ''}{r['multiplier']:.2f}x |")
+        results = [*results, {"candidate_runs": rows}]
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return results

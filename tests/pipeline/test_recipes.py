@@ -86,6 +86,8 @@ def test_the_projects_cpu_recipes_take_muon_and_the_faithful_ones_keep_adamw(mon
         cfg = resolve_recipe(recipe)
         assert (cfg.train.optim.type, cfg.train.optim.split_fused, cfg.arch.qk_norm, cfg.arch.zero_init_out) == (
             "muon", True, True, True), recipe
+    for recipe in ("default", "cpu-1h", "cpu-1h-mlm", "gpt2-cpu-1h"):  # the momentum screen of 2026-12-03
+        assert resolve_recipe(recipe).train.optim.momentum == 0.85, recipe
     assert not resolve_recipe("gpt2-cpu-1h").arch.tie_embeddings and resolve_recipe("cpu-1h").arch.tie_embeddings  # the causal screen's gain
     for recipe, optimizer in {"crammed-bert-24h": "adamw", "bert-original": "adam", "gpt2-60m": "adamw"}.items():
         cfg = resolve_recipe(recipe, stand_ins(recipe))
