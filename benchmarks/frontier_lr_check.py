@@ -47,47 +47,55 @@ def stored_points(size: str) -> tuple[dict, list[dict]]:
     return ab, points
 
 
-def run_points(folder: Path, size: str) -> list[dict]:
-    """Finished AdamW runs of ``size`` under ``folder`` (seed 0, the baseline's overrides): final points."""
+def finished(folder: Path | None) -> list[dict]:
+    """The finished ``cramlm run`` folders under ``folder``: name, resolved config, summary, size (or None)."""
     import yaml
 
-    hidden, layers = SHAPE[size]
-    points = []
-    for summary in sorted(folder.glob("*/summary.json")):
+    runs = []
+    for summary in sorted(folder.glob("*/summary.json")) if folder else []:
         cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
+        shape = (cfg["arch"]["hidden_size"], cfg["arch"]["num_layers"])
+        runs.append({"folder": summary.parent, "cfg": cfg, "summary": json.loads(summary.read_text()),
+                     "size": next((k for k, v in SHAPE.items() if v == shape), None)})
+    return runs
+
+
+def run_points(runs: list[dict], size: str) -> list[dict]:
+    """Of ``runs``, the AdamW runs of ``size`` (seed 0, the baseline's overrides): final points."""
+    points = []
+    for run in runs:
+        cfg, s = run["cfg"], run["summary"]
         arch, train = cfg["arch"], cfg["train"]
-        if (arch["hidden_size"], arch["num_layers"]) != (hidden, layers) or cfg.get("seed", 0) != 0:
+        if run["size"] != size or cfg.get("seed", 0) != 0:
             continue
         if (train["optim"]["type"], arch["qk_norm"], arch["zero_init_out"], train["objective"]) != ("adamw", False, False, "mlm"):
-            raise SystemExit(f"Error: {summary.parent}: not the ablation's AdamW baseline (optim, qk_norm, zero_init_out, objective)")
-        s = json.loads(summary.read_text())
+            raise SystemExit(f"Error: {run['folder']}: not the ablation's AdamW baseline (optim, qk_norm, zero_init_out, objective)")
         points.append({"flops": s["flops"], "seconds": s["train_seconds"], "val_loss": s["val_loss"],
-                       "lr": train["optim"]["lr"], "source": str(summary.parent)})
+                       "lr": train["optim"]["lr"], "source": str(run["folder"])})
     return points
 
 
-def check(size: str, runs: Path | None) -> dict:
+def check(size: str, runs: list[dict]) -> dict:
     ab, stored = stored_points(size)
     base = ab["contenders"]["adamw"]
     first = {**base["runs"][f"{base['best_lr']:g}"]["0"]["final"], "lr": base["best_lr"], "source": "1x sweep"}
-    new = run_points(runs, size) if runs else []
+    new = run_points(runs, size)
     one_x = [p for p in new if abs(p["flops"] / first["flops"] - 1) < 0.05]  # more 1x lrs: the sweep, not the frontier
     larger = [p for p in stored + new if p not in one_x]
     fronts = {"1x-best lr": best_lr_frontier(first, [p for p in larger if p["lr"] == first["lr"]]),
               "best lr at each budget": best_lr_frontier(first, larger)}
     cand = ab["contenders"]["muon-full"]
+    finals = {s: r["final"] for s, r in cand["runs"][f"{cand['best_lr']:g}"].items()}
     rate = json.loads((R / f"steps_mlm_{size}.json").read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
     out = {"size": size, "rate_vs_adamw": rate, "adamw_points": [first, *larger], "adamw_1x_other_lrs": one_x, "frontiers": {}}
     for name, front in fronts.items():
-        per_seed = {s: compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front],
-                                          r["final"]["flops"], r["final"]["val_loss"])
-                    for s, r in cand["runs"][f"{cand['best_lr']:g}"].items()}
+        per_seed = {s: compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], c["flops"], c["val_loss"])
+                    for s, c in finals.items()}
+        median = statistics.median(m["multiplier"] for m in per_seed.values())
         out["frontiers"][name] = {
             "points": [{k: f.get(k) for k in ("flops", "val_loss", "lr", "source")} for f in front],
-            "muon_full": {s: {"val_loss": cand["runs"][f"{cand['best_lr']:g}"][s]["final"]["val_loss"], **m,
-                              "wall_clock": m["multiplier"] * rate} for s, m in per_seed.items()},
-            "median": statistics.median(m["multiplier"] for m in per_seed.values()),
-            "median_wall_clock": statistics.median(m["multiplier"] for m in per_seed.values()) * rate}
+            "muon_full": {s: {"val_loss": finals[s]["val_loss"], **m, "wall_clock": m["multiplier"] * rate} for s, m in per_seed.items()},
+            "median": median, "median_wall_clock": median * rate}
     return out
 
 
@@ -105,23 +113,19 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def candidates(folder: Path, results: list[dict]) -> list[dict]:
-    """Finished runs under ``folder`` (screens on top of muon-full: any size of SIZES, any overrides)
-    read on their size's frontier tuned at every budget: their final loss and multiplier."""
-    import yaml
-
+def candidates(runs: list[dict], results: list[dict]) -> list[dict]:
+    """Of ``runs`` (screens on top of muon-full: any size of SIZES, any overrides), each read on its
+    size's frontier tuned at every budget: its final loss and multiplier."""
     fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results}
     rows = []
-    for summary in sorted(folder.glob("*/summary.json")):
-        cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
-        size = next((k for k, v in SHAPE.items() if v == (cfg["arch"]["hidden_size"], cfg["arch"]["num_layers"])), None)
-        s = json.loads(summary.read_text())
+    for run in runs:
+        cfg, s, size = run["cfg"], run["summary"], run["size"]
         if (size not in fronts or cfg["train"]["objective"] != "mlm" or cfg["arch"]["type"] != "crammed-bert"
                 or "shared-corpus" not in str(s.get("data"))):  # the ablations' model, objective and data only
             continue
         front = fronts[size]
         m = compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], s["flops"], s["val_loss"])
-        rows.append({"run": summary.parent.name, "size": size, "seed": cfg.get("seed"), "flops": s["flops"], "steps": s["steps"],
+        rows.append({"run": run["folder"].name, "size": size, "seed": cfg.get("seed"), "flops": s["flops"], "steps": s["steps"],
                      "val_loss": s["val_loss"], "momentum": cfg["train"]["optim"].get("momentum"), **m})
     return rows
 
@@ -133,10 +137,11 @@ def main(argv: list[str]) -> list[dict]:
     ap.add_argument("--candidate-runs", type=Path, help="a folder of finished screen runs: each read on its size's tuned frontier")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    results = [check(size, args.runs) for size in args.sizes]
+    adamw = finished(args.runs)  # read once, for every size
+    results = [check(size, adamw) for size in args.sizes]
     print(table(results))
     if args.candidate_runs:
-        rows = candidates(args.candidate_runs, results)
+        rows = candidates(finished(args.candidate_runs), results)
         print("\n| run | size | seed | steps | held-out loss | multiplier |\n|---|---|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['run']} | {r['size']} | {r['seed']} | {r['steps']} | {r['val_loss']:.3f} | "
