@@ -11,12 +11,19 @@ multiplier is the compute multiplier times the stored rate of counted FLOPs per 
 (benchmarks/contender_steps.py, steps_mlm_<size>.json).
 
     python benchmarks/frontier_lr_check.py --runs outputs/frontier-lr --out outputs/frontier-lr-check.json
+
+The committed runs files (``frontier-*-runs.json``: AdamW; ``screen-*-runs.json``: the recipe) hold
+the finals of the runs trained since, so the tables read again without their folders (``--runs``
+adds more). ``--budget-rows`` also reads the shipped recipe (muon-full, momentum 0.85, each size's
+lr) at each budget multiple it was trained at (1x, 2x, ...) on the same tuned frontier: does the
+multiplier hold from the smallest to the largest size when each is given more compute?
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -45,6 +52,26 @@ def stored_points(size: str) -> tuple[dict, list[dict]]:
         else:  # an ablation at 2x the budget with its own frontier (its 1x is our 2x)
             points += [{**f, "lr": d["contenders"]["adamw"]["best_lr"], "source": name} for f in d["baseline_frontier"]["0"]]
     return ab, points
+
+
+NAME = re.compile(r"^(?P<size>\d+x\d+)(?:-x(?P<times>\d+))?(?P<rest>.*?)(?:-s(?P<seed>\d+))?$")
+
+
+def stored_runs(pattern: str) -> list[dict]:
+    """The runs of the committed files ``pattern`` (name -> final summary), each with what its name
+    says: ``<size>[-x<budget multiple>][-...-lr<lr>][-mom<momentum>][-s<seed>]`` (explicit fields win)."""
+    runs = []
+    for path in sorted(R.glob(pattern)):
+        for name, s in json.loads(path.read_text()).items():
+            m = NAME.match(name)
+            if not m or m["size"] not in SHAPE:
+                continue
+            lr = re.search(r"-lr([0-9.e-]+)", m["rest"])
+            mom = re.search(r"-mom([0-9.]+)", m["rest"])
+            runs.append({"name": name, "source": path.name, "size": m["size"], "times": int(m["times"] or 1),
+                         "seed": int(m["seed"] or 0), "lr": float(lr[1]) if lr else None,
+                         "momentum": float(mom[1]) if mom else None, **s})
+    return runs
 
 
 def finished(folder: Path | None) -> list[dict]:
@@ -79,7 +106,11 @@ def check(size: str, runs: list[dict]) -> dict:
     ab, stored = stored_points(size)
     base = ab["contenders"]["adamw"]
     first = {**base["runs"][f"{base['best_lr']:g}"]["0"]["final"], "lr": base["best_lr"], "source": "1x sweep"}
-    new = run_points(runs, size)
+    committed = [{"flops": r["flops"], "seconds": r["train_seconds"], "val_loss": r["val_loss"], "lr": r["lr"],
+                  "source": r["source"] + ":" + r["name"]}
+                 for r in stored_runs("frontier-*-runs.json") if r["size"] == size and r["seed"] == 0]
+    new = committed + [p for p in run_points(runs, size) if (p["flops"], p["val_loss"]) not in
+                       {(c["flops"], c["val_loss"]) for c in committed}]
     one_x = [p for p in new if abs(p["flops"] / first["flops"] - 1) < 0.05]  # more 1x lrs: the sweep, not the frontier
     larger = [p for p in stored + new if p not in one_x]
     fronts = {"1x-best lr": best_lr_frontier(first, [p for p in larger if p["lr"] == first["lr"]]),
@@ -130,11 +161,49 @@ def candidates(runs: list[dict], results: list[dict]) -> list[dict]:
     return rows
 
 
+def budget_rows(results: list[dict], runs: list[dict] = ()) -> list[dict]:
+    """The shipped recipe (muon-full at momentum 0.85, each size's own lr: runs named without an lr)
+    at each budget multiple it was trained at, committed (``screen-*-runs.json``) or in ``runs``
+    (finished folders named alike), each seed read on its size's frontier tuned at every budget."""
+    fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results}
+    cands = [r for r in stored_runs("screen-*-runs.json") if r["momentum"] == 0.85 and r["lr"] is None]
+    for run in runs:
+        m = NAME.match(run["folder"].name)
+        if m and "mom0.85" in m["rest"] and "-lr" not in m["rest"]:
+            cands.append({"name": run["folder"].name, "size": m["size"], "times": int(m["times"] or 1),
+                          "seed": run["cfg"].get("seed", 0), **run["summary"]})
+    rows = []
+    for size in (s for s in SHAPE if s in fronts):
+        front = fronts[size]
+        for times in sorted({c["times"] for c in cands if c["size"] == size}):
+            seeds = {c["seed"]: c for c in cands if c["size"] == size and c["times"] == times}
+            per_seed = {s: {"val_loss": c["val_loss"], "flops": c["flops"], "steps": c["steps"],
+                            **compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front],
+                                                 c["flops"], c["val_loss"])} for s, c in sorted(seeds.items())}
+            rows.append({"size": size, "times": times, "per_seed": per_seed,
+                         "median": statistics.median(v["multiplier"] for v in per_seed.values()),
+                         "frontier_ends_at": max(f["flops"] for f in front)})
+    return rows
+
+
+def budget_table(rows: list[dict]) -> str:
+    lines = ["| size | budget | steps | recipe's held-out loss per seed | multiplier per seed (median) |",
+             "|---|---:|---:|---|---:|"]
+    for r in rows:
+        v = list(r["per_seed"].values())
+        lines.append(f"| {r['size']} | {r['times']}x ({v[0]['flops']:.2g}) | {v[0]['steps']} | "
+                     + " / ".join(f"s{s} {x['val_loss']:.3f}" for s, x in r["per_seed"].items()) + " | "
+                     + " / ".join(f"{'>= ' if x['bound'] == 'lower' else ''}{x['multiplier']:.2f}x" for x in v)
+                     + f" ({'>= ' if any(x['bound'] == 'lower' for x in v) else ''}{r['median']:.2f}x) |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, help="a folder of finished AdamW cramlm runs (any size, budget, lr; seed 0)")
     ap.add_argument("--sizes", nargs="+", default=list(SIZES))
     ap.add_argument("--candidate-runs", type=Path, help="a folder of finished screen runs: each read on its size's tuned frontier")
+    ap.add_argument("--budget-rows", action="store_true", help="also the shipped recipe at each budget multiple on the tuned frontier")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     adamw = finished(args.runs)  # read once, for every size
@@ -147,6 +216,10 @@ def main(argv: list[str]) -> list[dict]:
             print(f"| {r['run']} | {r['size']} | {r['seed']} | {r['steps']} | {r['val_loss']:.3f} | "
                   f"{'>= ' if r['bound'] == 'lower' else ''}{r['multiplier']:.2f}x |")
         results = [*results, {"candidate_runs": rows}]
+    if args.budget_rows:
+        rows = budget_rows(results, finished(args.candidate_runs))
+        print("\n" + budget_table(rows))
+        results = [*results, {"budget_rows": rows}]
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return results

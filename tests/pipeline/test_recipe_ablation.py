@@ -218,3 +218,30 @@ def test_contender_steps_rates_and_the_wall_clock_multiplier(tmp_path):
     rate = muon["rate_vs_first"]["median"]
     assert wall["bound"] == ">=" and wall["per_seed"] == pytest.approx({"0": 2.0 * rate, "1": 3.0 * rate})
     assert json.loads((tmp_path / "steps.json").read_text())["rows"].keys() == {"adamw", "muon"}
+
+
+def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_path, monkeypatch):
+    """frontier_lr_check reads committed runs files by their names (size, budget multiple, lr,
+    momentum, seed) and reads the recipe at each budget multiple on the tuned frontier."""
+    import json
+
+    import frontier_lr_check as flc
+
+    run = {"steps": 10, "train_seconds": 1.0}
+    (tmp_path / "frontier-a-runs.json").write_text(json.dumps({
+        "128x4-x2-lr0.032": {**run, "flops": 4e13, "val_loss": 4.0},
+        "128x4-x4-adamw": {**run, "flops": 8e13, "val_loss": 3.0, "lr": 0.016}}))
+    (tmp_path / "screen-a-runs.json").write_text(json.dumps({
+        "128x4-mom0.85": {**run, "flops": 2e13, "val_loss": 4.0},  # AdamW reaches 4.0 at 4e13: 2x
+        "128x4-x2-mom0.85-s1": {**run, "flops": 4e13, "val_loss": 3.5},  # halfway from 4e13 to 8e13
+        "128x4-mom0.85-lr0.008": {**run, "flops": 2e13, "val_loss": 9.0},  # an lr screen: not the recipe
+        "999x1-mom0.85": {**run, "flops": 2e13, "val_loss": 1.0}}))  # not a size of the tables
+    monkeypatch.setattr(flc, "R", tmp_path)
+    adamw = {r["name"]: r for r in flc.stored_runs("frontier-*-runs.json")}
+    assert adamw["128x4-x2-lr0.032"]["lr"] == 0.032 and adamw["128x4-x2-lr0.032"]["times"] == 2
+    assert adamw["128x4-x4-adamw"]["lr"] == 0.016 and adamw["128x4-x4-adamw"]["seed"] == 0  # explicit field wins
+    front = {"128x4": {"frontiers": {"best lr at each budget": {"points": [
+        {"flops": 2e13, "val_loss": 5.0}, {"flops": 4e13, "val_loss": 4.0}, {"flops": 8e13, "val_loss": 3.0}]}}}}
+    rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}])
+    assert [(r["times"], list(r["per_seed"])) for r in rows] == [(1, [0]), (2, [1])]
+    assert rows[0]["median"] == pytest.approx(2.0) and rows[1]["median"] == pytest.approx(2 ** 0.5)
