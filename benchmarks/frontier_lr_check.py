@@ -165,8 +165,8 @@ def budget_rows(results: list[dict], runs: list[dict] = ()) -> list[dict]:
     """The shipped recipe (muon-full at momentum 0.85, each size's own lr: runs named without an lr)
     at each budget multiple it was trained at, committed (``screen-*-runs.json``) or in ``runs``
     (finished folders named alike), each seed read on its size's frontier tuned at every budget."""
-    fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results}
-    cands = [r for r in stored_runs("screen-*-runs.json") if r["momentum"] == 0.85 and r["lr"] is None]
+    fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results if "size" in r}
+    cands = [r for r in stored_runs("screen-*-runs.json") if r["momentum"] == 0.85 and "-lr" not in r["name"]]
     for run in runs:
         m = NAME.match(run["folder"].name)
         if m and "mom0.85" in m["rest"] and "-lr" not in m["rest"]:
