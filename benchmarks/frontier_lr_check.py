@@ -57,20 +57,37 @@ def stored_points(size: str) -> tuple[dict, list[dict]]:
 NAME = re.compile(r"^(?P<size>\d+x\d+)(?:-x(?P<times>\d+))?(?P<rest>.*?)(?:-s(?P<seed>\d+))?$")
 
 
-def stored_runs(pattern: str) -> list[dict]:
-    """The runs of the committed files ``pattern`` (name -> final summary), each with what its name
-    says: ``<size>[-x<budget multiple>][-...-lr<lr>][-mom<momentum>][-s<seed>]`` (explicit fields win)."""
+def from_name(name: str) -> dict | None:
+    """What a run's name says: ``<size>[-x<budget multiple>][-...-lr<lr>][-mom<momentum>][-s<seed>]``
+    (None: not a size of the tables)."""
+    m = NAME.match(name)
+    if not m or m["size"] not in SHAPE:
+        return None
+    lr = re.search(r"-lr([0-9.e-]+)", m["rest"])
+    mom = re.search(r"-mom([0-9.]+)", m["rest"])
+    return {"name": name, "size": m["size"], "times": int(m["times"] or 1), "seed": int(m["seed"] or 0),
+            "lr": float(lr[1]) if lr else None, "momentum": float(mom[1]) if mom else None}
+
+
+def is_recipe(named: dict) -> bool:
+    """The shipped recipe by its name: momentum 0.85 at its size's own lr (no lr in the name)."""
+    return named["momentum"] == 0.85 and named["lr"] is None
+
+
+def on_front(front: list[dict], flops: float, val_loss: float) -> dict:
+    """compute_multiplier on a frontier's points."""
+    return compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], flops, val_loss)
+
+
+def stored_runs(pattern: str, keep=lambda named: True) -> list[dict]:
+    """The runs of the committed files ``pattern`` (name -> final summary) whose name (from_name)
+    ``keep`` takes, each with what its name says (explicit fields win)."""
     runs = []
     for path in sorted(R.glob(pattern)):
         for name, s in json.loads(path.read_text()).items():
-            m = NAME.match(name)
-            if not m or m["size"] not in SHAPE:
-                continue
-            lr = re.search(r"-lr([0-9.e-]+)", m["rest"])
-            mom = re.search(r"-mom([0-9.]+)", m["rest"])
-            runs.append({"name": name, "source": path.name, "size": m["size"], "times": int(m["times"] or 1),
-                         "seed": int(m["seed"] or 0), "lr": float(lr[1]) if lr else None,
-                         "momentum": float(mom[1]) if mom else None, **s})
+            named = from_name(name)
+            if named and keep(named):
+                runs.append({**named, "source": path.name, **s})
     return runs
 
 
@@ -108,9 +125,9 @@ def check(size: str, runs: list[dict]) -> dict:
     first = {**base["runs"][f"{base['best_lr']:g}"]["0"]["final"], "lr": base["best_lr"], "source": "1x sweep"}
     committed = [{"flops": r["flops"], "seconds": r["train_seconds"], "val_loss": r["val_loss"], "lr": r["lr"],
                   "source": r["source"] + ":" + r["name"]}
-                 for r in stored_runs("frontier-*-runs.json") if r["size"] == size and r["seed"] == 0]
-    new = committed + [p for p in run_points(runs, size) if (p["flops"], p["val_loss"]) not in
-                       {(c["flops"], c["val_loss"]) for c in committed}]
+                 for r in stored_runs("frontier-*-runs.json", lambda n: n["size"] == size and n["seed"] == 0)]
+    seen = {(c["flops"], c["val_loss"]) for c in committed}  # a folder that is also committed counts once
+    new = committed + [p for p in run_points(runs, size) if (p["flops"], p["val_loss"]) not in seen]
     one_x = [p for p in new if abs(p["flops"] / first["flops"] - 1) < 0.05]  # more 1x lrs: the sweep, not the frontier
     larger = [p for p in stored + new if p not in one_x]
     fronts = {"1x-best lr": best_lr_frontier(first, [p for p in larger if p["lr"] == first["lr"]]),
@@ -120,8 +137,7 @@ def check(size: str, runs: list[dict]) -> dict:
     rate = json.loads((R / f"steps_mlm_{size}.json").read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
     out = {"size": size, "rate_vs_adamw": rate, "adamw_points": [first, *larger], "adamw_1x_other_lrs": one_x, "frontiers": {}}
     for name, front in fronts.items():
-        per_seed = {s: compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], c["flops"], c["val_loss"])
-                    for s, c in finals.items()}
+        per_seed = {s: on_front(front, c["flops"], c["val_loss"]) for s, c in finals.items()}
         median = statistics.median(m["multiplier"] for m in per_seed.values())
         out["frontiers"][name] = {
             "points": [{k: f.get(k) for k in ("flops", "val_loss", "lr", "source")} for f in front],
@@ -154,8 +170,7 @@ def candidates(runs: list[dict], results: list[dict]) -> list[dict]:
         if (size not in fronts or cfg["train"]["objective"] != "mlm" or cfg["arch"]["type"] != "crammed-bert"
                 or "shared-corpus" not in str(s.get("data"))):  # the ablations' model, objective and data only
             continue
-        front = fronts[size]
-        m = compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], s["flops"], s["val_loss"])
+        m = on_front(fronts[size], s["flops"], s["val_loss"])
         rows.append({"run": run["folder"].name, "size": size, "seed": cfg.get("seed"), "flops": s["flops"], "steps": s["steps"],
                      "val_loss": s["val_loss"], "momentum": cfg["train"]["optim"].get("momentum"), **m})
     return rows
@@ -166,20 +181,18 @@ def budget_rows(results: list[dict], runs: list[dict] = ()) -> list[dict]:
     at each budget multiple it was trained at, committed (``screen-*-runs.json``) or in ``runs``
     (finished folders named alike), each seed read on its size's frontier tuned at every budget."""
     fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results if "size" in r}
-    cands = [r for r in stored_runs("screen-*-runs.json") if r["momentum"] == 0.85 and "-lr" not in r["name"]]
+    cands = stored_runs("screen-*-runs.json", is_recipe)
     for run in runs:
-        m = NAME.match(run["folder"].name)
-        if m and "mom0.85" in m["rest"] and "-lr" not in m["rest"]:
-            cands.append({"name": run["folder"].name, "size": m["size"], "times": int(m["times"] or 1),
-                          "seed": run["cfg"].get("seed", 0), **run["summary"]})
+        named = from_name(run["folder"].name)
+        if named and is_recipe(named):
+            cands.append({**named, "seed": run["cfg"].get("seed", 0), **run["summary"]})
     rows = []
     for size in (s for s in SHAPE if s in fronts):
         front = fronts[size]
         for times in sorted({c["times"] for c in cands if c["size"] == size}):
             seeds = {c["seed"]: c for c in cands if c["size"] == size and c["times"] == times}
             per_seed = {s: {"val_loss": c["val_loss"], "flops": c["flops"], "steps": c["steps"],
-                            **compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front],
-                                                 c["flops"], c["val_loss"])} for s, c in sorted(seeds.items())}
+                            **on_front(front, c["flops"], c["val_loss"])} for s, c in sorted(seeds.items())}
             rows.append({"size": size, "times": times, "per_seed": per_seed,
                          "median": statistics.median(v["multiplier"] for v in per_seed.values()),
                          "frontier_ends_at": max(f["flops"] for f in front)})
@@ -209,15 +222,16 @@ def main(argv: list[str]) -> list[dict]:
     adamw = finished(args.runs)  # read once, for every size
     results = [check(size, adamw) for size in args.sizes]
     print(table(results))
+    screens = finished(args.candidate_runs)  # read once, for both tables
     if args.candidate_runs:
-        rows = candidates(finished(args.candidate_runs), results)
+        rows = candidates(screens, results)
         print("\n| run | size | seed | steps | held-out loss | multiplier |\n|---|---|---:|---:|---:|---:|")
         for r in rows:
             print(f"| {r['run']} | {r['size']} | {r['seed']} | {r['steps']} | {r['val_loss']:.3f} | "
                   f"{'>= ' if r['bound'] == 'lower' else ''}{r['multiplier']:.2f}x |")
         results = [*results, {"candidate_runs": rows}]
     if args.budget_rows:
-        rows = budget_rows(results, finished(args.candidate_runs))
+        rows = budget_rows(results, screens)
         print("\n" + budget_table(rows))
         results = [*results, {"budget_rows": rows}]
     if args.out:
