@@ -1,0 +1,209 @@
+"""Downstream against compute, 1x to 8x the CPU hour: the shipped cpu-1h (ELECTRA, Muon) and the
+recipe before it (MLM, AdamW at its tuned lr 1.6e-2, no QK-norm or zero-init: ``adamw``), each
+trained once per seed as one warmup-stable-decay run to 8x the hour's FLOPs, with a cooldown branched
+from its stable phase at 1x, 2x and 4x (Hagele et al. 2024, "Scaling laws and compute-optimal
+training beyond fixed training durations"; MiniCPM). A branch resumes the long run's newest
+checkpoint before its own decay starts, with its budget and the warm-up in absolute terms as allowed
+changes: it is bit for bit the WSD run trained at that budget from the start
+(tests/train/test_branch.py). The budgeted schedule (cramming's budget-triangle2) at 1x is the check
+that WSD costs nothing (``triangle``). Every point is fine-tuned on the five shared tasks (median of 3
+seeds), beside each line's untrained twin.
+
+    python benchmarks/bridge.py plan                         # every command, in order
+    python benchmarks/bridge.py long --line rtd --seed 0     # the long run (continues where it stopped)
+    python benchmarks/bridge.py branch --line rtd --seed 0 --k 1   # waits for its checkpoint, then the cooldown
+    python benchmarks/bridge.py triangle --line rtd --seed 0 # the budgeted schedule at 1x
+    python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
+    python benchmarks/bridge.py summarize                    # table (JSON + markdown) of what has finished
+
+Runs live in ``--out`` (default outputs/bridge); every command is idempotent: a finished run is
+skipped, an interrupted one continues from its newest checkpoint (``--resume auto``: a FLOP-budgeted
+run resumed bitwise is the same run). Which segment ran where: benchmarks/results/bridge/segments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (recipe_vs_cramming_m85.md)
+KS = (1, 2, 4, 8)
+WARMUP = 0.05  # of the 1x budget, in absolute terms at every budget
+DECAY = 0.2  # of each budget: the cooldown (Hagele et al.: 20% with 1 - sqrt matches cosine)
+TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
+LINES = {
+    "rtd": ["cpu-1h"],
+    "adamw": ["cpu-1h-mlm", "train.optim.type=adamw", "train.optim.lr=1.6e-2", "arch.qk_norm=false",
+              "arch.zero_init_out=false"],
+}
+
+
+def wsd(k: float) -> list[str]:
+    return ["train.schedule.type=warmup-stable-decay", f"train.schedule.warmup={WARMUP / k}",
+            f"train.schedule.decay={DECAY}", "train.schedule.decay_shape=sqrt"]
+
+
+def common(out: Path, k: float) -> list[str]:
+    return [f"base_dir={out}", f"impl.data_cache={out / 'data'}", "impl.progress=false", "impl.threads=1",
+            "budget=null", f"train.budget.flops={k * HOUR:.6g}"]
+
+
+def name(line: str, seed: int, k: int | None = None, schedule: str = "wsd") -> str:
+    return f"{schedule}-{line}-s{seed}" + (f"-{k}x" if k and k != max(KS) else "")
+
+
+def pretrain_cmd(out: Path, line: str, seed: int, k: int, extra: list[str]) -> list[str]:
+    recipe, *overrides = LINES[line]
+    return ["cramlm", "run", recipe, f"name={extra[0]}", "stages=[data,pretrain]", f"seed={seed}", *overrides,
+            *common(out, k), *extra[1:]]
+
+
+def long_cmd(out: Path, line: str, seed: int) -> list[str]:
+    k = max(KS)  # checkpoints every 200 steps, all kept: the branches start from them
+    return pretrain_cmd(out, line, seed, k, [name(line, seed), *wsd(k), "train.checkpoint_every=200",
+                                             "train.keep_checkpoints=1000", "--resume", "auto"])
+
+
+def branch_point(long_run: Path, k: int) -> Path | None:
+    """The long run's newest checkpoint at or before the k-x branch's decay starts (None: not yet
+    written; the long run has not yet passed that point)."""
+    start, found, passed = (1 - DECAY) * k * HOUR, None, (long_run / "summary.json").is_file()
+    for folder in sorted((long_run / "checkpoints").glob("step-*")):
+        flops = json.loads((folder / "state.json").read_text())["usage"]["flops"]
+        if flops <= start:
+            found = folder
+        else:
+            passed = True
+    return found if passed else None
+
+
+def branch_cmd(out: Path, line: str, seed: int, k: int, point: Path) -> list[str]:
+    run = out / name(line, seed, k)
+    resume = "auto" if any((run / "checkpoints").glob("step-*")) else str(point)
+    return pretrain_cmd(out, line, seed, k, [name(line, seed, k), *wsd(k), "--resume", resume, "--allow-change",
+                                             "train.budget.flops", "--allow-change", "train.schedule.warmup"])
+
+
+def triangle_cmd(out: Path, line: str, seed: int) -> list[str]:
+    return pretrain_cmd(out, line, seed, 1, [name(line, seed, 1, "triangle"), "--resume", "auto"])
+
+
+def eval_cmd(out: Path, run: str, data_dir: str, twin: bool = False) -> list[str]:
+    return ["cramlm", "eval", f"checkpoint={out / run}" + ("-untrained" if twin else ""), "impl.progress=false",
+            "impl.threads=1", "eval.seeds=3", "eval.max_train_examples=4000",
+            "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]"]
+
+
+def run(cmd: list[str], log: Path) -> None:
+    print("+", shlex.join(cmd), flush=True)
+    with log.open("a") as f:
+        f.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} on {os.uname().nodename}: {shlex.join(cmd)}\n")
+        f.flush()
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc:
+        sys.exit(f"failed ({rc}), see {log}: {shlex.join(cmd)}")
+
+
+def done(out: Path, run_name: str) -> bool:
+    return (out / run_name / "summary.json").is_file()
+
+
+def summarize(out: Path) -> dict:
+    """Each finished point: held-out loss (eval.json's, else the run's last validation), each task's
+    median and seeds; each line's twin."""
+    result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
+
+    def scores(path: Path) -> dict | None:
+        if not path.is_file():
+            return None
+        ev = json.loads(path.read_text())
+        rows = {r["task"]: {"metric": r["metric"], "median": r["score"], "seeds": [s["last"][r["metric"]] for s in r["seeds"]]}
+                for r in ev["results"]}
+        return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss")}
+
+    for folder in sorted(p for p in out.iterdir() if (p / "summary.json").is_file()):
+        s = json.loads((folder / "summary.json").read_text())
+        point = {k: s.get(k) for k in ("steps", "tokens", "flops", "val_loss", "objective", "train_seconds")}
+        point["multiple"] = round(s["flops"] / HOUR, 3)
+        point["eval"] = scores(folder / "eval.json")
+        result["points"][folder.name] = point
+        if (twin := scores(folder / "eval-untrained.json")) is not None:
+            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = twin
+    return result
+
+
+def table(result: dict) -> str:
+    tasks = sorted({t for p in result["points"].values() if p["eval"] for t in p["eval"]["tasks"]})
+    lines = ["| run | x hour | held-out loss | " + " | ".join(tasks) + " | mean |", "|---|---:|---:|" + "---:|" * (len(tasks) + 1)]
+
+    def row(label: str, mult: str, loss, ev) -> str:
+        cells = [f"{100 * ev['tasks'][t]['median']:.1f}" if ev and t in ev["tasks"] else "-" for t in tasks]
+        return (f"| {label} | {mult} | {loss:.3f} | " if loss is not None else f"| {label} | {mult} | - | ") \
+            + " | ".join(cells) + (f" | {100 * ev['mean']:.1f} |" if ev else " | - |")
+
+    for run_name, p in sorted(result["points"].items(), key=lambda kv: (kv[0].split("-")[1], kv[1]["multiple"], kv[0])):
+        lines.append(row(run_name, f"{p['multiple']:g}", (p["eval"] or {}).get("heldout") or p["val_loss"], p["eval"]))
+    for line, ev in result["twins"].items():
+        lines.append(row(f"untrained twin ({line})", "0", ev.get("heldout"), ev))
+    return "\n".join(lines)
+
+
+def plan(out: Path, data_dir: str) -> list[str]:
+    cmds = []
+    for line in LINES:
+        for seed in (0, 1):
+            cmds.append(shlex.join(long_cmd(out, line, seed)) + ("" if seed == 0 else "   # seed 1: stopped past 1.6x"))
+            for k in KS[:-1] if seed == 0 else (1, 2):
+                cmds.append(f"python benchmarks/bridge.py branch --line {line} --seed {seed} --k {k}")
+            cmds.append(f"python benchmarks/bridge.py triangle --line {line} --seed {seed}")
+    cmds.append("python benchmarks/bridge.py eval ...   # each point; --twin once per line")
+    return cmds
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["plan", "long", "branch", "triangle", "eval", "summarize"])
+    ap.add_argument("--out", type=Path, default=Path("outputs/bridge"))
+    ap.add_argument("--line", choices=sorted(LINES), default="rtd")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--k", type=int, choices=KS, default=max(KS), help="the point, in multiples of the hour's FLOPs")
+    ap.add_argument("--schedule", choices=["wsd", "triangle"], default="wsd", help="eval: which run of the point")
+    ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
+    ap.add_argument("--json", type=Path, help="summarize: also write the result here (and the table beside, .md)")
+    args = ap.parse_args(argv)
+    out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "bridge.log"
+    if args.what == "plan":
+        print("\n".join(plan(out, data_dir)))
+    elif args.what == "long" and not done(out, name(args.line, args.seed)):
+        run(long_cmd(out, args.line, args.seed), log)
+    elif args.what == "branch" and args.k != max(KS) and not done(out, name(args.line, args.seed, args.k)):
+        while (point := branch_point(out / name(args.line, args.seed), args.k)) is None:
+            time.sleep(60)
+        run(branch_cmd(out, args.line, args.seed, args.k, point), log)
+    elif args.what == "triangle" and not done(out, name(args.line, args.seed, 1, "triangle")):
+        run(triangle_cmd(out, args.line, args.seed), log)
+    elif args.what == "eval":
+        run_name = name(args.line, args.seed, args.k, args.schedule)
+        if not (out / run_name / ("eval-untrained.json" if args.twin else "eval.json")).is_file():
+            run(eval_cmd(out, run_name, data_dir, args.twin), log)
+    elif args.what == "summarize":
+        result = summarize(out)
+        text = table(result)
+        print(json.dumps(result))
+        print(text)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+            args.json.with_suffix(".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
