@@ -15,6 +15,8 @@
 #   pretrain   2 minutes of `cramlm pretrain` of crammed-bert (base) on the shipped corpus (the 24 h
 #              recipe's batch and microbatch, compile=auto): tokens/s and MFU from its summary
 #   eval       `cramlm eval` of that run on the shipped task
+#   ab         cramlm's GPU-day recipe (gpu-24h) against crammed-bert-24h at equal FLOPs, a few minutes
+#              each: held-out loss and zero-shot minimal pairs (benchmarks/gpu_ab.py; GPU_CHECK_STEPS=ab)
 #   extras     while time is left: model_step base with packed documents (FlexAttention vs the dense
 #              mask), train_step base with --compile
 # GPU_CHECK_STEPS=a,b runs only those steps (env and peak always run), e.g. a second call with
@@ -147,6 +149,16 @@ if want pretrain && run pretrain "$PRETRAIN_TIMEOUT" "" "$PY" -m cramlm pretrain
   cp "$RUN/eval.json" "$RES/eval.json" 2>/dev/null
 else
   cp "$RUN/metrics.jsonl" "$RES/pretrain_metrics.jsonl" 2>/dev/null
+fi
+
+# --- ab: cramlm's GPU-day recipe against cramming's at equal FLOPs (benchmarks/gpu_ab.py); on the GPU
+# only when selected (GPU_CHECK_STEPS=ab) or when 300 s are left; the shared corpus and minimal pairs
+# come from $CRAMLM_DATA_DIR, else the carried .gpu-data/ (benchmarks/results/gpu/README.md)
+AB_DATA=${CRAMLM_DATA_DIR:-$REPO/.gpu-data}
+if want ab && { [ $DRY = 1 ] || [ -n "${GPU_CHECK_STEPS:-}" ] || [ $((LIMIT - ($(date +%s) - START))) -gt 300 ]; }; then
+  AB=(--out "$RES" --work "$WORK/ab" --data-dir "$AB_DATA")
+  if [ $DRY = 1 ]; then AB+=(--dry); elif [ -d "$AB_DATA/minimal_pairs/blimp" ]; then AB+=(--pairs "$AB_DATA/minimal_pairs/blimp"); fi
+  run ab 300 "$RES/ab.json" "$PY" benchmarks/gpu_ab.py "${AB[@]}"
 fi
 
 # --- extras, while time is left (each compiles kernels first, so each needs a minute or more):

@@ -1,0 +1,102 @@
+"""The first GPU's recipe A/B: cramlm's GPU-day recipe (`gpu-24h`) against cramming's
+(`crammed-bert-24h`, bert-o4) on crammed-bert at equal FLOPs, a few minutes each, on the shared
+corpus (vocab 8192, 128-token blocks), both schedules keyed to the same FLOP budget. Each run is
+judged by its held-out loss (labelled by objective: an ELECTRA run's is its generator's MLM loss,
+not comparable with an MLM run's) and, where minimal pairs are given, by zero-shot accuracy (the
+figure both objectives share). A step of benchmarks/gpu_check.sh (``GPU_CHECK_STEPS=ab``).
+
+    python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR [--flops 1.5e16] [--pairs DIR]
+    python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR --dry     # CPU, tiny sizes (CI)
+
+Writes ``RES/ab.json`` after every run (a check cut short keeps what it measured) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTENDERS = {"cramming": "crammed-bert-24h", "cramlm": "gpu-24h"}
+TINY = ["arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
+        "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
+        "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8", "budget=null",
+        "train.budget.steps=2"]
+
+
+def pretrain_cmd(recipe: str, name: str, work: Path, data_dir: str, flops: float, dry: bool) -> list[str]:
+    size = TINY if dry else ["budget=null", f"train.budget.flops={flops:g}", "impl.microbatch_size=128",
+                             "train.validate_every=0", "train.checkpoint_minutes=null"]
+    data = "data=default" if dry else "data=shared-corpus"
+    return [sys.executable, "-m", "cramlm", "run", recipe, f"name={name}", "stages=[data,pretrain]", data,
+            f"base_dir={work / 'runs'}", f"impl.data_cache={work / 'data'}", "impl.progress=false", *size]
+
+
+def eval_cmd(run: Path, pairs: str | None, dry: bool) -> list[str]:
+    tasks = f"eval.tasks=[{pairs}]" if pairs else "eval.tasks=[]"
+    return [sys.executable, "-m", "cramlm", "eval", f"checkpoint={run}", "impl.progress=false", tasks,
+            *(["eval.max_dev_examples=32"] if dry else [])]
+
+
+def call(cmd: list[str], env: dict) -> int:
+    print("+", shlex.join(cmd), flush=True)
+    return subprocess.run(cmd, env=env).returncode
+
+
+def record(run: Path) -> dict:
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    ev = json.loads((run / "eval.json").read_text()) if (run / "eval.json").is_file() else {}
+    out = {k: summary.get(k) for k in ("objective", "steps", "tokens", "flops", "train_seconds", "tokens_per_second", "mfu",
+                                       "precision", "val_loss")}
+    heldout = ev.get("heldout") or {}
+    out["heldout"] = {"loss": heldout.get("loss"), "objective": heldout.get("objective")}
+    out["zero_shot"] = ev.get("minimal_pairs")
+    return out
+
+
+def table(result: dict) -> str:
+    lines = ["| contender | recipe | objective | steps | FLOPs | tokens/s | MFU | held-out loss | zero-shot |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in result["runs"].items():
+        zs = r.get("zero_shot") or {}
+        acc = zs.get("macro") if isinstance(zs, dict) else None
+        loss = (r.get("heldout") or {}).get("loss")
+        lines.append(f"| {name} | {CONTENDERS[name]} | {r.get('objective')} | {r.get('steps') or '-'} | "
+                     f"{(r.get('flops') or 0):.3g} | {(r.get('tokens_per_second') or 0):,.0f} | "
+                     f"{100 * (r.get('mfu') or 0):.1f}% | {'-' if loss is None else f'{loss:.3f}'} | "
+                     f"{'-' if acc is None else f'{100 * acc:.1f}'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True, help="results folder (ab.json)")
+    ap.add_argument("--work", type=Path, required=True, help="runs and data (never under --out)")
+    ap.add_argument("--data-dir", required=True, help="the folder holding corpus/ (the shared corpus)")
+    ap.add_argument("--flops", type=float, default=1.5e16, help="each contender's FLOP budget (1.5e16: about a minute at 35%% of an H200)")
+    ap.add_argument("--pairs", help="minimal pairs (a folder of JSONL paradigms) for zero-shot scoring; omitted: held-out only")
+    ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes, the shipped corpus: the script's plumbing only")
+    args = ap.parse_args(argv)
+    import os
+
+    env = dict(os.environ, CRAMLM_DATA_DIR=args.data_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"flops_budget": None if args.dry else args.flops, "dry": args.dry, "runs": {}, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    failed = 0
+    for name, recipe in CONTENDERS.items():
+        run = args.work / "runs" / name
+        failed += call(pretrain_cmd(recipe, name, args.work, args.data_dir, args.flops, args.dry), env) != 0
+        if (run / "summary.json").is_file():
+            failed += call(eval_cmd(run, args.pairs, args.dry), env) != 0
+        result["runs"][name] = record(run)
+        (args.out / "ab.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
