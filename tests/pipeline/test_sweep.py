@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from click.testing import CliRunner
@@ -134,3 +135,19 @@ def test_grid_check_counts_the_tokens_the_points_train(tmp_path, monkeypatch):
     assert "Error:" in result.output and "100tok and 200tok train the same 256 tokens" in result.output, result.output
     assert "size '16x1' is '16x1' again" in result.output
     assert not (tmp_path / "outputs").exists()  # nothing ran
+
+
+def test_multiplier_law_recovers_its_coefficients_and_its_interval_widens_away_from_the_data():
+    from cramlm.pipeline.scaling import fit_multiplier_law, multiplier_law
+
+    rng = np.random.default_rng(0)
+    N = np.repeat([1e6, 3e6, 1e7], 6)
+    D = N * np.tile([1.0, 2.0, 4.0, 8.0, 16.0, 32.0], 3)
+    true = np.exp(0.7 - 0.1 * np.log(N / 1e6) - 0.05 * np.log(D / N))
+    fit = fit_multiplier_law(N, D, true * np.exp(rng.normal(0, 0.02, len(N))))
+    assert fit["b"] == pytest.approx(-0.1, abs=0.03) and fit["c"] == pytest.approx(-0.05, abs=0.02) and fit["dof"] == 15
+    near, far = multiplier_law(fit, 3e6, 3e7), multiplier_law(fit, 1e8, 1e10)
+    assert near["low"] < np.exp(0.7 - 0.1 * np.log(3) - 0.05 * np.log(10)) < near["high"]
+    assert far["high"] / far["low"] > near["high"] / near["low"]  # extrapolation costs certainty
+    with pytest.raises(FitError, match="needs at least 4 points and 2 values of each term"):
+        fit_multiplier_law([1e6] * 4, [1e6, 2e6, 4e6, 8e6], [2, 2, 2, 2])

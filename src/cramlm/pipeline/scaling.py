@@ -3,6 +3,8 @@ budget planner, ``cramlm plan``).
 
 - compute law:    L(C) = E + A * C^-alpha                  (3 parameters)
 - Chinchilla law: L(N, D) = E + A / N^a + B / D^b          (5 parameters; Hoffmann et al. 2022)
+- multiplier law: log m = k + b log N + c log(D / N)       (a recipe's compute multiplier over a
+  baseline against size and tokens per parameter; least squares, with a prediction interval)
 
 C is training FLOPs, N non-embedding parameters, D training tokens. Fits are bounded least squares
 (E >= 0 and below the lowest observed loss, exponents in [0, 3]) from several starting points, in
@@ -110,6 +112,54 @@ def fit_chinchilla(params: Sequence[float], tokens: Sequence[float], loss: Seque
 def chinchilla_law(fit: dict[str, float], params: float | np.ndarray, tokens: float | np.ndarray):
     N, D = np.asarray(params, float), np.asarray(tokens, float)
     return fit["E"] + fit["A"] * N ** (-fit["a"]) + fit["B"] * D ** (-fit["b"])
+
+
+TERMS = ("size", "ratio")
+
+
+def fit_multiplier_law(params: Sequence[float], tokens: Sequence[float], multiplier: Sequence[float],
+                       terms: Sequence[str] = TERMS) -> dict:
+    """log m = k + b log(N / 1e6) + c log(D / N): ordinary least squares over every observation (a
+    seed each), N non-embedding parameters, D training tokens; ``terms`` keeps the size term, the
+    tokens-per-parameter term or both (a term left out has coefficient 0). Returns the coefficients,
+    their covariance and the residual variance (for ``multiplier_law``'s interval), r2, the points,
+    and the correlation of the two regressors (near -1 or 1: the data cannot tell them apart)."""
+    N, D, m = (np.asarray(v, float) for v in (params, tokens, multiplier))
+    need = 2 + len(terms)
+    if len(m) < need or ("size" in terms and distinct(N) < 2) or ("ratio" in terms and distinct(D / N) < 2):
+        raise FitError(f"{len(m)} point(s), {distinct(N)} size(s), {distinct(D / N)} tokens-per-parameter value(s): "
+                       f"the multiplier law ({1 + len(terms)} coefficients) needs at least {need} points and 2 values of each term")
+    X = _multiplier_features(N, D, terms)
+    y = np.log(m)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    dof = len(y) - X.shape[1]
+    resid = y - X @ coef
+    sigma2 = float(resid @ resid / dof)
+    named = dict(zip(("k", *terms), coef.tolist()))
+    return {"k": named["k"], "b": named.get("size", 0.0), "c": named.get("ratio", 0.0), "terms": list(terms),
+            "cov": (sigma2 * np.linalg.pinv(X.T @ X)).tolist(), "sigma2": sigma2, "dof": dof,
+            "r2": r_squared(y, X @ coef), "points": len(y),
+            "regressor_correlation": float(np.corrcoef(np.log(N), np.log(D / N))[0, 1]) if distinct(N) > 1 and distinct(D / N) > 1 else None}
+
+
+def _multiplier_features(N: np.ndarray, D: np.ndarray, terms: Sequence[str]) -> np.ndarray:
+    columns = {"size": np.log(N / 1e6), "ratio": np.log(D / N)}
+    return np.column_stack([np.ones_like(N), *(columns[t] for t in terms)])
+
+
+def multiplier_law(fit: dict, params: float, tokens: float, level: float = 0.9) -> dict[str, float]:
+    """The law's multiplier at (N, D) and its ``level`` prediction interval (Student t with the fit's
+    degrees of freedom: the coefficients' uncertainty plus one observation's scatter)."""
+    from scipy.stats import t
+
+    terms = fit["terms"]
+    x = _multiplier_features(np.asarray([params], float), np.asarray([tokens], float), terms)[0]
+    coef = np.array([fit["k"], *({"size": fit["b"], "ratio": fit["c"]}[t] for t in terms)])
+    centre = float(x @ coef)
+    spread = math.sqrt(float(x @ np.asarray(fit["cov"]) @ x) + fit["sigma2"])
+    q = float(t.ppf(0.5 + level / 2, fit["dof"]))
+    return {"multiplier": math.exp(centre), "low": math.exp(centre - q * spread), "high": math.exp(centre + q * spread),
+            "level": level}
 
 
 EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.", "trunk.value_embeds.")
