@@ -7,6 +7,9 @@ so the budget and MFU count them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -221,6 +224,22 @@ def optimizer_flops_per_step(optimizer: torch.optim.Optimizer) -> float:
     """Matmul FLOPs of one optimizer step (0 for the elementwise optimizers: AdamW, Lion, ...)."""
     count = getattr(optimizer, "flops_per_step", None)
     return float(count()) if count else 0.0
+
+
+# an optimizer's kernel choice, not its maths: each process keeps the one it built with
+IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
+
+
+@contextmanager
+def own_implementation(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Load a state dict (``with own_implementation(opt): opt.load_state_dict(...)``) keeping this
+    optimizer's kernel choice (``IMPLEMENTATION_KEYS`` in its param groups). A state dict carries the
+    writer's choice: an FSDP2 run's Adam is unfused (sharded parameters), a one-process run's fused,
+    and torch's Adam takes the device-side skip flag (``OptimizerStep.step(skip=...)``) only fused."""
+    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    yield
+    for group, keys in zip(optimizer.param_groups, chosen):
+        group.update(keys)
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:

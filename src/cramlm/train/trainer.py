@@ -55,7 +55,7 @@ from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
-from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
+from cramlm.train.optim import build_optimizer, optimizer_flops_per_step, own_implementation
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.hardware import PrecisionChoice
@@ -503,8 +503,9 @@ class Trainer:
         else:
             set_model_state_dict(self.module, model_state, options=StateDictOptions(full_state_dict=True))
         optim_state = training["optimizer"] if self.dist.main or not sharded else {}
-        set_optimizer_state_dict(self.module, self.optimizer, optim_state,
-                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
+        with own_implementation(self.optimizer):  # (the writer's may not run here: another layout)
+            set_optimizer_state_dict(self.module, self.optimizer, optim_state,
+                                     options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
         self.steps.load_state_dict(training.get("scaler"))
         return training, state
 
