@@ -148,16 +148,20 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
 
     if dist.main:
         final = Path(summary["final_checkpoint"]) / "model.safetensors"
-        if summary.get("objective") == "rtd":  # the discriminator alone, under the arch's names (eval, export)
-            from safetensors.torch import load_file
+        names = ["model.safetensors"]
+        if summary.get("objective") == "rtd":  # the discriminator under the arch's names (fine-tuning), and
+            from safetensors.torch import load_file  # beside it the trained generator and detector (eval, export)
 
-            from cramlm.models.electra import discriminator_state
+            from cramlm.models.electra import TRAINED_PARTS, discriminator_state, training_parts
 
-            save_safetensors(discriminator_state(load_file(str(final))), cfg.run_dir / "model.safetensors", {"format": "pt"})
+            state = load_file(str(final))
+            save_safetensors(discriminator_state(state), cfg.run_dir / "model.safetensors", {"format": "pt"})
+            save_safetensors(training_parts(state), cfg.run_dir / TRAINED_PARTS, {"format": "pt"})
+            names.append(TRAINED_PARTS)
         else:
             with atomic_write(cfg.run_dir / "model.safetensors") as tmp:
                 shutil.copyfile(final, tmp)
-        write_digests(cfg.run_dir, ["model.safetensors"])
+        write_digests(cfg.run_dir, names)
         write_json(cfg.run_dir / "summary.json", summary)
         say(console_summary(summary, cfg.run_dir))
     barrier(dist)

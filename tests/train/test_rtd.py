@@ -110,7 +110,8 @@ def test_rtd_under_ddp_and_fsdp_matches_one_process(tmp_path):
             assert abs(mine["rtd_loss"] - theirs["rtd_loss"]) < 1e-5 and abs(mine["mlm_loss"] - theirs["mlm_loss"]) < 1e-5
 
 
-def test_export_holds_the_discriminator_from_the_run_or_any_checkpoint(tmp_path):
+def test_export_holds_what_was_trained_from_the_run_or_any_checkpoint(tmp_path):
+    """The discriminator with its detector (never its untrained MLM head), and the generator in generator/."""
     pytest.importorskip("transformers")
     from cramlm.cli.export import export_run
 
@@ -118,6 +119,10 @@ def test_export_holds_the_discriminator_from_the_run_or_any_checkpoint(tmp_path)
     export_run(str(tmp_path / "rtd"), str(tmp_path / "from-run"))
     export_run(str(tmp_path / "rtd" / "checkpoints" / "step-00000004"), str(tmp_path / "from-final"))
     export_run(str(tmp_path / "rtd" / "checkpoints" / "step-00000002"), str(tmp_path / "from-step-2"))
-    a, b, c = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("from-run", "from-final", "from-step-2"))
-    assert a.keys() == b.keys() == c.keys() and not any("generator" in k or "detector" in k for k in a)
-    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+    for part in ("", "generator/"):
+        a, b, c = (load_file(str(tmp_path / d / f"{part}model.safetensors")) for d in ("from-run", "from-final", "from-step-2"))
+        assert a.keys() == b.keys() == c.keys() and not any(k.startswith("head.") for k in a)
+        assert any(k.startswith("detector.") for k in a) == (part == "")
+        assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+    trained = final_state(tmp_path / "rtd")
+    assert torch.equal(a["trunk.blocks.0.attn.qkv.weight"], trained["generator.trunk.blocks.0.attn.qkv.weight"])

@@ -40,7 +40,7 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
 
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     model, tok, cfg = load_run(run_dir)
-    rtd = cfg.train.objective == "rtd"  # ELECTRA: the discriminator is the model; the generator stays behind
+    rtd = cfg.train.objective == "rtd"  # ELECTRA: the discriminator with its detector, and the generator
     if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
         if rtd:  # a checkpoint holds generator, detector and discriminator: the discriminator's part
             from safetensors.torch import load_file
@@ -52,18 +52,40 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
             model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
         else:
             load_weights(model, verified_weights(weights))
+    if rtd:
+        model = rtd_export_model(run_dir, cfg, model, weights)
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if model.cfg.objective == "clm" else None
     cls = export_hf(model.eval(), tok, out_dir, eos=eos)
     remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
+    if rtd:
+        click.echo(f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
+                   f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
+                   f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask")
+        return cls
     click.echo(f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
                f".from_pretrained('{out_dir}'{remote})")
-    if rtd:
-        click.echo("train.objective=rtd: the encoder is the trained discriminator; its masked-LM head was not trained")
     if eos is not None:
         click.echo(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
     return cls
+
+
+def rtd_export_model(run_dir: Path, cfg, discriminator, weights: Path):
+    """An RTD run's training model for export: the discriminator with the generator and detector of
+    the same weights (a checkpoint's own file, else the run's electra.safetensors or final checkpoint)."""
+    from cramlm.data.tokenizer import SPECIAL_TOKENS
+    from cramlm.eval.checkpoints import load_rtd_parts, rtd_parts_file
+    from cramlm.models.electra import build_rtd
+
+    source = weights if weights != run_dir / "model.safetensors" else rtd_parts_file(run_dir)
+    if source is None:
+        raise FileNotFoundError(f"{run_dir}: train.objective=rtd, but neither electra.safetensors nor a checkpoint holds "
+                                "the trained generator and detector; export a checkpoint of the run instead, or "
+                                "fine-tune the run itself (its model.safetensors has the discriminator)")
+    model = build_rtd(discriminator, cfg.train.rtd, len(SPECIAL_TOKENS))
+    load_rtd_parts(model, source)
+    return model
 
 
 @export_command.command("hf")

@@ -126,6 +126,8 @@ class Checkpoint:
     untrained: bool
     lm: LMData | None = None
     identity: dict = field(default_factory=dict)  # what it was loaded from (weight files: size, mtime)
+    hf_source: str | None = None  # a transformers checkpoint's folder or hub name (its LM head: eval/pair_models.py)
+    trust_remote_code: bool = False
 
 
 def latest_run(base_dir: Path) -> Path:
@@ -209,27 +211,52 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
 
 
 def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool) -> nn.Module | None:
-    """An RTD run's training model (generator + ``discriminator``) for its held-out loss, the generator's
-    MLM loss: its generator from the run's final checkpoint (None when that is gone), random if untrained."""
+    """An RTD run's training model (generator + detector around ``discriminator``): for its held-out
+    loss (the generator's MLM loss) and minimal pairs (the detector). The generator and detector
+    come from the run's electra.safetensors, else (runs saved before it existed) its final
+    checkpoint; None when neither is there; random if untrained."""
     import copy
-    import json
 
     from cramlm.data.tokenizer import SPECIAL_TOKENS
-    from cramlm.models.base import tied_aliases
     from cramlm.models.electra import build_rtd
-    from cramlm.train.checkpoint import latest_checkpoint, load_state_dict, verified_weights
 
     model = build_rtd(copy.deepcopy(discriminator), cfg.train.rtd, len(SPECIAL_TOKENS))
     if untrained:
         return model
+    source = rtd_parts_file(run_dir)
+    if source is None:
+        print(f"cramlm: {run_dir}: neither electra.safetensors nor a checkpoint holds the RTD generator and detector, "
+              "so no held-out loss and no minimal pairs (the encoder is evaluated)")
+        return None
+    load_rtd_parts(model, source)
+    return model
+
+
+def rtd_parts_file(run_dir: Path) -> Path | None:
+    """The file holding an RTD run's trained generator and detector: its electra.safetensors, else
+    the model.safetensors of its final (or latest) checkpoint; None when there is none."""
+    import json
+
+    from cramlm.models.electra import TRAINED_PARTS
+    from cramlm.train.checkpoint import latest_checkpoint
+
+    if (run_dir / TRAINED_PARTS).is_file():
+        return run_dir / TRAINED_PARTS
     summary = run_dir / "summary.json"
     final = Path(json.loads(summary.read_text()).get("final_checkpoint", "")) if summary.is_file() else None
     folder = final if final is not None and (final / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
-    if folder is None:
-        print(f"cramlm: {run_dir}: no checkpoint holds the RTD generator, so no held-out loss (the encoder is evaluated)")
-        return None
-    model.load_state_dict(load_state_dict(verified_weights(folder / "model.safetensors"), tied_aliases(model)))
-    return model
+    return folder / "model.safetensors" if folder is not None else None
+
+
+def load_rtd_parts(model: nn.Module, path: Path) -> None:
+    """The generator and detector of ``path`` (an electra.safetensors or a checkpoint's weights, checked
+    against its folder's digests) into ``model``, a ReplacedTokenDetection."""
+    from safetensors.torch import load_file
+
+    from cramlm.models.electra import load_training_parts, training_parts
+    from cramlm.train.checkpoint import verified_weights
+
+    load_training_parts(model, training_parts(load_file(str(verified_weights(path)))), str(path))
 
 
 def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
@@ -293,6 +320,8 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
         out_dir=base_dir / "eval" / label,
         stem="eval",
         untrained=untrained,
+        hf_source=name_or_path,
+        trust_remote_code=trust_remote_code,
     )
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from cramlm.config.base import Config
+from cramlm.eval.pairs import PairsConfig
 from cramlm.eval.tasks import TaskSpec
 
 
@@ -70,6 +71,9 @@ class EvalConfig(Hparams):
         "(eval/lm.py, definition heldout-v1: the same for every recipe, microbatch, precision and process count)")
     lm_data: str | None = Field(
         None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
+    minimal_pairs: PairsConfig = Field(
+        PairsConfig(), description="zero-shot minimal pairs (BLiMP-style JSONL), scored by the pretrained heads without "
+        "fine-tuning: accuracy per paradigm, per phenomenon, macro average (eval/pairs.py)")
 
     def for_task(self, name: str) -> Hparams:
         """This task's hyperparameters: the protocol's, with ``overrides.<name>`` on top."""

@@ -55,6 +55,7 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
 def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
+    from cramlm.eval.pairs import load_pairs, pairs_markdown, pairs_text
     from cramlm.eval.partial import Partial, stop_exit
     from cramlm.eval.tables import markdown, means, text_table, to_csv
     from cramlm.eval.tasks import load_tasks
@@ -62,6 +63,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     ev = cfg.eval
     tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task
+    pairs = load_pairs(ev.minimal_pairs)  # (empty without eval.minimal_pairs.paths)
     device = setup_device(cfg.impl)
     ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
@@ -85,6 +87,8 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     stopped("before the held-out LM loss")
     heldout = heldout_result(cfg, ckpt, device, partial)
+    stopped("before the minimal pairs")
+    zero_shot = pairs_result(cfg, ckpt, device, pairs)
     rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device, stop, partial, stopped)]
     mean = means(rows)
     title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
@@ -96,6 +100,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
         "results": rows,
         "mean": mean,
         "heldout": heldout,
+        "minimal_pairs": zero_shot,
         "seconds": round(time.perf_counter() - start, 1),
         "config": cfg.model_dump(mode="json"),
     }
@@ -103,11 +108,28 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
     write_text(stem.with_suffix(".md"), table + (f"\nheld-out {heldout['objective']} loss: {heldout['loss']:.4f}"
                                                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
-                                                 + f" ({heldout['definition']})\n" if heldout else ""))
+                                                 + f" ({heldout['definition']})\n" if heldout else "")
+               + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else ""))
     partial.path.unlink(missing_ok=True)  # everything is in the results now
     print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
+    if zero_shot and "scores" in zero_shot:
+        print("\n" + pairs_text(zero_shot), end="")
     print(f"results in {stem}.{{md,csv,json}}")
     return rows
+
+
+def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list) -> dict | None:
+    """``eval.json``'s ``minimal_pairs`` (eval/pair_models.py), None without pairs; a checkpoint that
+    cannot score them (no trained LM head) is said and recorded as ``{"skipped": why}``."""
+    if not pairs:
+        return None
+    from cramlm.eval.pair_models import PairsUnavailable, score_pairs
+
+    try:
+        return score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device)
+    except PairsUnavailable as e:
+        print(f"minimal pairs skipped: {e}")
+        return {"skipped": str(e)}
 
 
 def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:

@@ -59,9 +59,12 @@ class Generator(nn.Module):
 
     def forward(self, input_ids, scored, targets, *context) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean MLM loss, (M, V) logits) at the ``scored`` (B, T) positions, whose ``targets`` are (M,)."""
-        hidden = self.trunk(input_ids, *context)[scored]  # (M, h)
-        logits = self.norm(self.act(self.dense(hidden))) @ self.tokens.weight.T  # (M, H) @ (H, V) -> (M, V)
+        logits = self.head(self.trunk(input_ids, *context)[scored])  # (M, V)
         return F.cross_entropy(logits.float(), targets), logits
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., h) trunk states -> (..., V) logits against the shared embedding."""
+        return self.norm(self.act(self.dense(hidden))) @ self.tokens.weight.T  # (..., H) @ (H, V)
 
 
 def sample_tokens(logits: torch.Tensor, noise: torch.Tensor, num_special: int) -> torch.Tensor:
@@ -155,3 +158,26 @@ def discriminator_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     (what a run's model.safetensors holds: a CrammedBert's weights)."""
     prefix = "discriminator."
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+TRAINED_PARTS = "electra.safetensors"  # beside an RTD run's model.safetensors: its generator and detector
+
+
+def training_parts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The generator's and the detector's part of a ReplacedTokenDetection state dict, under their
+    full names (what an RTD run's electra.safetensors holds; the shared token embedding is the
+    discriminator's, in model.safetensors)."""
+    return {k: v for k, v in state.items() if k.startswith(("generator.", "detector."))}
+
+
+def load_training_parts(model: ReplacedTokenDetection, parts: dict[str, torch.Tensor], where: str) -> None:
+    """Load ``parts`` (:func:`training_parts`) into ``model``, whose discriminator holds its weights
+    already; every generator and detector weight must be there (shared ones come with the discriminator)."""
+    from cramlm.models.base import tied_aliases
+
+    missing, unexpected = model.load_state_dict(parts, strict=False)
+    aliases = tied_aliases(model)
+    missing = [k for k in missing if not k.startswith("discriminator.") and k not in aliases]
+    if missing or unexpected:
+        raise ValueError(f"{where}: does not fit this run's generator and detector (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")

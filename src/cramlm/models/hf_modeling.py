@@ -8,7 +8,9 @@ the cramlm models' own (crammed_bert.py, gpt.py) plus transformers' ``**kwargs``
 
 Besides the LM classes, the fine-tuning classes transformers' Auto classes, ``pipeline`` and
 ``Trainer`` look for: ``CramlmForSequenceClassification`` (cramlm's eval head, heads.py) and, for
-masked LMs, ``CramlmForTokenClassification``; their head weights are new (initialised here)."""
+masked LMs, ``CramlmForTokenClassification``; their head weights are new (initialised here).
+An ELECTRA (rtd) run exports ``CramlmForPreTraining`` (the discriminator with its trained detector
+head) and, in ``generator/``, ``CramlmGeneratorForMaskedLM`` (its generator, the masked LM it trained)."""
 
 from types import SimpleNamespace
 
@@ -20,7 +22,7 @@ from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, Sequen
 
 from cramlm.models.heads import pool  # export: copied in
 from cramlm.models.hf_configuration import CramlmConfig  # export: from .configuration_cramlm import CramlmConfig
-from cramlm.models.model import IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, sinusoidal_table, soft_cap  # export: above
+from cramlm.models.model import ACTIVATIONS, IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, make_norm, sinusoidal_table, soft_cap  # export: above
 
 
 class CramlmPreTrainedModel(PreTrainedModel):
@@ -95,6 +97,57 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
             shifted = logits[:, :-1].float().flatten(0, 1)
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
         return CausalLMOutput(loss=loss, logits=logits)
+
+
+class CramlmForPreTraining(CramlmPreTrainedModel):
+    """ELECTRA's discriminator (cramlm's electra.py): the encoder and its replaced-token detector
+    (dense, GELU, dense -> 1), as trained. ``logits`` (B, T): > 0 where a token looks replaced;
+    ``labels`` (B, T): 1 replaced, 0 original (binary cross-entropy over the attended positions)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._build(config, causal=False)
+        H = self.arch.hidden_size
+        self.detector = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, 1))
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        logits = self.detector(hidden).squeeze(-1)  # (B, T)
+        loss = None
+        if labels is not None:
+            counted = attention_mask.bool() if attention_mask is not None else torch.ones_like(labels, dtype=torch.bool)
+            loss = F.binary_cross_entropy_with_logits(logits[counted].float(), labels[counted].float())
+        return TokenClassifierOutput(loss=loss, logits=logits)
+
+
+class CramlmGeneratorForMaskedLM(CramlmPreTrainedModel):
+    """ELECTRA's generator (cramlm's electra.py Generator): a narrow masked LM on the discriminator's
+    token embedding of width ``config.embedding_size``: embedding -> (H -> h) -> trunk of width h ->
+    (h -> H) dense + activation + norm -> logits against the same embedding."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._build(config, causal=False)
+        H, h = config.embedding_size, self.arch.hidden_size
+        self.trunk.tokens = nn.Sequential(nn.Embedding(config.vocab_size, H), nn.Linear(H, h, bias=False))
+        self.dense = nn.Linear(h, H, bias=self.arch.bias)
+        self.act = ACTIVATIONS[self.arch.activation]
+        self.norm = make_norm(self.arch.norm, H, self.arch.norm_eps, self.arch.norm_bias)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.trunk.tokens[0]
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, h)
+        logits = self.norm(self.act(self.dense(hidden))) @ self.trunk.tokens[0].weight.T  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return MaskedLMOutput(loss=loss, logits=logits)
 
 
 def classification_loss(config, logits, labels):

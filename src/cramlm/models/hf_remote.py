@@ -66,32 +66,61 @@ def export_remote(model: torch.nn.Module, out_dir: Path, special: dict[str, int]
     cfg = model.cfg
     mlm = cfg.objective == "mlm"
     cls = "CramlmForMaskedLM" if mlm else "CramlmForCausalLM"
-    (out_dir / "configuration_cramlm.py").write_text(module_source("cramlm.models.hf_configuration"))
-    (out_dir / "modeling_cramlm.py").write_text(exported_modeling())
     # the LM class first (cramlm's eval loads the first AutoModelFor* entry's base model), then the
     # fine-tuning classes: sequence classification for every export, token classification for encoders
-    auto_map = {"AutoConfig": "configuration_cramlm.CramlmConfig",
-                ("AutoModelForMaskedLM" if mlm else "AutoModelForCausalLM"): f"modeling_cramlm.{cls}",
-                "AutoModelForSequenceClassification": "modeling_cramlm.CramlmForSequenceClassification"}
+    classes = {("AutoModelForMaskedLM" if mlm else "AutoModelForCausalLM"): cls,
+               "AutoModelForSequenceClassification": "CramlmForSequenceClassification"}
     if mlm:
-        auto_map["AutoModelForTokenClassification"] = "modeling_cramlm.CramlmForTokenClassification"
+        classes["AutoModelForTokenClassification"] = "CramlmForTokenClassification"
+    write_remote(out_dir, classes, cfg, cfg.objective, model.vocab_size, special, model.state_dict(), tied_aliases(model),
+                 tie_word_embeddings=cfg.tie_embeddings)
+    return cls
+
+
+def export_rtd(model: torch.nn.Module, out_dir: Path, special: dict[str, int]) -> str:
+    """An ELECTRA (rtd) training model as what it trained: ``out_dir`` holds the discriminator with its
+    detector (CramlmForPreTraining; no masked-LM class: its MLM head was never trained, so fill-mask is
+    refused) and ``out_dir/generator`` the generator as a masked LM (CramlmGeneratorForMaskedLM)."""
+    disc = model.discriminator
+    state = {k: v for k, v in model.state_dict().items() if k.startswith(("discriminator.trunk.", "detector."))}
+    state = {k.removeprefix("discriminator."): v for k, v in state.items()}
+    aliases = {k.removeprefix("discriminator."): c.removeprefix("discriminator.") for k, c in tied_aliases(model).items()}
+    classes = {"AutoModelForPreTraining": "CramlmForPreTraining",
+               "AutoModelForSequenceClassification": "CramlmForSequenceClassification",
+               "AutoModelForTokenClassification": "CramlmForTokenClassification"}
+    write_remote(out_dir, classes, disc.cfg, "rtd", disc.vocab_size, special, state, aliases, tie_word_embeddings=False,
+                 generator="generator")
+    gen = model.generator
+    gen_state = {k: v for k, v in gen.state_dict().items() if k != "tokens.weight"}  # it is trunk.tokens.0.weight
+    write_remote(out_dir / "generator", {"AutoModelForMaskedLM": "CramlmGeneratorForMaskedLM"}, model.generator_cfg, "mlm",
+                 disc.vocab_size, special, gen_state, {}, tie_word_embeddings=False, embedding_size=disc.hidden_size,
+                 classifier_pooling="first")
+    return "CramlmForPreTraining"
+
+
+def write_remote(out_dir: Path, classes: dict[str, str], cfg, objective: str, vocab_size: int, special: dict[str, int],
+                 state: dict[str, torch.Tensor], aliases: dict[str, str], **extra) -> None:
+    """One remote-code folder: the code, config.json (``classes``: Auto class -> our class, the
+    first one the model's own) and the weights of ``state`` (tied aliases stored once)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "configuration_cramlm.py").write_text(module_source("cramlm.models.hf_configuration"))
+    (out_dir / "modeling_cramlm.py").write_text(exported_modeling())
+    auto_map = {"AutoConfig": "configuration_cramlm.CramlmConfig", **{k: f"modeling_cramlm.{v}" for k, v in classes.items()}}
     config = {
         "model_type": "cramlm",
-        "architectures": [cls],
+        "architectures": [next(iter(classes.values()))],
         "auto_map": auto_map,
-        "objective": cfg.objective,
-        "vocab_size": model.vocab_size,
+        "objective": objective,
+        "vocab_size": vocab_size,
         "pad_token_id": special.get("pad"),
         "bos_token_id": special.get("bos"),
         "eos_token_id": special.get("eos"),
-        "tie_word_embeddings": cfg.tie_embeddings,
-        "classifier_pooling": "first" if mlm else "last",  # CramlmForSequenceClassification's pooled state
+        "classifier_pooling": "last" if objective == "clm" else "first",  # CramlmForSequenceClassification's pooled state
         "classifier_dropout": 0.1,
+        **extra,
         "cramlm": cfg.model_dump(),
     }
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     # a tied decoder once, as in the run (the wrapper ties it again on loading); own storage each
-    aliases = tied_aliases(model)
-    weights = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items() if name not in aliases}
+    weights = {name: t.detach().contiguous().clone() for name, t in state.items() if name not in aliases}
     save_safetensors(weights, out_dir / "model.safetensors", metadata={"format": "pt"})
-    return cls

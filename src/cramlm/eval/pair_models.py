@@ -1,0 +1,254 @@
+"""Every checkpoint ``cramlm eval`` loads, as the sentence scorers of minimal pairs see it: which
+objective kind scores it (mlm, clm, rtd: eval/sentence_scores.py), a callable into its trained head,
+and its text given as in pretraining.
+
+- cramlm runs. Masked LMs: ``[CLS] text [SEP]`` (a document at the start of a pretraining block,
+  which starts with [CLS]; documents end with the separator); causal LMs: the separator, then the
+  text (pretraining's token stream puts the end-of-document token before every document but the
+  first); ELECTRA runs: the discriminator's detector on the masked-LM input, and the generator's
+  pseudo-log-likelihood beside it (never the discriminator's MLM head, which RTD does not train).
+- transformers checkpoints. Masked LMs: the tokenizer's own special tokens; causal LMs: the BOS
+  token (else EOS) before the text, as lm-evaluation-harness gives an empty context; a cramlm
+  ELECTRA export: its detector, and its ``generator/`` folder's pseudo-log-likelihood. A masked or
+  causal LM whose LM head is not in the checkpoint is refused (its head would be random).
+- the untrained twin: the same, with the random weights the twin has (heads included).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from cramlm.eval.sentence_scores import Sentence
+
+
+@dataclass
+class PairModel:
+    """One scorer of sentences: ``kind`` mlm (``fn`` a Predict), clm or rtd (``fn`` a Logits);
+    ``encode`` tokenizes texts as the model saw text in pretraining (described by ``input``)."""
+
+    name: str  # its name in tables: pll, log-probability, detector, generator
+    kind: str  # "mlm" | "clm" | "rtd"
+    fn: Callable
+    encode: Callable[[list[str]], list[Sentence]]
+    pad_id: int
+    mask_id: int | None
+    input: str
+    full_logits_vocab: int | None = None  # the vocabulary when fn computes (B, T, V) logits (caps the batch)
+
+
+class PairsUnavailable(ValueError):
+    """The checkpoint cannot score minimal pairs (e.g. its LM head was never trained); says why."""
+
+
+def pair_models(ckpt, device) -> list[PairModel]:
+    """The scorers of ``ckpt`` (eval/checkpoints.py), the headline first."""
+    if ckpt.lm is not None:
+        return cramlm_pair_models(ckpt, device)
+    if ckpt.hf_source:
+        return hf_pair_models(ckpt, device)
+    raise PairsUnavailable(f"{ckpt.label}: no language-model head to score sentences with")
+
+
+# ------------------------------------------------------------------------------ cramlm runs
+
+
+def cramlm_encoder(tok, prefix: list[int], suffix: list[int], max_length: int) -> Callable[[list[str]], list[Sentence]]:
+    """Texts -> Sentences: ``prefix`` + the text's tokens (no template) + ``suffix``; the text's tokens are scored."""
+
+    def encode(texts: list[str]) -> list[Sentence]:
+        out = []
+        for enc in tok.encode_batch(texts, add_special_tokens=False):
+            ids = prefix + enc.ids + suffix
+            if len(ids) > max_length:
+                raise PairsUnavailable(f"a sentence of {len(ids)} tokens is longer than the model's {max_length} positions")
+            words = [-1] * len(prefix) + [-1 if w is None else w for w in enc.word_ids] + [-1] * len(suffix)
+            out.append(Sentence(ids, list(range(len(prefix), len(prefix) + len(enc.ids))), words))
+        return out
+
+    return encode
+
+
+def cramlm_pair_models(ckpt, device) -> list[PairModel]:
+    from cramlm.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, separator_id
+
+    lm = ckpt.lm
+    tok, cfg = copy.deepcopy(ckpt.tokenizer.tok), lm.config
+    tok.no_truncation()  # a sentence too long is refused, never cut
+    sep = separator_id(tok, cfg.data.tokenizer.separator)
+    sep_token = tok.id_to_token(sep)
+    if lm.model is None:
+        raise PairsUnavailable(f"{ckpt.label}: the RTD generator and detector are not in the run folder "
+                               "(no electra.safetensors, no checkpoint); its MLM head was never trained")
+    model = lm.model.to(device).eval()
+    if lm.objective == "clm":
+        encode = cramlm_encoder(tok, [sep], [], ckpt.max_length)
+        return [PairModel("log-probability", "clm", lambda ids, mask: model(ids, mask)["logits"], encode, PAD_ID, None,
+                          f"{sep_token} + text (the end-of-document token before it, as in pretraining)",
+                          model.vocab_size)]
+    encode = cramlm_encoder(tok, [CLS_ID], [sep], ckpt.max_length)
+    text = f"[CLS] text {sep_token} (a document at the start of a pretraining block)"
+    if lm.objective == "mlm":
+        return [PairModel("pll", "mlm", at_positions(model.encode, model.head), encode, PAD_ID, MASK_ID, text)]
+    detector = PairModel("detector", "rtd", lambda ids, mask: model.detector(model.encode(ids, mask)).squeeze(-1),
+                         encode, PAD_ID, MASK_ID, text)
+    gen = model.generator
+    generator = PairModel("generator", "mlm", at_positions(lambda ids, mask: gen.trunk(ids, mask), gen.head),
+                          encode, PAD_ID, MASK_ID, text)
+    return [detector, generator]
+
+
+def at_positions(encode: Callable, head: Callable):
+    """A Predict from an encoder and an LM head: the head only at the one position per row asked for."""
+
+    def predict(ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        hidden = encode(ids, mask)  # (B, T, H)
+        return head(hidden[torch.arange(len(ids), device=ids.device), where])  # (B, V)
+
+    return predict
+
+
+# ------------------------------------------------------------------------------ transformers
+
+
+def hf_encoder(tok, kind: str, max_length: int) -> tuple[Callable[[list[str]], list[Sentence]], str]:
+    """Texts -> Sentences for a transformers tokenizer, and the input in words."""
+    fast = getattr(tok, "is_fast", False)
+    if kind == "clm":
+        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        if prefix is None:
+            raise PairsUnavailable("a causal LM whose tokenizer has neither a BOS nor an EOS token to condition the first word on")
+        name = tok.convert_ids_to_tokens(prefix)
+
+        def encode(texts: list[str]) -> list[Sentence]:
+            batch = tok(texts, add_special_tokens=False)
+            return [_sentence([prefix] + ids, list(range(1, len(ids) + 1)), [-1] + _words(batch, i, len(ids), fast), max_length)
+                    for i, ids in enumerate(batch["input_ids"])]
+
+        return encode, f"{name} + text (an empty context, as lm-evaluation-harness gives it)"
+
+    def encode(texts: list[str]) -> list[Sentence]:
+        batch = tok(texts, return_special_tokens_mask=True)
+        out = []
+        for i, ids in enumerate(batch["input_ids"]):
+            special = batch["special_tokens_mask"][i]
+            out.append(_sentence(ids, [t for t, s in enumerate(special) if not s], _words(batch, i, len(ids), fast), max_length))
+        return out
+
+    return encode, "the tokenizer's own special tokens around the text" + (
+        "" if fast else " (a slow tokenizer: no word boundaries, so PLL word-l2r is the original PLL)")
+
+
+def _words(batch, i: int, n: int, fast: bool) -> list[int]:
+    """Word indices of row ``i`` (-1 for special tokens); a slow tokenizer knows none: one word per
+    token (then word-l2r is the original PLL; ``input`` says so)."""
+    if not fast:
+        return list(range(n))
+    return [-1 if w is None else w for w in batch.word_ids(i)]
+
+
+def _sentence(ids: list[int], scored: list[int], words: list[int], max_length: int) -> Sentence:
+    if len(ids) > max_length:
+        raise PairsUnavailable(f"a sentence of {len(ids)} tokens is longer than the model's {max_length} positions")
+    return Sentence(list(ids), scored, words)
+
+
+def hf_kind(config) -> str:
+    """mlm, clm or rtd: a cramlm ELECTRA export or an ELECTRA discriminator is rtd."""
+    from cramlm.eval.checkpoints import is_causal
+
+    archs = getattr(config, "architectures", None) or []
+    if getattr(config, "objective", None) == "rtd" or (config.model_type == "electra" and any("PreTraining" in a for a in archs)):
+        return "rtd"
+    return "clm" if is_causal(config) else "mlm"
+
+
+def load_hf_lm(source: str, kind: str, untrained: bool, remote: bool, seed: int):
+    """The transformers LM model of ``source`` for ``kind``; refused when its head is not in the checkpoint."""
+    import transformers
+
+    auto = {"mlm": transformers.AutoModelForMaskedLM, "clm": transformers.AutoModelForCausalLM,
+            "rtd": transformers.AutoModelForPreTraining}[kind]
+    if untrained:
+        torch.manual_seed(seed)
+        config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=remote)
+        return auto.from_config(config, trust_remote_code=remote)
+    try:
+        model, info = auto.from_pretrained(source, trust_remote_code=remote, output_loading_info=True)
+    except ValueError as e:
+        raise PairsUnavailable(f"{source}: no {kind} head class ({str(e).splitlines()[0]})") from None
+    if info.get("missing_keys"):
+        missing = sorted(info["missing_keys"])
+        raise PairsUnavailable(f"{source}: its {kind.upper()} head is not in the checkpoint (missing {missing[:3]}"
+                               f"{' ...' if len(missing) > 3 else ''}): it would score with random weights")
+    return model
+
+
+def hf_pair_models(ckpt, device) -> list[PairModel]:
+    import transformers
+
+    remote = ckpt.trust_remote_code
+    source = ckpt.hf_source
+    config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    kind = hf_kind(config)
+    tok = ckpt.tokenizer.tok
+    model = load_hf_lm(source, kind, ckpt.untrained, remote, ckpt.identity.get("seed") or 0).to(device).eval()
+    encode, text = hf_encoder(tok, "clm" if kind == "clm" else "mlm", ckpt.max_length)
+    pad = ckpt.tokenizer.pad_id
+    vocab = config.vocab_size
+
+    def logits(ids, mask):
+        return model(input_ids=ids, attention_mask=mask).logits
+
+    if kind == "clm":
+        return [PairModel("log-probability", "clm", logits, encode, pad, None, text, vocab)]
+    if kind == "mlm":
+        return [PairModel("pll", "mlm", full_at_positions(logits), encode, pad, tok.mask_token_id, text, vocab)]
+    out = [PairModel("detector", "rtd", logits, encode, pad, tok.mask_token_id, text)]
+    generator = Path(source) / "generator"
+    if (generator / "config.json").is_file():
+        gen = load_hf_lm(str(generator), "mlm", ckpt.untrained, remote, ckpt.identity.get("seed") or 0).to(device).eval()
+        out.append(PairModel("generator", "mlm", full_at_positions(lambda ids, mask: gen(input_ids=ids, attention_mask=mask).logits),
+                             encode, pad, tok.mask_token_id, text, vocab))
+    return out
+
+
+def full_at_positions(logits: Callable):
+    """A Predict from a model that computes (B, T, V) logits: the row's one position."""
+
+    def predict(ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        return logits(ids, mask)[torch.arange(len(ids), device=ids.device), where]  # (B, V)
+
+    return predict
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
+def score_pairs(ckpt, cfg, pairs: list, device, say=print) -> dict:
+    """``eval.json``'s ``minimal_pairs`` of ``ckpt``: per scorer (the headline first) the accuracy
+    record of eval/pairs.py, how text was given, the time taken."""
+    from cramlm.eval.pairs import accuracy
+    from cramlm.eval.sentence_scores import score_sentences
+
+    start = time.perf_counter()
+    models = pair_models(ckpt, device)
+    texts = list(dict.fromkeys(t for p in pairs for t in (p.good, p.bad)))  # each distinct sentence once
+    scores: dict[str, dict[str, float]] = {}
+    for pm in models:
+        began = time.perf_counter()
+        values = score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
+                                 pm.full_logits_vocab, device)
+        for method, got in values.items():
+            name = method if pm.name in ("pll", "log-probability", "detector") else f"{pm.name} {method}"
+            scores[name] = dict(zip(texts, got.tolist()))
+        say(f"minimal pairs: {ckpt.label} {pm.name}: {len(texts):,} sentences in {time.perf_counter() - began:.1f}s")
+    records = {name: accuracy(pairs, [s[p.good] for p in pairs], [s[p.bad] for p in pairs]) for name, s in scores.items()}
+    return {"kind": models[0].kind, "headline": next(iter(records)), "input": models[0].input,
+            "scores": records, "sentences": len(texts), "sources": list(cfg.paths),
+            "seconds": round(time.perf_counter() - start, 1)}

@@ -1,0 +1,240 @@
+"""Zero-shot minimal pairs (BLiMP and its like): the ``eval.minimal_pairs`` block, reading pair
+files, and the accuracy per paradigm, per phenomenon and macro-averaged. Torch-free; the
+sentence scorers are in eval/sentence_scores.py.
+
+A pair is two sentences differing in one grammatical point; a model is right when it scores the
+acceptable one higher. A source is a JSONL file (one pair per line) or a folder of them (every
+``*.jsonl``, in name order). The field names are BLiMP's by default (``sentence_good``,
+``sentence_bad``, ``UID`` the paradigm, ``linguistics_term`` the phenomenon) and configurable;
+a file without the paradigm field is one paradigm named after the file's stem.
+
+Scoring conventions (see eval/sentence_scores.py for how each kind of model scores a sentence):
+- **Ties count half.** A pair whose two scores differ by at most :data:`TIE_NATS` nats (identical
+  token sequences always do) scores 0.5, and the tie rate is reported: lm-evaluation-harness and
+  the BabyLM pipelines count a tie as right (argmax over [good, bad]), so a model that scores
+  every sentence alike would get 100%.
+- **Accuracy** per paradigm (pairs right / pairs), per phenomenon (the mean of its paradigms'),
+  and the macro average over paradigms (BLiMP's headline figure).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from cramlm.config.base import Config, PositiveInt
+from cramlm.io import package_path
+
+TIE_NATS = 1e-4  # scores this close are a tie: far above fp32 batching noise (~1e-6), far below a model's differences
+
+PLL_VARIANTS = ("word-l2r", "original")
+PllVariant = Literal["word-l2r", "original"]
+
+# BLiMP's reference figures on the 36 paradigms of the shared folder (minimal_pairs/README.md: the
+# BLiMP paper's models, per-paradigm accuracy averaged over these paradigms, in %)
+BLIMP_SHARED_36 = frozenset("""adjunct_island anaphor_gender_agreement animate_subject_passive causative
+coordinate_structure_constraint_complex_left_branch determiner_noun_agreement_1 determiner_noun_agreement_irregular_1
+determiner_noun_agreement_with_adj_2 determiner_noun_agreement_with_adj_irregular_2 distractor_agreement_relational_noun
+ellipsis_n_bar_1 existential_there_object_raising existential_there_quantifiers_1 expletive_it_object_raising inchoative
+irregular_past_participle_adjectives irregular_plural_subject_verb_agreement_1 left_branch_island_echo_question
+matrix_question_npi_licensor_present npi_present_2 only_npi_scope passive_1 principle_A_c_command principle_A_case_2
+principle_A_domain_2 principle_A_reconstruction regular_plural_subject_verb_agreement_1 sentential_negation_npi_scope
+sentential_subject_island superlative_quantifiers_1 tough_vs_raising_2 transitive wh_questions_object_gap
+wh_questions_subject_gap_long_distance wh_vs_that_no_gap_long_distance wh_vs_that_with_gap_long_distance""".split())
+REFERENCE_36 = {"5-gram": 58.4, "LSTM": 66.5, "Transformer-XL": 67.5, "GPT-2 (1.5B)": 81.2}
+
+
+class PairFields(Config):
+    """Which JSON fields of a pair file hold what (BLiMP's names by default)."""
+
+    good: str = Field("sentence_good", description="the acceptable sentence")
+    bad: str = Field("sentence_bad", description="the unacceptable sentence (minimally different)")
+    paradigm: str | None = Field(
+        "UID", description="the paradigm's name; null or absent from a line: the file's stem")
+    phenomenon: str | None = Field(
+        "linguistics_term", description="the phenomenon the paradigm tests (BLiMP's 12); null or absent: the paradigm's name")
+
+
+class PairsConfig(Config):
+    """``eval.minimal_pairs``: zero-shot minimal-pair scoring (no fine-tuning), beside the tasks."""
+
+    paths: list[str] = Field(
+        [], description="JSONL pair files or folders of them (every *.jsonl), pkg:// or user paths; empty: no "
+        "minimal-pair scoring. The shared BLiMP paradigms: ${oc.env:CRAMLM_DATA_DIR,../shared/data}/minimal_pairs/blimp")
+    fields: PairFields = Field(PairFields(), description="the field names of a pair (BLiMP's by default)")
+    max_pairs: PositiveInt | None = Field(
+        None, description="score the first N pairs of each paradigm (in file order); null: all")
+    pll: list[PllVariant] = Field(
+        ["word-l2r"], min_length=1,
+        description="masked LMs' pseudo-log-likelihood variants, the first the headline: word-l2r (Kauf & Ivanova "
+        "2023: a token's own mask also covers the rest of its word; the default, docs/evaluation.md says why) "
+        "or original (Salazar et al. 2020, BabyLM's: the token alone masked). Both: [word-l2r, original] "
+        "(the copies they share are scored once)")
+    generator: bool = Field(
+        True, description="ELECTRA (rtd) runs: also score with the generator's pseudo-log-likelihood, beside the "
+        "discriminator's (the headline)")
+    batch_tokens: PositiveInt = Field(
+        8192, description="tokens (padded) per forward pass when scoring; no effect on the scores, only on speed and memory")
+
+
+class PairsError(ValueError):
+    """A pair file is missing or malformed; the message names the file and line."""
+
+
+@dataclass
+class Pair:
+    good: str
+    bad: str
+    paradigm: str
+    phenomenon: str
+
+
+def pair_files(spec: str) -> list[Path]:
+    """The JSONL files of one ``paths`` entry: a file, or a folder's ``*.jsonl`` in name order."""
+    path = package_path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        if not files:
+            raise PairsError(f"eval.minimal_pairs.paths: {path}: no *.jsonl files in this folder")
+        return files
+    if path.is_file():
+        return [path]
+    raise PairsError(f"eval.minimal_pairs.paths: {spec}: no such file or folder")
+
+
+def _text(obj: dict, key: str, path: Path, lineno: int) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise PairsError(f"{path}:{lineno}: field '{key}' (eval.minimal_pairs.fields) is "
+                         + ("missing" if value is None else "not a non-empty string"))
+    return value
+
+
+def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> list[Pair]:
+    """The pairs of one JSONL file (each paradigm cut to its first ``max_pairs``)."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise PairsError(f"{path}: not UTF-8 text ({e})") from None
+    pairs, counts = [], {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PairsError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+        if not isinstance(obj, dict):
+            raise PairsError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        paradigm = str(obj.get(fields.paradigm) or path.stem) if fields.paradigm else path.stem
+        phenomenon = str(obj.get(fields.phenomenon) or paradigm) if fields.phenomenon else paradigm
+        counts[paradigm] = counts.get(paradigm, 0) + 1
+        if max_pairs is None or counts[paradigm] <= max_pairs:
+            pairs.append(Pair(_text(obj, fields.good, path, lineno), _text(obj, fields.bad, path, lineno), paradigm, phenomenon))
+    if not pairs:
+        raise PairsError(f"{path}: no pairs")
+    return pairs
+
+
+def load_pairs(cfg: PairsConfig) -> list[Pair]:
+    """Every pair of ``cfg.paths`` (empty when none are set); a paradigm met in two files is an error."""
+    pairs: list[Pair] = []
+    seen: dict[str, Path] = {}
+    for spec in cfg.paths:
+        for path in pair_files(spec):
+            got = read_pairs(path, cfg.fields, cfg.max_pairs)
+            for paradigm in dict.fromkeys(p.paradigm for p in got):
+                if paradigm in seen:
+                    raise PairsError(f"{path}: paradigm '{paradigm}' is also in {seen[paradigm]}: each paradigm in one file")
+                seen[paradigm] = path
+            pairs += got
+    return pairs
+
+
+# ------------------------------------------------------------------------------ accuracy
+
+
+def outcome(good: float, bad: float) -> float:
+    """1 when the good sentence scores higher, 0.5 for a tie (within TIE_NATS), else 0."""
+    if abs(good - bad) <= TIE_NATS:
+        return 0.5
+    return 1.0 if good > bad else 0.0
+
+
+def accuracy(pairs: list[Pair], good: list[float], bad: list[float]) -> dict:
+    """Accuracy per paradigm, per phenomenon (mean of its paradigms) and macro over paradigms,
+    as fractions, and the tie rate: the record eval.json keeps per scorer."""
+    by_paradigm: dict[str, list[float]] = {}
+    phenomenon: dict[str, str] = {}
+    for p, g, b in zip(pairs, good, bad):
+        by_paradigm.setdefault(p.paradigm, []).append(outcome(g, b))
+        phenomenon[p.paradigm] = p.phenomenon
+    paradigms = {name: {"accuracy": statistics.fmean(o), "ties": sum(x == 0.5 for x in o) / len(o), "pairs": len(o),
+                        "phenomenon": phenomenon[name]} for name, o in by_paradigm.items()}
+    phenomena: dict[str, list[float]] = {}
+    for r in paradigms.values():
+        phenomena.setdefault(r["phenomenon"], []).append(r["accuracy"])
+    ties = sum(r["ties"] * r["pairs"] for r in paradigms.values())
+    return {"accuracy": statistics.fmean(r["accuracy"] for r in paradigms.values()),
+            "tie_rate": ties / len(pairs), "pairs": len(pairs),
+            "phenomena": {k: statistics.fmean(v) for k, v in sorted(phenomena.items())},
+            "paradigms": paradigms}
+
+
+def reference(paradigms) -> dict[str, float] | None:
+    """BLiMP's published figures (%) when ``paradigms`` are exactly the shared 36, else None."""
+    return REFERENCE_36 if set(paradigms) == BLIMP_SHARED_36 else None
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per phenomenon each scorer's accuracy in % (and the twin's headline), then the
+    macro average over paradigms and the tie rate."""
+    scorers = list(result["scores"])
+    header = ["phenomenon", *scorers] + (["untrained twin"] if twin else [])
+    head, twin_head = result["scores"][result["headline"]], (twin or {}).get("scores", {}).get((twin or {}).get("headline"))
+    rows = []
+    for name in head["phenomena"]:
+        rows.append([name, *(_pct(result["scores"][s]["phenomena"].get(name)) for s in scorers)]
+                    + ([_pct((twin_head or {}).get("phenomena", {}).get(name))] if twin else []))
+    rows.append(["macro average (paradigms)", *(_pct(result["scores"][s]["accuracy"]) for s in scorers)]
+                + ([_pct((twin_head or {}).get("accuracy"))] if twin else []))
+    rows.append(["tie rate", *(_pct(result["scores"][s]["tie_rate"]) for s in scorers)]
+                + ([_pct((twin_head or {}).get("tie_rate"))] if twin else []))
+    return header, rows
+
+
+def pairs_title(result: dict) -> str:
+    head = result["scores"][result["headline"]]
+    ref = reference(head["paradigms"])
+    refs = (", reference " + ", ".join(f"{k} {v}" for k, v in ref.items())) if ref else ""
+    return (f"minimal pairs: {head['pairs']:,} pairs, {len(head['paradigms'])} paradigms, accuracy % "
+            f"(ties count half; headline {result['headline']}{refs})")
+
+
+def pairs_text(result: dict, twin: dict | None = None) -> str:
+    """The minimal-pair table as aligned text (console)."""
+    header, rows = pairs_cells(result, twin)
+    cells = [header, *rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    line = lambda c: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()  # noqa: E731
+    return f"{pairs_title(result)}:\n" + "\n".join(line(c) for c in cells) + "\n"
+
+
+def pairs_markdown(result: dict) -> str:
+    header, rows = pairs_cells(result)
+    lines = [f"**{pairs_title(result)}**", "", "| " + " | ".join(header) + " |",
+             "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"

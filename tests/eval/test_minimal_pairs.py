@@ -1,0 +1,345 @@
+"""Zero-shot minimal pairs (eval/pairs.py, eval/sentence_scores.py, eval/pair_models.py): reading pair
+files, ties counted half, the scorers against hand computation, against transformers on an export
+and against lm-evaluation-harness, and every kind of checkpoint through `cramlm eval`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.eval.pairs import (BLIMP_SHARED_36, Pair, PairFields, PairsConfig, PairsError, accuracy, load_pairs,
+                               pairs_text, read_pairs, reference)
+from cramlm.eval.sentence_scores import Sentence, clm_scores, pll_copies, pll_scores, rtd_scores
+
+FIXTURES = Path(__file__).parent / "fixtures" / "minimal_pairs"
+PAIRS = f"eval.minimal_pairs.paths=[{FIXTURES}]"
+
+
+# ------------------------------------------------------------------------------ files
+
+
+def test_a_folder_reads_every_jsonl_with_blimps_fields(tmp_path):
+    pairs = load_pairs(PairsConfig(paths=[str(FIXTURES)]))
+    assert len(pairs) == 8 and {p.paradigm for p in pairs} == {"anaphor", "subject_verb"}
+    assert {p.phenomenon for p in pairs} == {"anaphor_agreement", "subject_verb_agreement"}
+    assert pairs[0].good == "Ishmael saw himself in the water." and pairs[0].bad == "Ishmael saw herself in the water."
+    assert len(load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl")], max_pairs=3))) == 3
+
+
+def test_field_names_are_configurable_and_a_file_without_a_paradigm_is_its_stem(tmp_path):
+    path = tmp_path / "agreement.jsonl"
+    path.write_text(json.dumps({"ok": "A cat runs.", "ko": "A cat run."}) + "\n\n" + json.dumps({"ok": "Cats run.", "ko": "Cats runs."}) + "\n")
+    pairs = read_pairs(path, PairFields(good="ok", bad="ko", paradigm=None, phenomenon=None))
+    assert [(p.good, p.paradigm, p.phenomenon) for p in pairs] == [("A cat runs.", "agreement", "agreement"),
+                                                                   ("Cats run.", "agreement", "agreement")]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"sentence_good": "A b.", "sentence_bad": "A c."}\n{"sentence_good": "A b."}', "bad.jsonl:2: field 'sentence_bad'"),
+    ('{"sentence_good": "A b.", "sentence_bad": ""}', "bad.jsonl:1: field 'sentence_bad' (eval.minimal_pairs.fields) is not"),
+    ('{"sentence_good": "A b.",', "bad.jsonl:1: invalid JSON"),
+    ('["A b.", "A c."]', "bad.jsonl:1: expected a JSON object"),
+    ("", "bad.jsonl: no pairs"),
+])
+def test_a_bad_pair_file_is_one_error_naming_file_and_line(tmp_path, line, message):
+    (tmp_path / "bad.jsonl").write_text(line + "\n")
+    with pytest.raises(PairsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_pairs(PairsConfig(paths=[str(tmp_path / "bad.jsonl")]))
+
+
+def test_missing_paths_and_a_paradigm_in_two_files_are_refused(tmp_path):
+    with pytest.raises(PairsError, match="nope: no such file or folder"):
+        load_pairs(PairsConfig(paths=[str(tmp_path / "nope")]))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PairsError, match="no \\*.jsonl files"):
+        load_pairs(PairsConfig(paths=[str(tmp_path / "empty")]))
+    with pytest.raises(PairsError, match="paradigm 'anaphor' is also in"):
+        load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl"), str(FIXTURES)]))
+
+
+def test_the_shared_blimp_paradigms_load(shared_data):
+    pairs = load_pairs(PairsConfig(paths=[str(shared_data / "minimal_pairs" / "blimp")]))
+    assert len(pairs) == 36_000 and {p.paradigm for p in pairs} == BLIMP_SHARED_36
+    assert len({p.phenomenon for p in pairs}) >= 12
+
+
+# ------------------------------------------------------------------------------ accuracy and ties
+
+
+def pairs_of(paradigms: dict[str, int]) -> list[Pair]:
+    return [Pair(f"g{i}", f"b{i}", name, "phen-" + name[0]) for name, n in paradigms.items() for i in range(n)]
+
+
+def test_ties_count_half_and_the_tie_rate_is_reported():
+    pairs = pairs_of({"a1": 4, "a2": 2, "b": 2})
+    good = [-1.0, -1.0, -5.0, -2.0, -3.0, -3.0, -1.0, -1.0]
+    bad = [-2.0, -1.0 - 5e-5, -4.0, -2.0, -4.0, -3.0 + 0.5, -1.0, -1.0]  # 5e-5 apart: a tie (fp noise)
+    got = accuracy(pairs, good, bad)
+    assert got["paradigms"]["a1"] == {"accuracy": (1 + 0.5 + 0 + 0.5) / 4, "ties": 0.5, "pairs": 4, "phenomenon": "phen-a"}
+    assert got["paradigms"]["a2"]["accuracy"] == 0.5 and got["paradigms"]["b"]["accuracy"] == 0.5
+    assert got["phenomena"] == {"phen-a": (0.5 + 0.5) / 2, "phen-b": 0.5}  # the mean of its paradigms
+    assert got["accuracy"] == pytest.approx((0.5 + 0.5 + 0.5) / 3)  # macro over paradigms
+    assert got["tie_rate"] == 4 / 8
+
+
+def test_a_model_that_scores_every_sentence_alike_is_at_chance_not_100():
+    pairs = pairs_of({"x": 10})
+    got = accuracy(pairs, [-3.0] * 10, [-3.0] * 10)
+    assert got["accuracy"] == 0.5 and got["tie_rate"] == 1.0  # lm-eval's argmax would say 100
+    text = pairs_text({"headline": "pll-word-l2r", "scores": {"pll-word-l2r": got}})
+    assert "tie rate" in text and "100.0" in text and "50.0" in text
+
+
+def test_reference_figures_only_for_the_shared_36():
+    assert reference(BLIMP_SHARED_36)["GPT-2 (1.5B)"] == 81.2
+    assert reference(set(BLIMP_SHARED_36) - {"passive_1"}) is None
+
+
+# ------------------------------------------------------------------------------ scorers by hand
+
+
+V = 7
+MASK, PAD = 1, 0
+
+
+def toy_logits(row: list[int], where: int) -> list[float]:
+    """A masked 'LM' whose logits at ``where`` depend on the row's visible tokens: hand-computable."""
+    visible = sum(t for t in row if t not in (MASK, PAD))
+    n_masked = sum(t == MASK for t in row)
+    return [math.sin(v * (visible + 1) + where) + 0.3 * v * n_masked for v in range(V)]
+
+
+def toy_predict(ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    rows = [[int(t) for t, m in zip(r, a) if m] for r, a in zip(ids, mask)]  # padding is not seen
+    return torch.tensor([toy_logits(r, int(w)) for r, w in zip(rows, where)], dtype=torch.float32)
+
+
+def log_softmax(xs: list[float], i: int) -> float:
+    top = max(xs)
+    return xs[i] - top - math.log(sum(math.exp(x - top) for x in xs))
+
+
+def hand_pll(s: Sentence, l2r: bool) -> float:
+    total = 0.0
+    for t in s.scored:
+        row = list(s.ids)
+        row[t] = MASK
+        if l2r:
+            for u in range(t + 1, len(row)):
+                if s.words[u] != s.words[t]:
+                    break
+                row[u] = MASK
+        total += log_softmax(toy_logits(row, t), s.ids[t])
+    return total
+
+
+# words: -1 special; sentence 2 has a 3-piece word, sentence 3 two 2-piece words
+SENTENCES = [Sentence([2, 4, 5, 3], [1, 2], [-1, 0, 1, -1]),
+             Sentence([2, 6, 6, 4, 5, 3], [1, 2, 3, 4], [-1, 0, 0, 0, 1, -1]),
+             Sentence([2, 4, 5, 6, 2, 5, 3], [1, 2, 3, 4, 5], [-1, 0, 0, 1, 2, 2, -1])]
+
+
+@pytest.mark.parametrize("batch_tokens", [1, 14, 10_000])
+def test_pll_both_variants_match_a_hand_computation_whatever_the_batch(batch_tokens):
+    got = pll_scores(toy_predict, SENTENCES, MASK, PAD, ["word-l2r", "original"], batch_tokens=batch_tokens)
+    for i, s in enumerate(SENTENCES):
+        assert got["original"][i] == pytest.approx(hand_pll(s, l2r=False), abs=1e-5)
+        assert got["word-l2r"][i] == pytest.approx(hand_pll(s, l2r=True), abs=1e-5)
+    assert got["word-l2r"][0] == pytest.approx(got["original"][0], abs=1e-6)  # one-piece words: the same
+    assert abs(got["word-l2r"][1] - got["original"][1]) > 1e-3
+
+
+def test_copies_both_variants_share_are_scored_once():
+    sent, _, l2r, use = pll_copies(SENTENCES, ["word-l2r", "original"])
+    scored = sum(len(s.scored) for s in SENTENCES)  # 11 tokens; 4 are pieces with more of their word after them
+    assert len(use["original"]) == len(use["word-l2r"]) == scored
+    assert len(sent) == scored + 4 and l2r.sum() == 4
+
+
+def test_clm_and_rtd_scores_match_a_hand_computation():
+    torch.manual_seed(0)
+    table = torch.randn(V, V)  # next-token logits from the current token alone (a bigram model)
+    sentences = [Sentence([3, 4, 5], [1, 2], [-1, 0, 1]), Sentence([3, 6, 6, 2, 4], [1, 2, 3, 4], [-1, 0, 1, 2, 3])]
+    got = clm_scores(lambda ids, mask: table[ids], sentences, PAD, batch_tokens=6)
+    for s, score in zip(sentences, got):
+        hand = sum(log_softmax(table[s.ids[t - 1]].tolist(), s.ids[t]) for t in s.scored)
+        assert score == pytest.approx(hand, abs=1e-5)
+    z = torch.randn(V)  # the detector's replaced-logit of each token id
+    got = rtd_scores(lambda ids, mask: z[ids], sentences, PAD)
+    for s, score in zip(sentences, got):
+        assert score == pytest.approx(sum(-math.log1p(math.exp(float(z[s.ids[t]]))) for t in s.scored), abs=1e-5)
+
+
+# ------------------------------------------------------------------------------ real runs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny real runs (mlm on crammed-bert, mlm on bert-original, clm, rtd) and their exports."""
+    from cramlm.cli.export import export_run
+    from tests.train.helpers import run_inprocess
+
+    root = tmp_path_factory.mktemp("pair-runs")
+    # a wide init: scores that depend on the context far beyond the tolerances (a short run at init_std 0.02 barely does)
+    steps = ["budget=null", "train.budget.steps=3", "arch.init_std=0.5"]
+    run_inprocess(root, "mlm", *steps)
+    run_inprocess(root, "bert", *steps, "arch=bert-original-tiny")
+    run_inprocess(root, "gpt", *steps, "arch=gpt2-tiny", "data.tokenizer.vocab_size=400")
+    run_inprocess(root, "rtd", *steps, "train.objective=rtd")
+    for name in ("mlm", "bert", "gpt", "rtd"):
+        export_run(str(root / name), str(root / f"hf-{name}"))
+    return root
+
+
+def scorer_scores(ckpt, texts, variants=("word-l2r", "original")) -> dict[str, np.ndarray]:
+    from cramlm.eval.pair_models import pair_models
+    from cramlm.eval.sentence_scores import score_sentences
+
+    out = {}
+    for pm in pair_models(ckpt, "cpu"):
+        got = score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, list(variants), 64, pm.full_logits_vocab)
+        out.update({f"{pm.name} {k}": v for k, v in got.items()})
+    return out
+
+
+def texts_of_fixtures() -> list[str]:
+    return list(dict.fromkeys(t for p in load_pairs(PairsConfig(paths=[str(FIXTURES)])) for t in (p.good, p.bad)))
+
+
+def transformers_pll(folder: Path, texts: list[str], l2r: bool) -> list[float]:
+    """An independent pseudo-log-likelihood through transformers: one masked copy per forward."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+    out = []
+    for text in texts:
+        enc = tok(text, return_special_tokens_mask=True)
+        ids, words = enc["input_ids"], enc.word_ids()
+        total = 0.0
+        for i, special in enumerate(enc["special_tokens_mask"]):
+            if special:
+                continue
+            row = list(ids)
+            j = i
+            while j < len(row) and (j == i or (l2r and words[j] is not None and words[j] == words[i])):
+                row[j] = tok.mask_token_id
+                j += 1
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([row])).logits[0, i]
+            total += float(torch.log_softmax(logits.double(), -1)[ids[i]])
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlm", "bert"])  # remote-code CramlmForMaskedLM, stock BertForMaskedLM
+def test_the_masked_scorer_matches_transformers_on_the_export_to_1e_4(runs, name):
+    pytest.importorskip("transformers")
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    texts = texts_of_fixtures()
+    ours = scorer_scores(load_checkpoint(str(runs / name), runs), texts)
+    for variant in ("word-l2r", "original"):
+        theirs = transformers_pll(runs / f"hf-{name}", texts, l2r=variant == "word-l2r")
+        np.testing.assert_allclose(ours[f"pll pll-{variant}"], theirs, atol=1e-4, rtol=0)
+    gap = np.abs(ours["pll pll-word-l2r"] - ours["pll pll-original"])  # multi-piece words in these texts
+    assert gap.max() > 100 * 1e-4  # the variants differ far beyond the tolerance
+
+
+def test_the_causal_scorer_gives_lm_evaluation_harness_s_loglikelihoods(runs):
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    pairs = load_pairs(PairsConfig(paths=[str(FIXTURES)]))
+    texts = [t for p in pairs for t in (p.good, p.bad)]
+    lm = HFLM(pretrained=str(runs / "hf-gpt"), device="cpu", batch_size=4)
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=("", t), idx=i) for i, t in enumerate(texts)]
+    theirs = [ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)]
+    run = scorer_scores(load_checkpoint(str(runs / "gpt"), runs), texts)["log-probability log-probability"]
+    export = scorer_scores(load_checkpoint(str(runs / "hf-gpt"), runs), texts)["log-probability log-probability"]
+    np.testing.assert_allclose(run, theirs, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(export, theirs, atol=1e-4, rtol=0)
+
+
+def test_an_rtd_export_is_what_was_trained_and_refuses_fill_mask(runs):
+    transformers = pytest.importorskip("transformers")
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    rtd = load_checkpoint(str(runs / "rtd"), runs).lm.model.eval()
+    ids = torch.randint(5, 500, (2, 12))
+    disc = transformers.AutoModelForPreTraining.from_pretrained(runs / "hf-rtd", trust_remote_code=True).eval()
+    gen = transformers.AutoModelForMaskedLM.from_pretrained(runs / "hf-rtd" / "generator", trust_remote_code=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(disc(input_ids=ids).logits, rtd.detector(rtd.encode(ids)).squeeze(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gen(input_ids=ids).logits, rtd.generator.head(rtd.generator.trunk(ids)), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="AutoModelForMaskedLM"):  # its MLM head was never trained
+        transformers.AutoModelForMaskedLM.from_pretrained(runs / "hf-rtd", trust_remote_code=True)
+    texts = texts_of_fixtures()  # the run and its export score alike
+    a, b = scorer_scores(load_checkpoint(str(runs / "rtd"), runs), texts), scorer_scores(load_checkpoint(str(runs / "hf-rtd"), runs, trust_remote_code=True), texts)
+    assert a.keys() == b.keys() == {"detector detector", "generator pll-word-l2r", "generator pll-original"}
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], atol=1e-4, rtol=0)
+
+
+def test_an_rtd_run_saved_before_electra_safetensors_takes_its_final_checkpoint(runs, tmp_path):
+    import shutil
+
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    old = tmp_path / "rtd-old"
+    shutil.copytree(runs / "rtd", old)
+    (old / "electra.safetensors").unlink()
+    digests = json.loads((old / "digests.json").read_text())
+    digests["files"].pop("electra.safetensors")
+    (old / "digests.json").write_text(json.dumps(digests))
+    texts = texts_of_fixtures()
+    np.testing.assert_allclose(scorer_scores(load_checkpoint(str(old), tmp_path), texts)["detector detector"],
+                               scorer_scores(load_checkpoint(str(runs / "rtd"), runs), texts)["detector detector"], atol=1e-6)
+
+
+def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
+    result = CliRunner().invoke(main, ["eval", f"checkpoint={checkpoint}", f"out_dir={out}", "eval.tasks=[]", "eval.lm_eval=false",
+                                       "impl.progress=false", PAIRS, *extra])
+    assert result.exit_code == 0, result.output
+    assert "minimal pairs:" in result.output
+    return json.loads(next(out.glob("eval*.json")).read_text())["minimal_pairs"]
+
+
+@pytest.mark.parametrize("checkpoint, kind, headline", [
+    ("mlm", "mlm", "pll-word-l2r"), ("gpt", "clm", "log-probability"), ("rtd", "rtd", "detector"),
+    ("hf-bert", "mlm", "pll-word-l2r"), ("hf-mlm", "mlm", "pll-word-l2r"), ("hf-gpt", "clm", "log-probability"),
+    ("hf-rtd", "rtd", "detector"), ("mlm-untrained", "mlm", "pll-word-l2r"), ("rtd-untrained", "rtd", "detector"),
+    ("hf-gpt-untrained", "clm", "log-probability"),
+])
+def test_every_checkpoint_kind_scores_minimal_pairs_in_cramlm_eval(runs, tmp_path, checkpoint, kind, headline):
+    got = evaluate(runs / checkpoint, tmp_path, "trust_remote_code=true")
+    assert got["kind"] == kind and got["headline"] == headline and list(got["scores"])[0] == headline
+    if kind == "rtd":
+        assert list(got["scores"]) == ["detector", "generator pll-word-l2r"]  # the generator's PLL beside
+    record = got["scores"][headline]
+    assert record["pairs"] == 8 and set(record["paradigms"]) == {"anaphor", "subject_verb"}
+    assert 0 <= record["accuracy"] <= 1 and 0 <= record["tie_rate"] <= 1
+
+
+def test_a_checkpoint_without_a_trained_lm_head_is_refused_not_scored(runs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    bare = tmp_path / "bert-encoder"  # an encoder alone (as sentence-transformers ship BERT): no MLM head
+    transformers.AutoModel.from_pretrained(runs / "hf-bert").save_pretrained(bare)
+    for f in (runs / "hf-bert").glob("*token*"):
+        (bare / f.name).write_bytes(f.read_bytes())
+    result = CliRunner().invoke(main, ["eval", f"checkpoint={bare}", f"out_dir={tmp_path / 'out'}", "eval.tasks=[]",
+                                       "impl.progress=false", PAIRS])
+    assert result.exit_code == 0, result.output
+    assert "minimal pairs skipped" in result.output and "head is not in the checkpoint" in result.output
+    got = json.loads((tmp_path / "out" / "eval.json").read_text())["minimal_pairs"]
+    assert "random weights" in got["skipped"]
