@@ -323,6 +323,49 @@ def _col_mean(values: list[float | None], kind: str) -> float | str:
     return UNDEFINED if mean is None else mean
 
 
+# ------------------------------------------------------------------------------ minimal pairs
+
+
+def pairs_table(runs: list[RunData]) -> str:
+    """Zero-shot minimal-pair accuracy in % per phenomenon: each run's headline scorer, its untrained
+    twin and the margin; the macro average over paradigms, the tie rate, and BLiMP's published
+    figures where the paradigms are the shared 36 (eval/pairs.py)."""
+    from cramlm.eval.pairs import reference
+
+    scored = [r for r in runs if r.pairs]
+    heads = {r.name: r.pairs["scores"][r.pairs["headline"]] for r in scored}
+    twins = {r.name: r.untrained_pairs["scores"][r.untrained_pairs["headline"]] for r in scored if r.untrained_pairs}
+    phenomena = list(dict.fromkeys(p for h in heads.values() for p in h["phenomena"]))
+    header = ["phenomenon"]
+    for r in scored:
+        name = "pretrained" if len(scored) == 1 else r.name
+        header.append(f"{name} ({r.pairs['headline']})")
+        if r.name in twins:
+            header += ["untrained twin" if len(scored) == 1 else f"{r.name} untrained", "margin"]
+
+    def cells(get) -> list[Any]:
+        row = []
+        for r in scored:
+            a = get(heads[r.name])
+            row.append(_round(None if a is None else 100 * a))
+            if r.name in twins:
+                b = get(twins[r.name])
+                row += [_round(None if b is None else 100 * b), Margin(100 * (a - b)) if a is not None and b is not None else ""]
+        return row
+
+    rows = [[p, *cells(lambda h, p=p: h["phenomena"].get(p))] for p in phenomena]
+    rows.append(["macro average (paradigms)", *cells(lambda h: h["accuracy"])])
+    rows.append(["tie rate", *cells(lambda h: h["tie_rate"])])
+    classes = [""] * len(phenomena) + ["mean", ""]
+    table = _table(header, rows, classes)
+    ref = next((x for h in heads.values() if (x := reference(h["paradigms"]))), None)
+    note = ("Ties count half (lm-evaluation-harness and the BabyLM pipelines count them right, so a model that scores "
+            "every sentence alike would get 100). Chance is 50.")
+    if ref:
+        note += " BLiMP's published figures on these 36 paradigms: " + ", ".join(f"{k} {v}" for k, v in ref.items()) + "."
+    return table + f'<p class="note">{html.escape(note)}</p>'
+
+
 # ------------------------------------------------------------------------------ stages table
 
 
@@ -376,6 +419,8 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
                 if run.untrained_results and (said := verdict(run.eval, run.eval_untrained)):
                     who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
                     parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
+    if any(r.pairs for r in runs):
+        parts += ["<h2>Zero-shot minimal pairs (accuracy, %)</h2>", pairs_table(runs)]
     parts.append("<h2>Plots</h2>")
     notes = {name: " ".join(n for n in (NOTES.get(name), COMPARE_NOTES.get(name) if len(runs) > 1 else None) if n)
              for name in figures}

@@ -73,6 +73,16 @@ class RunData:
         return None
 
     @property
+    def pairs(self) -> dict[str, Any]:
+        """eval.json's zero-shot minimal pairs (eval/pairs.py), {} when not scored."""
+        return _pairs(self.eval)
+
+    @property
+    def untrained_pairs(self) -> dict[str, Any]:
+        """The untrained twin's minimal pairs, {} when not scored."""
+        return _pairs(self.eval_untrained)
+
+    @property
     def eval_results(self) -> list[dict[str, Any]]:
         return _results(self.eval)
 
@@ -84,6 +94,12 @@ class RunData:
         """The untrained twin's headline score on ``task`` (None where it was not evaluated)."""
         r = next((r for r in self.untrained_results if r.get("task") == task), None)
         return result_score(r) if r else None
+
+
+def _pairs(data: dict[str, Any]) -> dict[str, Any]:
+    block = data.get("minimal_pairs")
+    ok = isinstance(block, dict) and isinstance(block.get("scores"), dict) and block.get("headline") in block["scores"]
+    return block if ok else {}
 
 
 def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
