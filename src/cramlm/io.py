@@ -95,7 +95,19 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
-    write_text(path, json.dumps(obj, indent=indent) + "\n")
+    """``obj`` as strict JSON: a NaN or infinite float is written as null (bare ``NaN`` is no JSON)."""
+    write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n")
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (in dicts, lists, tuples) replaced by None."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
 
 
 def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
@@ -134,7 +146,8 @@ def write_digests(folder: Path, names: Iterable[str]) -> None:
 
 def digest_problem(path: str | Path) -> str | None:
     """Whether ``path`` still has the digest its folder's digests.json recorded: None when it does
-    or when none is recorded for it; otherwise what is wrong, in a few words."""
+    or when the folder has no digests.json; otherwise what is wrong, in a few words. A digests.json
+    without an entry for ``path`` is damage: cramlm records every file of the folders it digests."""
     path = Path(path)
     record = path.parent / DIGESTS
     if not record.is_file():
@@ -143,8 +156,8 @@ def digest_problem(path: str | Path) -> str | None:
         expected = json.loads(record.read_text(encoding="utf-8"))["files"].get(path.name)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{DIGESTS} is unreadable"
-    if expected is None:
-        return None
+    if not isinstance(expected, str):
+        return f"{DIGESTS} records no digest of {path.name} (removed or changed since it was written)"
     if file_digest(path) != expected:
         return f"{path.name} does not match its digest in {DIGESTS} (changed or damaged since it was written)"
     return None

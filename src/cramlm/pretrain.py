@@ -74,7 +74,10 @@ def validation_set(cfg: PretrainConfig, data, vocab_size: int):
     return heldout.first(cfg.train.validate_sequences) if heldout is not None and cfg.train.validate_sequences else None
 
 
-def pretrain(cfg: PretrainConfig) -> dict:
+def pretrain(cfg: PretrainConfig, replace: bool = False) -> dict:
+    """Train the run ``cfg`` describes. A fresh run refuses a folder holding a run (unless
+    ``overwrite=true``); ``replace``: the caller owns the folder and retrains in it (`cramlm run`'s
+    pretrain stage, whose record says the folder is its recipe's)."""
     from cramlm.train.distributed import init_distributed, shutdown
 
     check_extras(cfg)  # the CLI checked already (resolve_or_exit); a config built in code is checked here
@@ -83,7 +86,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     created = not cfg.run_dir.exists()
     lock = None
     try:
-        lock = lock_run_dir(cfg, dist)
+        lock = lock_run_dir(cfg, dist, replace)
         result = _pretrain(cfg, dist, setup_start)
     except BaseException:
         unlock_run_dir(lock, created)
@@ -124,17 +127,25 @@ def run_model(cfg: PretrainConfig, vocab_size: int, device, move: bool = True) -
     return model
 
 
-def prepare_run_dir(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict, say) -> None:
-    """Rank 0: the run folder with this segment's config (config.yaml; config-history.jsonl keeps
-    every segment's), the run's tokenizer, no checkpoints of an earlier run of this name."""
-    from cramlm.train.checkpoint import clear_checkpoints, remove_partial_checkpoints, written_state
+def prepare_run_dir(cfg: PretrainConfig, resume_from: Path | None, say) -> None:
+    """Rank 0: the run folder, no checkpoints of an earlier run of this name (`cramlm run` retraining
+    in its own folder; any other fresh run has claimed an empty one), no interrupted checkpoint writes."""
+    from cramlm.train.checkpoint import clear_checkpoints, remove_partial_checkpoints
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resume_from is None:  # a fresh run replaces the checkpoints an earlier run of this name left
+    if resume_from is None:
         clear_checkpoints(run_dir / "checkpoints")
     for partial in remove_partial_checkpoints(run_dir / "checkpoints"):
         say(f"cramlm: removed {partial.name}, an interrupted checkpoint write")
+
+
+def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict) -> None:
+    """Rank 0, once the run has started or its resume has loaded (a refused resume writes nothing):
+    this segment's config (config.yaml; config-history.jsonl keeps every segment's) and the run's tokenizer."""
+    from cramlm.train.checkpoint import written_state
+
+    run_dir = cfg.run_dir
     if resume_from is None or changes:
         step = written_state(resume_from)["usage"]["steps"] if resume_from else 0
         record_segment(run_dir, step, changes, cfg.model_dump(mode="json"), fresh=resume_from is None)
@@ -205,7 +216,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     if resume_from is not None:
         changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
     if dist.main:
-        prepare_run_dir(cfg, data, resume_from, changes, say)
+        prepare_run_dir(cfg, resume_from, say)
     barrier(dist)
     if resume_from is not None:
         ckpt.resume_trainer(trainer, resume_from, changes, say)
@@ -223,3 +234,6 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary
+    if dist.main:
+        record_run(cfg, data, resume_from, changes)
+    barrier(dist)

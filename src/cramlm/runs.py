@@ -82,6 +82,10 @@ class PretrainConfig(Config):
     resume: str | None = Field(
         None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
     )
+    overwrite: bool = Field(
+        False, description="a fresh run in a folder that holds a run already deletes that run whole first (its "
+        "checkpoints, weights, metrics, evaluations, report); false: such a folder is refused, naming the ways out "
+        "(another name=, --resume auto, overwrite=true)")
     allow_change: list[str] = Field(
         [], description="config keys (or key prefixes) a resume may change although they change the maths, e.g. "
         "[train.optim.lr]; each change is recorded (docs/training.md)"
@@ -126,6 +130,8 @@ class PretrainConfig(Config):
         if max_len is not None and self.data.seq_length > max_len:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
         self.train.check_microbatches(self.impl.microbatch_size)
+        if self.overwrite and self.resume is not None:
+            raise ValueError(f"overwrite=true starts the run afresh, resume={self.resume} continues it: choose one")
         if self.train.objective == "rtd" and type(self.arch).objective != "mlm":
             raise ValueError(f"train.objective=rtd (ELECTRA) needs a masked LM; arch.type={self.arch.type} is causal")
         return self
@@ -197,20 +203,67 @@ def console_summary(summary: dict, run_dir: Path) -> str:
 RUN_LOCK = ".cramlm.lock"  # in the run folder; its owner file says which process holds it
 
 
-def lock_run_dir(cfg: PretrainConfig, dist) -> FolderLock | None:
+RUN_FILES = ("config.yaml", "model.safetensors", "summary.json", "metrics.jsonl", "checkpoints", "pipeline.json",
+             "eval.json", "report.html")  # what a folder holding a run holds (any one of them)
+
+
+class RunFolderTaken(ValueError):
+    """A fresh run was pointed at a folder that holds a run; the message names it and the ways out."""
+
+
+def held_run(run_dir: Path) -> list[str]:
+    """The files of a run that ``run_dir`` holds (an empty ``checkpoints/`` does not count)."""
+    return [name for name in RUN_FILES if (run_dir / name).is_file()
+            or ((run_dir / name).is_dir() and any((run_dir / name).iterdir()))]
+
+
+def empty_run_dir(run_dir: Path) -> None:
+    """Delete everything in ``run_dir`` but its lock (which the caller holds)."""
+    import shutil
+
+    for entry in run_dir.iterdir():
+        if entry.name in (RUN_LOCK, RUN_LOCK + ".owner"):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def claim_run_dir(run_dir: Path, overwrite: bool, command: str, whose: str = "a run") -> None:
+    """A fresh run takes a folder that holds no run; ``overwrite``: it deletes the one there whole
+    first; otherwise the folder is refused (HF Trainer's ``overwrite_output_dir``, the other way round)."""
+    held = held_run(run_dir)
+    if not held:
+        return
+    if overwrite:
+        empty_run_dir(run_dir)
+        return
+    raise RunFolderTaken(
+        f"{run_dir} holds {whose} already ({', '.join(held)}); {command} never starts over it. Continue it with "
+        f"--resume auto, pick another name=..., or delete that run and start afresh with overwrite=true")
+
+
+def lock_run_dir(cfg: PretrainConfig, dist, replace: bool = False) -> FolderLock | None:
     """Rank 0 takes the run folder's lock (a second run of the same name refuses, naming the
-    holder); every rank learns the outcome, so none waits for a rank that gave up."""
+    holder) and, for a fresh run, the folder (``claim_run_dir``; ``replace``: the caller owns it,
+    as `cramlm run` does its stage's folder); every rank learns the outcome, so none waits for a
+    rank that gave up."""
     from cramlm.train.distributed import broadcast_object
 
     lock, error = None, None
     if dist.main:
         try:
             lock = FolderLock(cfg.run_dir / RUN_LOCK, f"run folder {cfg.run_dir}").acquire()
-        except LockHeld as e:
-            error = str(e)
+            if cfg.resume is None and not replace:
+                claim_run_dir(cfg.run_dir, cfg.overwrite, "a fresh `cramlm pretrain`")
+        except (LockHeld, RunFolderTaken) as e:
+            error = (type(e).__name__, str(e))
     error = broadcast_object(error, dist)
     if error is not None:
-        raise LockHeld(error)
+        if lock is not None:
+            lock.release()
+        raise (LockHeld if error[0] == "LockHeld" else RunFolderTaken)(error[1])
     return lock
 
 

@@ -56,7 +56,12 @@ def test_fresh_run_removes_only_its_own_checkpoint_folders(tmp_path):
     (ckpts / ".tmp-step-00000008-99").mkdir()
     (ckpts / "notes.txt").write_text("not cramlm's")
     (ckpts / "mine").mkdir()
-    run_inprocess(tmp_path, "fresh", *STEPS)
+    from cramlm.cli.common import resolve_or_exit
+    from cramlm.pretrain import pretrain
+
+    # a retraining in a folder its caller owns (`cramlm run`'s stage); any other fresh run refuses a
+    # folder holding a run (tests/train/test_nothing_lost.py)
+    pretrain(resolve_or_exit("pretrain", overrides(tmp_path, "fresh", *STEPS)), replace=True)
     assert (ckpts / "notes.txt").read_text() == "not cramlm's" and (ckpts / "mine").is_dir()
     assert [p.name for p in checkpoint_dirs(ckpts)] == ["step-00000002"]  # the old step-7 is gone
     assert not (ckpts / ".tmp-step-00000008-99").exists()
@@ -197,15 +202,17 @@ def test_resume_refuses_a_tampered_training_file(finished, tmp_path):
     torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")  # a valid zip, a hostile pickle
     # with its digest rewritten too (a file that fails its digest is set aside before any load:
     # tests/train/test_same_run.py), so that only the weights-only check can catch it: resume=auto
-    # sets it aside like any unreadable checkpoint (issue 20 item 11; it used to stop the run),
-    # saying what it refused; the payload never runs
+    # sets it aside like any unreadable checkpoint (issue 20 item 11), saying what it refused; the
+    # payload never runs; it was the only checkpoint, so the run stops (nothing to continue from)
     write_digests(ckpt, ["training.pt"])
     result = resume(finished, "evil")
-    assert result.exit_code == 0 and not marker.exists(), result.output
+    assert result.exit_code == 1 and not marker.exists(), result.output
+    assert "Error: resume=auto: every checkpoint in" in result.output
     assert f"checkpoint {ckpt.name} is damaged (training.pt: refused by the weights-only loader" in result.output
     assert "GLOBAL" in result.output and "system" in result.output  # what it refused
     assert (ckpt.parent / f"{ckpt.name}.damaged").is_dir()  # kept for inspection
     # a checkpoint named explicitly is refused with the same reason
+    os.replace(ckpt.parent / f"{ckpt.name}.damaged", ckpt)
     torch.save({"optimizer": Payload(marker)}, ckpt / "training.pt")
     write_digests(ckpt, ["training.pt"])
     result = resume(finished, "evil", f"resume={ckpt}")

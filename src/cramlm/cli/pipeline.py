@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -59,7 +60,7 @@ def run_command(list_: bool, show: bool, resume: str | None, allow_change: tuple
     if show:
         sys.stdout.write(describe(cfg))
         return
-    run_or_exit(run_pipeline, cfg)
+    run_or_exit(run_pipeline, cfg, Path(recipe).stem)
     if "eval" in cfg.stages and (summary := results_summary(cfg)):
         click.echo("\n" + summary)
     click.echo(f"cramlm run: finished; report: {cfg.run_dir / 'report.html'}")

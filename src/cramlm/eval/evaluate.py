@@ -39,6 +39,8 @@ class EvalRunConfig(Config):
         None, description="where eval.{json,md,csv} go; null: the run folder (HF checkpoints: <base_dir>/eval/<name>)")
     plugins: list[str] = Field([], description="modules to import first (they may register components): trusted code, "
                                "importing runs it like any Python import")
+    overwrite: bool = Field(False, description="replace results of another checkpoint in out_dir; false: such an "
+                            "out_dir is refused (results of the same checkpoint are always replaced)")
     eval: EvalConfig = Field(EvalConfig(), description="the tasks and the fine-tuning protocol (the eval group)")
     impl: ImplConfig = Field(ImplConfig(), description="device, precision and threads (the impl group)")
 
@@ -68,6 +70,8 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
     stem = out_dir / ckpt.stem
+    if ckpt.lm is None or out_dir.resolve() != ckpt.out_dir.resolve():  # a run's own folder holds its own results
+        check_results_folder(stem.with_suffix(".json"), ckpt, cfg.overwrite)
     # the results folder must take files before hours of fine-tuning: its partial file is written now
     partial = Partial(Path(f"{stem}.partial.json"), {"checkpoint": ckpt.label, "identity": ckpt.identity,
                                                       "protocol": ev.protocol})
@@ -95,6 +99,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     table = markdown(rows, mean, title)
     result = {
         "checkpoint": ckpt.label,
+        "source": source_of(ckpt),
         "untrained": ckpt.untrained,
         "protocol": ev.protocol,
         "results": rows,
@@ -187,3 +192,27 @@ def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=Non
         r["skipped_rows"] = task.skipped
         print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
     return rows
+
+
+def source_of(ckpt) -> str | None:
+    """What the results are of: the checkpoint's folder (resolved) or hf:// name."""
+    source = ckpt.identity.get("source")
+    return source if source is None or source.startswith("hf://") else str(Path(source).resolve())
+
+
+def check_results_folder(path: Path, ckpt, overwrite: bool) -> None:
+    """Results of another checkpoint (``path``: an eval.json) are never replaced silently."""
+    import json
+
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(old, dict) or overwrite:
+        return
+    theirs, source = old.get("source"), source_of(ckpt)
+    if old.get("checkpoint") == ckpt.label and (theirs is None or source is None or theirs == source):
+        return
+    raise ValueError(f"{path} holds the results of another checkpoint ({theirs or old.get('checkpoint')}); this "
+                     f"evaluation of {source or ckpt.label} never replaces them: pick another out_dir=..., or "
+                     "overwrite=true to replace them")

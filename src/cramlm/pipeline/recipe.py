@@ -62,7 +62,7 @@ class PipelineConfig(PretrainConfig):
     force: list[Stage] = Field([], description="stages to redo even when recorded as finished (the later stages follow)")
 
     def pretrain_config(self) -> PretrainConfig:
-        cfg = _subset(PretrainConfig, self)
+        cfg = _subset(PretrainConfig, self, overwrite=False)  # run_pipeline empties the folder once (overwrite=true)
         if self.dryrun:  # a dry run shows that every stage runs, not how well: small steps, one microbatch of validation
             impl = cfg.impl.model_copy(update={"microbatch_size": min(cfg.impl.microbatch_size, DRYRUN_MICROBATCH)})
             cfg = cfg.model_copy(update={"impl": impl, "train": cfg.train.model_copy(update={"validate_sequences": impl.microbatch_size})})
@@ -189,6 +189,7 @@ def _hash(obj: Any) -> str:
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
     pre = cfg.pretrain_config().model_dump(mode="json")
+    pre.pop("overwrite", None)
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
@@ -243,7 +244,7 @@ def run_data(cfg: PipelineConfig) -> dict[str, Any]:
 def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
     from cramlm.pretrain import pretrain
 
-    summary = pretrain(cfg.pretrain_config())
+    summary = pretrain(cfg.pretrain_config(), replace=True)  # run_pipeline checked the folder is this recipe's
     return {k: summary.get(k) for k in ("parameters", "steps", "tokens", "last_loss") if k in summary}
 
 
@@ -287,8 +288,30 @@ def plan(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
     return todo
 
 
-def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
-    """Run the selected stages, skipping finished ones; returns the stage record.
+def claim_folder(cfg: PipelineConfig, recipe: str | None) -> None:
+    """A run folder is the pipeline's when its record names this recipe (or none: a record written
+    before recipes were recorded); a folder holding another recipe's run or a bare `cramlm pretrain`
+    run is refused unless ``overwrite=true`` (which deletes it whole) or a resume continues it."""
+    from cramlm.locks import FolderLock
+    from cramlm.runs import RUN_LOCK, claim_run_dir
+
+    record = read_record(cfg.run_dir)
+    theirs = record.get("recipe")
+    if record and (theirs is None or recipe is None or theirs == recipe) and not cfg.overwrite:
+        return  # the pipeline's own folder: finished stages are skipped, changed ones redone
+    if cfg.resume is not None or not cfg.run_dir.is_dir():
+        return
+    if cfg.overwrite and launcher_env()[2] > 1:
+        raise ValueError("overwrite=true under torchrun: overwrite once without torchrun (`cramlm run ... overwrite=true "
+                         "stages=[data]`), then run every process")
+    whose = f"recipe {theirs}'s run" if record else "a `cramlm pretrain` run"
+    with FolderLock(cfg.run_dir / RUN_LOCK, f"run folder {cfg.run_dir}"):
+        claim_run_dir(cfg.run_dir, cfg.overwrite, f"`cramlm run {recipe}`" if recipe else "`cramlm run`", whose)
+
+
+def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, Any]:
+    """Run the selected stages, skipping finished ones; returns the stage record. ``recipe``: the
+    recipe's name, recorded; a folder holding another recipe's run is refused (``claim_folder``).
 
     Under ``torchrun`` every process runs this with the same config: all decide from the same
     record which stages run, only rank 0 prepares data, evaluates, reports and writes the record,
@@ -301,9 +324,13 @@ def run_pipeline(cfg: PipelineConfig) -> dict[str, Any]:
         raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
     run_dir = cfg.run_dir
     rank = launcher_env()[0]
+    if rank == 0:
+        claim_folder(cfg, recipe)
     record = read_record(run_dir)
     record.setdefault("stages", {})
     record["name"] = cfg.name
+    if recipe is not None:
+        record["recipe"] = recipe
     todo = plan(cfg, record)
     if rank != 0:
         if "pretrain" in todo:

@@ -321,7 +321,8 @@ def read_checkpoint(folder: Path, aliases: dict[str, str], weights: bool = True)
 
 
 def verified_weights(path: Path) -> Path:
-    """``path`` (a model.safetensors) after checking it against its folder's digests.json, if any."""
+    """``path`` (a model.safetensors) after checking it against its folder's digests.json, if any,
+    and that every tensor in it is finite."""
     if problem := digest_problem(path):
         raise CheckpointFileError(f"{path}: {problem}; use another checkpoint, or the run's own model.safetensors")
     return path
@@ -333,7 +334,14 @@ def find_resume(resume: str | None, root: Path) -> Path | None:
     if resume is None:
         return None
     if resume == "auto":
-        return resumable_checkpoint(root)
+        found = resumable_checkpoint(root)
+        damaged = sorted(p.name for p in root.glob("step-*.damaged*")) if found is None and root.is_dir() else []
+        if damaged:  # a requeued job must not report success after discarding all progress
+            raise CheckpointFileError(
+                f"resume=auto: every checkpoint in {root} is damaged ({', '.join(damaged)}), nothing to continue from; "
+                "nothing was started. Repair one and resume from it (resume=<folder>), or start the run afresh with "
+                "overwrite=true")
+        return found
     folder = Path(resume)
     if not (folder / "state.json").is_file():
         raise FileNotFoundError(f"resume={resume}: not a checkpoint folder (no state.json)")
@@ -444,10 +452,10 @@ def adopt_checkpoint_threads(impl, folder: Path, world: int, say) -> None:
 # What a resume may change without allow_change: where the run lives and how it is watched, stored or
 # run on this machine, not what it computes. impl.* never changes the maths (the precision it resolves
 # to is compared instead: train/checkpoint.py); budget keys may extend the run.
-UNCHECKED = ("name", "base_dir", "resume", "allow_change", "plugins", "impl", "data.name",
+UNCHECKED = ("name", "base_dir", "resume", "overwrite", "allow_change", "plugins", "impl", "data.name",
              "train.log_every", "train.validate_every", "train.validate_sequences", "train.checkpoint_every",
              "train.checkpoint_minutes", "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite",
-             "train.budget.count_compile", "train.budget.count_eval")
+             "count_compile", "count_eval")
 BUDGET = ("budget", "train.budget.tokens", "train.budget.flops", "train.budget.steps")
 
 
@@ -462,8 +470,28 @@ def flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+    check_finite(path)
 def _under(key: str, prefixes) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+def check_finite(path: Path) -> None:
+    """Refuse weights holding NaN or inf: one line naming the file and the first such tensor
+    (a tensor at a time: the file is never all in memory)."""
+    from safetensors import safe_open
+
+    bad: list[tuple[str, int, int]] = []
+    with safe_open(str(path), "pt") as f:
+        for key in f.keys():
+            tensor = f.get_tensor(key)
+            if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
+                bad.append((key, int((~finite).sum()), tensor.numel()))
+    if bad:
+        key, n, total = bad[0]
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise CheckpointFileError(
+            f"{path}: tensor {key} holds {n:,} non-finite values (NaN or inf) of {total:,}{more}; weights that are "
+            "not numbers are not evaluated, exported or trained on: use an earlier checkpoint")
+
 
 
 def _extends(key: str, old: Any, new: Any) -> bool:
@@ -537,8 +565,26 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     changes. impl.threads=auto then takes the checkpoint's thread count."""
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
     check_same_data(folder, data.identity())
-    old = written_config(folder)
-    changes = resume_changes(old, cfg.model_dump(mode="json"), cfg.allow_change, str(folder)) if old else {}
+    changes = resume_changes(old, new, cfg.allow_change, str(folder)) if old else {}
     if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes
+# changes no checkpoint can serve, allowed or not: its optimizer state is of its optimizer, its weights
+# and batches of its objective
+UNSERVABLE = {"train.optim.type": "a checkpoint's optimizer state loads only into the optimizer that wrote it",
+              "train.objective": "a checkpoint holds the model of the objective it was trained with",
+              "arch.type": "a checkpoint holds the weights of its own architecture"}
+def check_servable(old: dict, new: dict, where: str) -> None:
+    """Refuse a change no checkpoint can serve (``UNSERVABLE``), allowed or not, naming the key."""
+    before, after = flat(old), flat(new)
+    unservable = [f"{k} {_show(before[k])} -> {_show(after[k])} ({why})" for k, why in UNSERVABLE.items()
+                  if k in before and k in after and before[k] != after[k]]
+    if unservable:
+        raise ValueError(f"resume from {where}: {'; '.join(unservable)}; no --allow-change makes it continue: resume "
+                         "with the run's own setting, or start a fresh run (another name=, or overwrite=true)")
+
+
+    old, new = written_config(folder), cfg.model_dump(mode="json")
+    if old:  # before the shapes: a changed objective or optimizer is named as such, not as a misfit
+        check_servable(old, new, str(folder))
+    check_finite(folder / "model.safetensors")

@@ -1,0 +1,242 @@
+"""Nothing lost, nothing unnoticed: a run folder is never restarted over, a refused resume changes
+nothing, every recorded digest is required, non-finite weights are refused, and `--resume auto`
+with every checkpoint damaged fails (issue 39, items 1-5)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cramlm.cli import main
+from cramlm.io import DIGESTS, write_digests
+from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
+
+from .helpers import overrides, run_inprocess
+
+STEPS = ["budget=null", "train.budget.steps=2", "train.checkpoint_every=1"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A tiny finished run with checkpoints at steps 1 and 2."""
+    base = tmp_path_factory.mktemp("nothing-lost")
+    run_inprocess(base, "base", *STEPS)
+    return base / "base"
+
+
+def copy_run(finished: Path, name: str) -> Path:
+    run_dir = finished.parent / name
+    shutil.copytree(finished, run_dir)
+    return run_dir
+
+
+def pretrain(finished: Path, name: str, *extra: str):
+    return invoke("pretrain", *overrides(finished.parent, name, *STEPS, *extra))
+
+
+def contents(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (but the run lock's) and its sha256."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and ".cramlm.lock" not in p.name}
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("Error:")]
+
+
+# ------------------------------------------------------------------ item 1: a folder holding a run
+
+
+def test_a_fresh_pretrain_never_starts_over_a_run(finished):
+    run = copy_run(finished, "demo")
+    (run / "eval.json").write_text('{"checkpoint": "demo"}\n')  # the demo's evaluation, beside its run
+    before = contents(run)
+    result = pretrain(finished, "demo", "train.budget.steps=3")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    for text in (str(run), "holds a run already", "--resume auto", "name=", "overwrite=true"):
+        assert text in line, (text, line)
+    assert "Traceback" not in result.output
+    assert contents(run) == before  # nothing deleted, nothing written
+
+
+def test_overwrite_true_deletes_the_old_run_whole(finished):
+    run = copy_run(finished, "replaced")
+    (run / "eval.json").write_text('{"checkpoint": "replaced"}\n')
+    old_checkpoints = [p.name for p in checkpoint_dirs(run / "checkpoints")]
+    result = pretrain(finished, "replaced", "train.budget.steps=1", "overwrite=true")
+    assert result.exit_code == 0, result.output
+    assert not (run / "eval.json").exists()  # nothing of the old run mixes with the new one
+    assert [p.name for p in checkpoint_dirs(run / "checkpoints")] == ["step-00000001"] != old_checkpoints
+    assert len((run / "config-history.jsonl").read_text().splitlines()) == 1
+
+
+def test_overwrite_and_resume_together_are_refused(finished):
+    result = pretrain(finished, "both", "overwrite=true", "resume=auto")
+    assert result.exit_code == 1 and "overwrite=true starts the run afresh" in result.output, result.output
+
+
+def test_cramlm_run_refuses_a_folder_of_another_recipe_or_a_bare_pretrain(finished):
+    run = copy_run(finished, "other-recipe")
+    (run / "pipeline.json").write_text(json.dumps({"name": "other-recipe", "recipe": "cpu-1h", "stages": {}}))
+    before = contents(run)
+    result = invoke("run", "default", f"base_dir={finished.parent}", "name=other-recipe")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert "recipe cpu-1h's run" in line and "overwrite=true" in line, line
+    assert contents(run) == before
+    copy_run(finished, "bare")  # `cramlm pretrain`'s folder: no pipeline record
+    result = invoke("run", "default", f"base_dir={finished.parent}", "name=bare")
+    assert result.exit_code == 1 and "`cramlm pretrain` run" in result.output, result.output
+
+
+def test_eval_refuses_an_out_dir_holding_another_checkpoints_results(finished, tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "eval.json").write_text(json.dumps({"checkpoint": "other", "source": "/somewhere/other", "results": []}))
+    before = (out / "eval.json").read_bytes()
+    args = ("eval", f"base_dir={finished.parent}", "name=base", f"out_dir={out}", "eval.lm_eval=false")
+    result = invoke(*args)
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert str(out / "eval.json") in line and "another checkpoint" in line and "overwrite=true" in line, line
+    assert (out / "eval.json").read_bytes() == before
+
+
+# ------------------------------------------------------------------ item 2: a refused resume changes nothing
+
+
+def resume(finished: Path, name: str, *extra: str, allow: tuple[str, ...] = ()):
+    flags = [a for key in allow for a in ("--allow-change", key)]
+    return invoke("pretrain", "--resume", "auto", *flags, *overrides(finished.parent, name, *STEPS, "train.budget.steps=3", *extra))
+
+
+def test_a_change_no_checkpoint_can_serve_is_refused_by_the_config_check(finished):
+    run = copy_run(finished, "to-muon")
+    before = contents(run)
+    result = resume(finished, "to-muon", "train.optim.type=muon", allow=("train.optim",))
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert "train.optim.type adamw -> muon" in line and "optimizer state" in line, line
+    assert contents(run) == before  # config.yaml, config-history.jsonl: byte-identical
+    result = resume(finished, "to-muon", "train.objective=rtd", allow=("train",))
+    (line,) = error_lines(result.output)
+    assert result.exit_code == 1 and "train.objective mlm -> rtd" in line and "tokenizer" not in line, line
+    assert contents(run) == before
+
+
+def test_a_resume_whose_load_fails_writes_nothing(finished):
+    import torch
+
+    run = copy_run(finished, "load-fails")
+    newest = latest_checkpoint(run / "checkpoints")
+    torch.save({"optimizer": {}, "scaler": {}}, newest / "training.pt")  # verifies (digests rewritten), loads nothing
+    write_digests(newest, ["training.pt"])
+    before = contents(run)
+    result = resume(finished, "load-fails", "train.optim.lr=5e-3", allow=("train.optim.lr",))
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert f"resume from {newest}" in line, line
+    after = contents(run)
+    for name in ("config.yaml", "config-history.jsonl", "tokenizer.json", "metrics.jsonl"):
+        assert after[name] == before[name], name
+
+
+# ------------------------------------------------------------------ item 3: every recorded digest is required
+
+
+def drop_digest_entry(folder: Path, name: str) -> None:
+    record = json.loads((folder / DIGESTS).read_text())
+    del record["files"][name]
+    (folder / DIGESTS).write_text(json.dumps(record))
+
+
+def flip_a_weight_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x01  # in the last tensor's data: a small change of one weight, not a NaN
+    path.write_bytes(bytes(raw))
+
+
+def test_a_removed_digest_entry_is_damage(finished, capsys):
+    run = copy_run(finished, "no-entry")
+    newest = latest_checkpoint(run / "checkpoints")
+    flip_a_weight_byte(newest / "model.safetensors")
+    drop_digest_entry(newest, "model.safetensors")
+    result = resume(finished, "no-entry")
+    assert result.exit_code == 0, result.output
+    assert "records no digest of model.safetensors" in capsys.readouterr().out + result.output
+    assert "step-00000001 (step 1)" in result.output and (run / "checkpoints" / f"{newest.name}.damaged").is_dir()
+    run = copy_run(finished, "no-entry-run")
+    flip_a_weight_byte(run / "model.safetensors")
+    drop_digest_entry(run, "model.safetensors")
+    result = invoke("eval", f"base_dir={finished.parent}", "name=no-entry-run", "eval.lm_eval=false")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert str(run / "model.safetensors") in line and "records no digest" in line, line
+
+
+# ------------------------------------------------------------------ item 4: non-finite weights
+
+
+def put_nan(path: Path) -> str:
+    """A NaN in the first floating tensor of a safetensors file (its digest rewritten to match)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path))
+    key = next(k for k, v in state.items() if v.is_floating_point())
+    state[key].view(-1)[0] = float("nan")
+    save_file(state, str(path), metadata={"format": "pt"})
+    write_digests(path.parent, [path.name])
+    assert not torch.isfinite(load_file(str(path))[key]).all()
+    return key
+
+
+def test_nan_weights_are_refused_for_eval_export_and_resume(finished, tmp_path):
+    run = copy_run(finished, "nan")
+    key = put_nan(run / "model.safetensors")
+    for args in (("eval", f"base_dir={finished.parent}", "name=nan", "eval.lm_eval=false"),
+                 ("export", "hf", str(run), str(tmp_path / "hf"))):
+        result = invoke(*args)
+        assert result.exit_code == 1, result.output
+        (line,) = error_lines(result.output)
+        assert str(run / "model.safetensors") in line and key in line and "non-finite" in line, line
+    assert not (run / "eval.json").exists() and not (tmp_path / "hf").exists()
+    newest = latest_checkpoint(run / "checkpoints")
+    key = put_nan(newest / "model.safetensors")
+    result = resume(finished, "nan")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert str(newest / "model.safetensors") in line and key in line, line
+
+
+def test_results_stay_strict_json():
+    from cramlm.io import finite_json
+
+    assert json.dumps(finite_json({"loss": float("nan"), "rows": [1.0, float("inf"), (2, float("-inf"))]}),
+                      allow_nan=False) == '{"loss": null, "rows": [1.0, null, [2, null]]}'
+
+
+# ------------------------------------------------------------------ item 5: every checkpoint damaged
+
+
+def test_resume_auto_with_every_checkpoint_damaged_fails(finished):
+    run = copy_run(finished, "all-damaged")
+    for folder in checkpoint_dirs(run / "checkpoints"):
+        (folder / "training.pt").write_bytes(b"not a checkpoint")
+    result = resume(finished, "all-damaged")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert "every checkpoint" in line and "step-00000001.damaged" in line and "step-00000002.damaged" in line, line
+    assert not checkpoint_dirs(run / "checkpoints") and (run / "model.safetensors").is_file()
+    result = resume(finished, "all-damaged")  # the requeued job's next attempt fails alike
+    assert result.exit_code == 1 and "every checkpoint" in result.output, result.output
