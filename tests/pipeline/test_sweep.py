@@ -151,3 +151,21 @@ def test_multiplier_law_recovers_its_coefficients_and_its_interval_widens_away_f
     assert far["high"] / far["low"] > near["high"] / near["low"]  # extrapolation costs certainty
     with pytest.raises(FitError, match="needs at least 4 points and 2 values of each term"):
         fit_multiplier_law([1e6] * 4, [1e6, 2e6, 4e6, 8e6], [2, 2, 2, 2])
+
+
+def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
+    """eval.minimal_pairs.paths: every point also scores the pairs (no fine-tuning), beside its loss."""
+    from pathlib import Path
+
+    pairs = Path(__file__).parents[1] / "eval" / "fixtures" / "minimal_pairs"
+    args = [a for a in TINY_RUN if not a.startswith(("arch.hidden_size", "arch.num_layers", "arch.num_heads",
+                                                       "arch.intermediate_size", "budget"))]
+    out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "zs", "default", *args,
+                 f"eval.minimal_pairs.paths=[{pairs}]", "eval.lm_eval=false", cwd=tmp_path)
+    folder = tmp_path / "outputs" / "zs"
+    points = json.loads((folder / "sweep.json").read_text())["points"]
+    assert all(0 <= p["zero_shot"] <= 1 and p["zero_shot_scorer"] == "pll-word-l2r" for p in points)
+    assert "zero-shot %" in out[out.index("size  budget"):]
+    eval_json = json.loads((folder / "16x1-2ktok" / "eval.json").read_text())
+    assert eval_json["results"] == [] and eval_json["minimal_pairs"]["scores"]["pll-word-l2r"]["pairs"] == 8
+    assert "Zero-shot minimal pairs" in (folder / "report.html").read_text()

@@ -320,8 +320,9 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     from cramlm.config.extras import check_extras
 
     check_extras(cfg)  # a missing optional dependency fails now, before any stage runs
-    if "eval" in cfg.stages and not cfg.eval.tasks:  # fail now, not after hours of training
-        raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or drop 'eval' from stages")
+    if "eval" in cfg.stages and not cfg.eval.tasks and not cfg.eval.minimal_pairs.paths:  # fail now, not after hours of training
+        raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or minimal pairs "
+                         "(eval.minimal_pairs.paths=[...]), or drop 'eval' from stages")
     run_dir = cfg.run_dir
     rank = launcher_env()[0]
     if rank == 0:

@@ -6,7 +6,9 @@ L(N, D) = E + A/N^a + B/D^b that ``cramlm plan`` uses (pipeline/scaling.py).
 Budgets are wall clock ('30s', '2m', '1h') or tokens ('250ktok', '1Mtok': the same on any machine,
 so a loaded machine does not bend the curve). Each grid point is an ordinary pipeline run (data +
 pretrain stages) in ``<base_dir>/<sweep>/<size>-<budget>/``, so an interrupted sweep resumes where
-it stopped. A grid that cannot determine the fit (fewer than 4 points, or fewer distinct compute
+it stopped. With ``eval.minimal_pairs.paths=[...]`` each point also runs the eval stage scoring the
+minimal pairs alone (no fine-tuning): the zero-shot accuracy against compute, beside the loss, in
+the table, sweep.json, sweep.png and the report. A grid that cannot determine the fit (fewer than 4 points, or fewer distinct compute
 values than the law's 3 parameters) is refused before anything runs.
 Compute is the model's own ``flops_per_token`` times tokens when it has one (or ``flops`` in
 summary.json), else 6 * parameters * tokens.
@@ -169,8 +171,12 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
 
     from cramlm.report.plots import colors, save, plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    zero_shot = [p for p in points if is_number(p.get("zero_shot"))]
+    fig, axes = plt.subplots(1, 2 if zero_shot else 1, figsize=(12 if zero_shot else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
     sizes = list(dict.fromkeys(p["size"] for p in points))
+    if zero_shot:
+        plot_zero_shot(axes[0][1], zero_shot, sizes)
     for size, color in zip(sizes, colors(len(sizes))):
         pts = sorted((p for p in points if p["size"] == size), key=lambda p: p["flops"])
         ax.plot([p["flops"] for p in pts], [p["loss"] for p in pts], "o-", color=color,
@@ -192,6 +198,22 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
     return save(fig, path)
 
 
+def plot_zero_shot(ax, points: list[dict[str, Any]], sizes: list[str]) -> None:
+    """Minimal-pair accuracy (%) against training compute, one line per size, chance dotted."""
+    from cramlm.report.plots import colors
+
+    for size, color in zip(sizes, colors(len(sizes))):
+        pts = sorted((p for p in points if p["size"] == size), key=lambda p: p["flops"])
+        if pts:
+            ax.plot([p["flops"] for p in pts], [100 * p["zero_shot"] for p in pts], "o-", color=color, label=size)
+    ax.axhline(50, color="gray", ls=":", lw=1, label="chance (ties half)")
+    ax.set_xscale("log")
+    ax.set_xlabel("training compute C (FLOPs)")
+    ax.set_ylabel(f"minimal pairs, % ({points[0]['zero_shot_scorer']})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+
+
 def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
     """The grid as an aligned text table, with the fitted loss per point."""
     header = ["size", "budget", "params", "non-emb", "tokens", "compute", "loss", "bits/byte", "fit"]
@@ -199,15 +221,21 @@ def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
              f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}",
              f"{p['bpb']:.4f}" if is_number(p.get("bpb")) else "-",
              f"{float(compute_law(fit, p['flops'])):.4f}" if fit else "-"] for p in points]
+    if any(is_number(p.get("zero_shot")) for p in points):  # minimal pairs, % (ties half)
+        header.append("zero-shot %")
+        for row, p in zip(rows, points):
+            row.append(f"{100 * p['zero_shot']:.1f}" if is_number(p.get("zero_shot")) else "-")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
 
 
-def point_config(recipe: str, overrides: list[str], folder: Path, size: str, budget: str):
-    """The resolved config of one grid point, trained in ``folder``/<size>-<budget>."""
+def point_config(recipe: str, overrides: list[str], folder: Path, size: str, budget: str, zero_shot: bool = False):
+    """The resolved config of one grid point, trained in ``folder``/<size>-<budget>; ``zero_shot``:
+    its eval stage scores the minimal pairs alone (eval.tasks=[]: no fine-tuning)."""
+    stages = ["stages=[data,pretrain,eval]", "eval.tasks=[]"] if zero_shot else ["stages=[data,pretrain]"]
     return resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
-                                   f"base_dir={folder}", f"name={size}-{budget}", "stages=[data,pretrain]"])
+                                   f"base_dir={folder}", f"name={size}-{budget}", *stages])
 
 
 def run_point(cfg, size: str, budget: str) -> dict[str, Any] | None:
@@ -222,7 +250,17 @@ def run_point(cfg, size: str, budget: str) -> dict[str, Any] | None:
     return {"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
             "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
             "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind,
-            "bpb": final_bpb(cfg.run_dir)}
+            "bpb": final_bpb(cfg.run_dir), **zero_shot_of(cfg.run_dir)}
+
+
+def zero_shot_of(run_dir: Path) -> dict[str, Any]:
+    """The run's minimal-pair accuracy (eval.json, headline scorer, macro over paradigms) and tie
+    rate, {} when it was not scored."""
+    pairs = load_run_data(run_dir).pairs
+    if not pairs:
+        return {}
+    head = pairs["scores"][pairs["headline"]]
+    return {"zero_shot": head["accuracy"], "zero_shot_ties": head["tie_rate"], "zero_shot_scorer": pairs["headline"]}
 
 
 def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None, dict | None, dict[str, str]]:
@@ -258,7 +296,9 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     check_grid(sizes, budgets)  # the specs themselves, before any config is resolved
     base = resolve_recipe(recipe, overrides)
     folder = Path(base.base_dir) / name
-    grid = {(size, budget): point_config(recipe, overrides, folder, size, budget) for size in sizes for budget in budgets}
+    zero_shot = bool(base.eval.minimal_pairs.paths)  # eval.minimal_pairs.paths=[...]: each point scores them
+    grid = {(size, budget): point_config(recipe, overrides, folder, size, budget, zero_shot)
+            for size in sizes for budget in budgets}
     trained = {point: tokens for point, cfg in grid.items()
                if (tokens := planned_tokens(cfg.train, cfg.impl.microbatch_size, cfg.data.seq_length, hours=cfg.budget)) is not None}
     fitting = check_grid(sizes, budgets, trained)  # the compute the points will train, before anything runs
