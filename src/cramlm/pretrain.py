@@ -222,6 +222,9 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         ckpt.resume_trainer(trainer, resume_from, changes, say)
     elif cfg.resume == "auto":
         say("cramlm: resume=auto found no checkpoint; starting fresh")
+    if dist.main:
+        record_run(cfg, data, resume_from, changes)
+    barrier(dist)
     setup_seconds = time.perf_counter() - setup_start
     say(
         f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
@@ -234,6 +237,3 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary
-    if dist.main:
-        record_run(cfg, data, resume_from, changes)
-    barrier(dist)
