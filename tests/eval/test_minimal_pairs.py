@@ -343,3 +343,18 @@ def test_a_checkpoint_without_a_trained_lm_head_is_refused_not_scored(runs, tmp_
     assert "minimal pairs skipped" in result.output and "head is not in the checkpoint" in result.output
     got = json.loads((tmp_path / "out" / "eval.json").read_text())["minimal_pairs"]
     assert "random weights" in got["skipped"]
+
+
+def test_the_pipelines_closing_table_shows_the_pairs_beside_the_twin(tmp_path):
+    from cramlm.pipeline.recipe import resolve_recipe, results_summary
+
+    cfg = resolve_recipe("default", [f"base_dir={tmp_path}", "name=x"])
+    cfg.run_dir.mkdir(parents=True)
+    pairs = pairs_of({"a": 2})
+    for stem, good in (("eval", [-1.0, -1.0]), ("eval-untrained", [-3.0, -1.0])):
+        record = {"kind": "mlm", "headline": "pll-word-l2r", "scores": {"pll-word-l2r": accuracy(pairs, good, [-2.0, -2.0])}}
+        (cfg.run_dir / f"{stem}.json").write_text(json.dumps({"results": [], "minimal_pairs": record}))
+    text = results_summary(cfg)
+    assert "untrained twin" in text and "macro average (paradigms)" in text
+    line = next(x for x in text.splitlines() if x.startswith("macro average"))
+    assert line.split()[-2:] == ["100.0", "50.0"]

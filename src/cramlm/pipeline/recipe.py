@@ -376,12 +376,21 @@ def results_summary(cfg: PipelineConfig) -> str:
     if launcher_env()[0] != 0:  # under torchrun, rank 0 speaks for the run
         return ""
     pretrained = load("eval.json")
-    if not pretrained or not pretrained.get("results"):
+    if not pretrained:
         return ""
     untrained = load("eval-untrained.json") if cfg.untrained_twin else None
+    pairs = pretrained.get("minimal_pairs") or {}
+    zero_shot = ""
+    if "scores" in pairs:  # beside the twin's headline (eval/pairs.py)
+        from cramlm.eval.pairs import pairs_text
+
+        twin = (untrained or {}).get("minimal_pairs")
+        zero_shot = pairs_text(pairs, twin if isinstance(twin, dict) and "scores" in twin else None)
+    if not pretrained.get("results"):
+        return zero_shot
     title = "dev scores (%), pretrained against the untrained twin (same architecture, random weights):" if untrained \
         else "dev scores (%):"
-    return title + "\n" + versus_text(pretrained, untrained)
+    return title + "\n" + versus_text(pretrained, untrained) + (f"\n{zero_shot}" if zero_shot else "")
 
 
 def describe(cfg: PipelineConfig) -> str:
