@@ -325,7 +325,27 @@ def verified_weights(path: Path) -> Path:
     and that every tensor in it is finite."""
     if problem := digest_problem(path):
         raise CheckpointFileError(f"{path}: {problem}; use another checkpoint, or the run's own model.safetensors")
+    check_finite(path)
     return path
+
+
+def check_finite(path: Path) -> None:
+    """Refuse weights holding NaN or inf: one line naming the file and the first such tensor
+    (a tensor at a time: the file is never all in memory)."""
+    from safetensors import safe_open
+
+    bad: list[tuple[str, int, int]] = []
+    with safe_open(str(path), "pt") as f:
+        for key in f.keys():
+            tensor = f.get_tensor(key)
+            if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
+                bad.append((key, int((~finite).sum()), tensor.numel()))
+    if bad:
+        key, n, total = bad[0]
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise CheckpointFileError(
+            f"{path}: tensor {key} holds {n:,} non-finite values (NaN or inf) of {total:,}{more}; weights that are "
+            "not numbers are not evaluated, exported or trained on: use an earlier checkpoint")
 
 
 def find_resume(resume: str | None, root: Path) -> Path | None:
@@ -457,6 +477,11 @@ UNCHECKED = ("name", "base_dir", "resume", "overwrite", "allow_change", "plugins
              "train.checkpoint_minutes", "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite",
              "count_compile", "count_eval")
 BUDGET = ("budget", "train.budget.tokens", "train.budget.flops", "train.budget.steps")
+# changes no checkpoint can serve, allowed or not: its optimizer state is of its optimizer, its weights
+# and batches of its objective
+UNSERVABLE = {"train.optim.type": "a checkpoint's optimizer state loads only into the optimizer that wrote it",
+              "train.objective": "a checkpoint holds the model of the objective it was trained with",
+              "arch.type": "a checkpoint holds the weights of its own architecture"}
 
 
 def flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -470,28 +495,8 @@ def flat(tree: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-    check_finite(path)
 def _under(key: str, prefixes) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-def check_finite(path: Path) -> None:
-    """Refuse weights holding NaN or inf: one line naming the file and the first such tensor
-    (a tensor at a time: the file is never all in memory)."""
-    from safetensors import safe_open
-
-    bad: list[tuple[str, int, int]] = []
-    with safe_open(str(path), "pt") as f:
-        for key in f.keys():
-            tensor = f.get_tensor(key)
-            if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
-                bad.append((key, int((~finite).sum()), tensor.numel()))
-    if bad:
-        key, n, total = bad[0]
-        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
-        raise CheckpointFileError(
-            f"{path}: tensor {key} holds {n:,} non-finite values (NaN or inf) of {total:,}{more}; weights that are "
-            "not numbers are not evaluated, exported or trained on: use an earlier checkpoint")
-
 
 
 def _extends(key: str, old: Any, new: Any) -> bool:
@@ -522,6 +527,16 @@ def resume_changes(old: dict, new: dict, allow: list[str], where: str) -> dict[s
             f"{next(iter(refused))} (allow_change=[...]), or start a fresh run"
         )
     return changed
+
+
+def check_servable(old: dict, new: dict, where: str) -> None:
+    """Refuse a change no checkpoint can serve (``UNSERVABLE``), allowed or not, naming the key."""
+    before, after = flat(old), flat(new)
+    unservable = [f"{k} {_show(before[k])} -> {_show(after[k])} ({why})" for k, why in UNSERVABLE.items()
+                  if k in before and k in after and before[k] != after[k]]
+    if unservable:
+        raise ValueError(f"resume from {where}: {'; '.join(unservable)}; no --allow-change makes it continue: resume "
+                         "with the run's own setting, or start a fresh run (another name=, or overwrite=true)")
 
 
 def _show(value: Any) -> str:
@@ -563,28 +578,13 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     """Every check of a resume from ``folder`` that needs no Trainer (docs/training.md: "What a
     resume checks"), given the run's config ``cfg`` and prepared ``data``; the accepted config
     changes. impl.threads=auto then takes the checkpoint's thread count."""
+    old, new = written_config(folder), cfg.model_dump(mode="json")
+    if old:  # before the shapes: a changed objective or optimizer is named as such, not as a misfit
+        check_servable(old, new, str(folder))
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
+    check_finite(folder / "model.safetensors")
     check_same_data(folder, data.identity())
     changes = resume_changes(old, new, cfg.allow_change, str(folder)) if old else {}
     if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes
-# changes no checkpoint can serve, allowed or not: its optimizer state is of its optimizer, its weights
-# and batches of its objective
-UNSERVABLE = {"train.optim.type": "a checkpoint's optimizer state loads only into the optimizer that wrote it",
-              "train.objective": "a checkpoint holds the model of the objective it was trained with",
-              "arch.type": "a checkpoint holds the weights of its own architecture"}
-def check_servable(old: dict, new: dict, where: str) -> None:
-    """Refuse a change no checkpoint can serve (``UNSERVABLE``), allowed or not, naming the key."""
-    before, after = flat(old), flat(new)
-    unservable = [f"{k} {_show(before[k])} -> {_show(after[k])} ({why})" for k, why in UNSERVABLE.items()
-                  if k in before and k in after and before[k] != after[k]]
-    if unservable:
-        raise ValueError(f"resume from {where}: {'; '.join(unservable)}; no --allow-change makes it continue: resume "
-                         "with the run's own setting, or start a fresh run (another name=, or overwrite=true)")
-
-
-    old, new = written_config(folder), cfg.model_dump(mode="json")
-    if old:  # before the shapes: a changed objective or optimizer is named as such, not as a misfit
-        check_servable(old, new, str(folder))
-    check_finite(folder / "model.safetensors")
