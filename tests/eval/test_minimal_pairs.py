@@ -307,6 +307,24 @@ def test_an_rtd_run_saved_before_electra_safetensors_takes_its_final_checkpoint(
                                scorer_scores(load_checkpoint(str(runs / "rtd"), runs), texts)["detector detector"], atol=1e-6)
 
 
+def test_an_rtd_run_without_its_generator_and_detector_is_refused_never_scored_by_its_mlm_head(runs, tmp_path):
+    import shutil
+
+    from cramlm.cli.export import export_run
+
+    bare = tmp_path / "rtd-bare"
+    shutil.copytree(runs / "rtd", bare, ignore=shutil.ignore_patterns("checkpoints", "electra.safetensors"))
+    digests = json.loads((bare / "digests.json").read_text())
+    digests["files"].pop("electra.safetensors")
+    (bare / "digests.json").write_text(json.dumps(digests))
+    result = CliRunner().invoke(main, ["eval", f"checkpoint={bare}", "eval.tasks=[]", "impl.progress=false", PAIRS])
+    assert result.exit_code == 0, result.output
+    assert "minimal pairs skipped" in result.output and "MLM head was never trained" in result.output
+    assert "never trained" in json.loads((bare / "eval.json").read_text())["minimal_pairs"]["skipped"]
+    with pytest.raises(FileNotFoundError, match="neither electra.safetensors nor a checkpoint"):
+        export_run(str(bare), str(tmp_path / "hf"))
+
+
 def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
     result = CliRunner().invoke(main, ["eval", f"checkpoint={checkpoint}", f"out_dir={out}", "eval.tasks=[]", "eval.lm_eval=false",
                                        "impl.progress=false", PAIRS, *extra])

@@ -234,7 +234,8 @@ def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool
 
 def rtd_parts_file(run_dir: Path) -> Path | None:
     """The file holding an RTD run's trained generator and detector: its electra.safetensors, else
-    the model.safetensors of its final (or latest) checkpoint; None when there is none."""
+    the model.safetensors of its final (or latest) checkpoint in its own checkpoints/ (a copied run
+    folder never reads the original's); None when there is none."""
     import json
 
     from cramlm.models.electra import TRAINED_PARTS
@@ -243,8 +244,9 @@ def rtd_parts_file(run_dir: Path) -> Path | None:
     if (run_dir / TRAINED_PARTS).is_file():
         return run_dir / TRAINED_PARTS
     summary = run_dir / "summary.json"
-    final = Path(json.loads(summary.read_text()).get("final_checkpoint", "")) if summary.is_file() else None
-    folder = final if final is not None and (final / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
+    final = Path(json.loads(summary.read_text()).get("final_checkpoint") or ".").name if summary.is_file() else "."
+    own = run_dir / "checkpoints" / final
+    folder = own if final != "." and (own / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
     return folder / "model.safetensors" if folder is not None else None
 
 

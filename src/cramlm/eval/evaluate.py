@@ -5,7 +5,9 @@ append ``-untrained`` (or set ``untrained=true``) for the random-weights baselin
 ``<run>/eval.{json,md,csv}`` (``eval-untrained.*`` for the baseline; ``<base_dir>/eval/<name>/eval.*``
 for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
 task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``;
-``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in eval/lm.py).
+``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in eval/lm.py);
+``minimal_pairs``: with ``eval.minimal_pairs.paths``, the zero-shot minimal-pair accuracy of the
+pretrained heads (eval/pairs.py, eval/pair_models.py), before any fine-tuning.
 
 A stop signal (SIGINT, SIGTERM, SIGUSR1) abandons the fine-tuning in progress, keeps the finished
 ones in ``<stem>.partial.json`` and exits 75; the same command continues from them (eval/partial.py).
