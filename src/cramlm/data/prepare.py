@@ -260,9 +260,18 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
 
 
 def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool = True, batch_chars: int = 2_000_000) -> PreparedData:
-    """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``: one shard, then merge."""
+    """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``: one shard, then merge.
+    One process prepares a config at a time (``.<folder>.lock`` beside it): a second one waits for
+    it and reuses its result, so neither removes the other's work in progress."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
         return load_prepared(folder)
-    prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
-    return merge_prepared(cfg, cache_root, 1)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FolderLock(folder.with_name(f".{folder.name}.lock"), f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S):
+        if (folder / "manifest.json").is_file():  # the process that held the lock prepared it
+            return load_prepared(folder)
+        prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
+        return merge_prepared(cfg, cache_root, 1)
+
+
+PREPARE_WAIT_S = 7200  # how long a second preparation of one config waits for the first
