@@ -23,7 +23,9 @@ The rules, in the order they apply (``cramlm config show pretrain ...`` prints t
    A component's ``type`` set to another type (``train.schedule.type=constant``) starts that
    component from the new type's defaults, keeping only keys earlier overrides set on it.
 4. **Interpolations last.** ``${data.seq_length}`` and ``${oc.env:VAR,default}`` are resolved by
-   OmegaConf after every override, so they see the final values.
+   OmegaConf after every override, so they see the final values. The resolved value is what every
+   record of a run holds (config.yaml, checkpoints' state.json, eval.json, the report): an
+   environment variable's value is written out as text, so a secret never goes through ``oc.env``.
 5. **Validation** against the command's root class (:func:`validate`): unknown keys (with a close
    match), wrong types and out-of-range values are errors naming their key path; a component's
    ``type`` picks the config class its other keys are checked against.
