@@ -132,16 +132,27 @@ def file_digest(path: str | Path) -> str:
         return hashlib.file_digest(f, "blake2b").hexdigest()
 
 
-def write_digests(folder: Path, names: Iterable[str]) -> None:
+def write_digests(folder: Path, names: Iterable[str], known: dict[str, str] | None = None) -> None:
     """Record the digest of each named file of ``folder`` in ``folder/digests.json``, with those
-    already recorded for other files."""
+    already recorded for other files; ``known``: {name: digest} computed elsewhere (by the process
+    that wrote the file)."""
     path = Path(folder) / DIGESTS
     try:
         files = json.loads(path.read_text(encoding="utf-8"))["files"] if path.is_file() else {}
     except (OSError, ValueError, KeyError, TypeError):
         files = {}
+    files.update(known or {})
     files.update({name: file_digest(Path(folder) / name) for name in names})
     write_json(path, {"algorithm": "blake2b", "files": files})
+
+
+def digest_record(folder: Path) -> dict[str, str] | None:
+    """{file name: digest} of ``folder/digests.json``; None when it is missing or unreadable."""
+    try:
+        files = json.loads((Path(folder) / DIGESTS).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return files if isinstance(files, dict) else None
 
 
 def digest_problem(path: str | Path) -> str | None:

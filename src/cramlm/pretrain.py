@@ -160,7 +160,9 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
     if dist.main:
         final = Path(summary["final_checkpoint"]) / "model.safetensors"
         names = ["model.safetensors"]
-        if summary.get("objective") == "rtd":  # the discriminator under the arch's names (fine-tuning), and
+        if written := sharded_weights(final.parent, cfg.run_dir, summary.get("objective") == "rtd"):
+            names = written
+        elif summary.get("objective") == "rtd":  # the discriminator under the arch's names (fine-tuning), and
             from safetensors.torch import load_file  # beside it the trained generator and detector (eval, export)
 
             from cramlm.models.electra import TRAINED_PARTS, discriminator_state, training_parts
@@ -176,6 +178,26 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
         write_json(cfg.run_dir / "summary.json", summary)
         say(console_summary(summary, cfg.run_dir))
     barrier(dist)
+
+
+def sharded_weights(folder: Path, run_dir: Path, rtd: bool) -> list[str]:
+    """A sharded final checkpoint (``folder``): the run's model.safetensors (an RTD run's: the
+    discriminator, and its generator and detector beside it) assembled from the shards a tensor
+    at a time on this process, never the optimizer's; the files written ([] for a full checkpoint)."""
+    from cramlm.train.sharded import is_sharded, stream_weights, weight_shapes
+
+    if not is_sharded(folder):
+        return []
+    if not rtd:
+        stream_weights(folder, run_dir / "model.safetensors")
+        return ["model.safetensors"]
+    from cramlm.models.electra import TRAINED_PARTS, discriminator_state, training_parts
+
+    names = {k: k for k in weight_shapes(folder)}  # the RTD selections applied to names: {new name: name}
+    for part, select in (("model.safetensors", discriminator_state), (TRAINED_PARTS, training_parts)):
+        renamed = {old: new for new, old in select(names).items()}
+        stream_weights(folder, run_dir / part, rename=renamed.get)
+    return ["model.safetensors", TRAINED_PARTS]
 
 
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:

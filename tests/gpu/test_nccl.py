@@ -1,6 +1,7 @@
 """A one-process NCCL group, set up by cramlm's init_distributed exactly as under torchrun, and a
 DDP and an FSDP2 run on it (the model left on the host, moved block by block as it is sharded)
-that train like the same run without either."""
+that train like the same run without either; FSDP2's sharded checkpoints written from the device
+and resumed on the group and on one GPU without it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.train.helpers import REPO, free_port, losses, run_inprocess
 pytestmark = pytest.mark.cuda
 
 DRIVER = Path(__file__).with_name("nccl_driver.py")
+SHARDED_DRIVER = Path(__file__).with_name("sharded_driver.py")
 
 
 def test_one_process_nccl_group_and_ddp(cuda, tmp_path):
@@ -36,3 +38,21 @@ def test_one_process_nccl_group_and_ddp(cuda, tmp_path):
     assert sorted(ddp) == sorted(fsdp) == sorted(plain) == [1, 2, 3, 4] and seen["fsdp_world_size"] == 1
     assert all(abs(ddp[s] - plain[s]) < 1e-5 for s in plain), (ddp, plain)
     assert all(abs(fsdp[s] - plain[s]) < 1e-5 for s in plain), (fsdp, plain)  # moved to the GPU by fully_shard
+
+
+def test_sharded_checkpoints_from_the_device_resume_on_the_group_and_without_it(cuda, tmp_path):
+    extra = run_overrides(cuda, "budget=null", "train.budget.steps=4", "train.checkpoint_every=2",
+                          "train.keep_checkpoints=5", "train.optim.lr=3e-3", "impl.precision=fp32")
+    single = run_inprocess(tmp_path, "single", *extra)
+    e = subprocess_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, str(SHARDED_DRIVER), str(tmp_path), *extra], env=e, cwd=REPO,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["backend"] == "nccl" and seen["files"] == [".metadata", "__0_0.distcp", "digests.json", "state.json", "training.pt"]
+    run_inprocess(tmp_path, "to-one", *extra, "resume=auto")  # one GPU, no process group: DCP reads alone
+    plain = losses(tmp_path / "single")
+    assert single["world_size"] == 1 and sorted(plain) == [1, 2, 3, 4]
+    for name in ("fsdp-again", "to-one"):
+        got = losses(tmp_path / name)
+        assert sorted(got) == [3, 4] and all(abs(got[s] - plain[s]) < 1e-5 for s in got), (name, got, plain)

@@ -1,19 +1,24 @@
-"""A checkpoint resumes on another number of processes and another layout (real torchrun, gloo):
-FSDP2 -> one process, FSDP2 -> DDP and DDP -> FSDP2, each step after the resume equal to one
-process's run to 1e-5."""
+"""A checkpoint of either format resumes on another number of processes and another layout (real
+torchrun, gloo): FSDP2 -> one process, FSDP2 -> DDP, DDP -> FSDP2, one process -> FSDP2, each step
+after the resume equal to one process's run to 1e-5; a sharded checkpoint resumed on the same
+number of processes continues bit for bit."""
 
 import json
 import shutil
 import sys
+
+import torch
+from safetensors.torch import load_file
 
 from .helpers import CAUSAL, REPO, free_port, losses, overrides, records, run, run_inprocess
 
 # global batch 8 = 4 microbatches of 2; a checkpoint at step 2 of 4
 SETUP = ["budget=null", "train.budget.steps=4", "impl.microbatch_size=2", "train.checkpoint_every=2",
          "train.keep_checkpoints=5", "train.optim.lr=3e-3", "train.validate_every=0", *CAUSAL]
+FULL, SHARDED = "impl.checkpoint_format=full", "impl.checkpoint_format=sharded"
 
 
-def launch(tmp_path, runs: list[list[str]]) -> None:
+def launch(runs: list[list[str]]) -> None:
     """One torchrun launch (2 processes) running ``runs`` one after the other (dist_driver.py)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps(runs)]
@@ -32,20 +37,45 @@ def assert_continues(tmp_path, name: str, reference: dict, world: int, written_b
     assert event["event"] == "resumed" and (event["world_size"], event["checkpoint_world_size"]) == (world, written_by)
 
 
-def test_full_checkpoints_move_between_fsdp_ddp_and_one_process(tmp_path):
-    """The optimizer's kernel is each process's own: FSDP2's Adam is unfused (sharded parameters),
-    one process's fused (its device-side skip flag needs that); a resume keeps its own."""
+def weights(tmp_path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(tmp_path / name / "model.safetensors"))
+
+
+def test_checkpoints_move_between_layouts_and_world_sizes(tmp_path):
+    """Full format: the optimizer's kernel is each process's own (FSDP2's Adam is unfused, one
+    process's fused, whose device-side skip flag an unfused Adam refuses: an FSDP2 checkpoint
+    resumed on one process died at its first step). Sharded format (FSDP2's default): DCP reshards
+    on load; the same world size continues bitwise (the final weights equal)."""
     run_inprocess(tmp_path, "one", *SETUP)
+    run_inprocess(tmp_path, "one-sharded", *SETUP, SHARDED)
     reference = losses(tmp_path / "one")
     assert sorted(reference) == [1, 2, 3, 4] and abs(reference[4] - reference[1]) > 1e-3
-    full = "impl.progress=false"  # (the full format: the only one)
-    launch(tmp_path, [overrides(tmp_path, "fsdp", *SETUP, "impl.distributed=fsdp", full),
-                      overrides(tmp_path, "ddp", *SETUP, "impl.distributed=ddp")])
-    for name, source in (("fsdp-to-one", "fsdp"), ("fsdp-to-ddp", "fsdp"), ("ddp-to-fsdp", "ddp")):
+    assert losses(tmp_path / "one-sharded") == reference  # the format changes no maths
+    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path, "one").values(), weights(tmp_path, "one-sharded").values()))
+    launch([overrides(tmp_path, "fsdp-full", *SETUP, "impl.distributed=fsdp", FULL),
+            overrides(tmp_path, "ddp", *SETUP, "impl.distributed=ddp"),
+            overrides(tmp_path, "fsdp", *SETUP, "impl.distributed=fsdp")])  # sharded: FSDP2's default
+    step2 = tmp_path / "fsdp" / "checkpoints" / "step-00000002"
+    assert (step2 / ".metadata").is_file() and not (step2 / "model.safetensors").exists()
+    assert sorted(p.name for p in step2.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    resumes = {"fsdp-full-to-one": "fsdp-full", "fsdp-full-to-ddp": "fsdp-full", "ddp-to-fsdp": "ddp",
+               "fsdp-again": "fsdp", "sharded-to-one": "fsdp", "sharded-to-ddp": "fsdp", "one-sharded-to-fsdp": "one-sharded"}
+    for name, source in resumes.items():
         from_step_2(tmp_path, source, name)
-    launch(tmp_path, [overrides(tmp_path, "fsdp-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
-                      overrides(tmp_path, "ddp-to-fsdp", *SETUP, "impl.distributed=fsdp", full, "resume=auto")])
-    run_inprocess(tmp_path, "fsdp-to-one", *SETUP, "resume=auto")  # died at its first step: torch's unfused Adam
-    assert_continues(tmp_path, "fsdp-to-one", reference, world=1, written_by=2)
-    assert_continues(tmp_path, "fsdp-to-ddp", reference, world=2, written_by=2)
-    assert_continues(tmp_path, "ddp-to-fsdp", reference, world=2, written_by=2)
+    launch([overrides(tmp_path, "fsdp-full-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
+            overrides(tmp_path, "ddp-to-fsdp", *SETUP, "impl.distributed=fsdp", FULL, "resume=auto"),
+            overrides(tmp_path, "fsdp-again", *SETUP, "impl.distributed=fsdp", "resume=auto"),
+            overrides(tmp_path, "sharded-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
+            overrides(tmp_path, "one-sharded-to-fsdp", *SETUP, "impl.distributed=fsdp", "resume=auto")])
+    run_inprocess(tmp_path, "fsdp-full-to-one", *SETUP, "resume=auto")
+    run_inprocess(tmp_path, "sharded-to-one", *SETUP, "resume=auto")
+    for name, world, written_by in (("fsdp-full-to-one", 1, 2), ("fsdp-full-to-ddp", 2, 2), ("ddp-to-fsdp", 2, 2),
+                                    ("sharded-to-one", 1, 2), ("sharded-to-ddp", 2, 2), ("one-sharded-to-fsdp", 2, 1),
+                                    ("fsdp-again", 2, 2)):
+        assert_continues(tmp_path, name, reference, world, written_by)
+    # the same world size: bit for bit the uninterrupted run (its final weights, assembled from shards)
+    again, straight = weights(tmp_path, "fsdp-again"), weights(tmp_path, "fsdp")
+    assert again.keys() == straight.keys() and all(torch.equal(again[k], straight[k]) for k in again)
+    # the final model.safetensors assembled from shards is the one a full checkpoint gathers, bit for bit
+    gathered = weights(tmp_path, "fsdp-full")
+    assert gathered.keys() == straight.keys() and all(torch.equal(gathered[k], straight[k]) for k in straight)

@@ -32,13 +32,28 @@ def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
 
 
 def export_run(run_or_checkpoint: str, out_dir: str) -> str:
+    """Export a run or one of its checkpoints; a sharded checkpoint's weights are assembled first (on
+    this process, a tensor at a time, into a temporary file removed afterwards)."""
+    import tempfile
+
+    from cramlm.train.checkpoint import assemble_weights
+    from cramlm.train.sharded import is_sharded
+
+    run_dir, weights = resolve_checkpoint(run_or_checkpoint)
+    if weights.is_file() or not is_sharded(weights.parent):
+        return export_weights(run_dir, weights, out_dir)
+    with tempfile.TemporaryDirectory(prefix="cramlm-export-") as tmp:
+        return export_weights(run_dir, assemble_weights(weights.parent, Path(tmp)), out_dir)
+
+
+def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
+    """Export the run ``run_dir`` with the weights file ``weights`` (its own, or a checkpoint's)."""
     from cramlm.models.hf import export_hf
     from cramlm.runs import load_run
     from cramlm.train.checkpoint import load_weights, verified_weights
 
     from cramlm.data.tokenizer import separator_id
 
-    run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     model, tok, cfg = load_run(run_dir)
     rtd = cfg.train.objective == "rtd"  # ELECTRA: the discriminator with its detector, and the generator
     if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)

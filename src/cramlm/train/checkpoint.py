@@ -44,6 +44,7 @@ from safetensors.torch import load_file, load_model
 
 from cramlm.io import (
     DIGESTS,
+    digest_record,
     CheckpointFileError,
     atomic_dir,
     digest_problem,
@@ -52,6 +53,7 @@ from cramlm.io import (
     save_safetensors,
     write_digests,
 )
+from cramlm.train import sharded
 
 CHECKPOINT_VERSION = 2  # 2: digests.json; a checkpoint of version 2 without it is damaged
 FILES = ("model.safetensors", "training.pt", "state.json")
@@ -195,9 +197,14 @@ def write_checkpoint(
         if _is_disk_full(e) or free < needed:
             raise DiskFullError(final, needed, free, latest_checkpoint(root)) from None
         raise
+    drop_old_checkpoints(root, keep)
+    return final
+
+
+def drop_old_checkpoints(root: Path, keep: int) -> None:
+    """All but the newest ``keep`` checkpoints deleted (0: none)."""
     for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def _restore_asides(root: Path) -> None:
@@ -245,35 +252,57 @@ def _safetensors_problem(path: Path) -> str | None:
 def checkpoint_problem(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder (a missing, truncated, unreadable or changed file),
     or None. Reads each file (training.pt's CRCs, every file's digest, a weights-only load that runs no code)."""
+    if sharded.is_sharded(folder):
+        return sharded_checkpoint_problem(folder)
     for name in FILES:
         if not (folder / name).is_file():
             return f"{name} is missing"
+    state = _state_json(folder)
+    if isinstance(state, str):
+        return state
+    problem = _safetensors_problem(folder / "model.safetensors")
+    if problem:
+        return problem
+    if problem := _archive_problem(folder / "training.pt"):
+        return problem
+    if problem := _digests_problem(folder, state):
+        return problem
+    return _unpickle_problem(folder / "training.pt")
+
+
+def _state_json(folder: Path) -> dict | str:
+    """A checkpoint's state.json, or what is wrong with it."""
     try:
         state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
         if not isinstance(state, dict) or "usage" not in state:
             return "state.json has no usage counters"
     except (ValueError, UnicodeDecodeError):
         return "state.json is not valid JSON"
-    problem = _safetensors_problem(folder / "model.safetensors")
-    if problem:
-        return problem
+    return state
+
+
+def _archive_problem(path: Path) -> str | None:
+    """A torch.save file whose zip archive is incomplete or fails a CRC check."""
     try:
-        with zipfile.ZipFile(folder / "training.pt") as z:
+        with zipfile.ZipFile(path) as z:
             bad = z.testzip()
         if bad is not None:
-            return f"training.pt: {bad} fails its CRC check"
+            return f"{path.name}: {bad} fails its CRC check"
     except (zipfile.BadZipFile, OSError, EOFError):
-        return "training.pt: not a complete archive (truncated?)"
-    if problem := _digests_problem(folder, state):
-        return problem
+        return f"{path.name}: not a complete archive (truncated?)"
+    return None
+
+
+def _unpickle_problem(path: Path) -> str | None:
+    """A torch.save file the weights-only unpickler refuses or cannot read."""
     try:  # the weights-only unpickler runs no code; mmap leaves the tensors on disk, so this is cheap
-        torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=True)
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:  # objects beyond tensors and plain data: cramlm did not write it
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         what = next((line for line in lines if "nsupported" in line), lines[0] if lines else "UnpicklingError")
-        return f"training.pt: refused by the weights-only loader, it holds more than tensors and plain data ({what[:160]})"
+        return f"{path.name}: refused by the weights-only loader, it holds more than tensors and plain data ({what[:160]})"
     except Exception as e:
-        return f"training.pt: unreadable ({type(e).__name__}: {str(e)[:160]})"
+        return f"{path.name}: unreadable ({type(e).__name__}: {str(e)[:160]})"
     return None
 
 
@@ -315,6 +344,115 @@ def read_checkpoint(folder: Path, aliases: dict[str, str], weights: bool = True)
     except Exception as e:  # safetensors, torch.load (unpickling refused, truncated zip), JSON
         raise ValueError(f"{folder}: cannot read this checkpoint ({type(e).__name__}: {str(e)[:200]})") from None
     return model_state, training, state
+
+
+# ------------------------------------------------------------------ sharded checkpoints (train/sharded.py)
+
+
+def write_sharded_checkpoint(root: Path, step: int, model_state: dict, optim_state: dict, training: dict,
+                             state: dict, keep: int, d) -> Path:
+    """Every process (``d``: its Dist): its shards of ``model_state`` and ``optim_state`` (sharded
+    state dicts) into the checkpoint folder with DCP, each process digesting its own files; rank 0
+    adds training.pt (with the optimizer's non-tensor state), state.json and digests.json, atomically
+    as ``write_checkpoint`` (temporary folder, rename, keep-k). Every process raises what failed
+    (a full disk: ``DiskFullError``)."""
+    from cramlm.train.distributed import broadcast_object
+
+    final = root / f"step-{step:08d}"
+    tmp, aside = (root / name for name in broadcast_object(
+        (f".tmp-step-{step:08d}-{os.getpid()}", f"{ASIDE_PREFIX}{final.name}-{os.getpid()}") if d.main else None, d))
+    tensors, rest = sharded.split_tensors(optim_state)
+    if not d.main:
+        if broadcast_object(None, d) == "ready":  # rank 0 made the temporary folder
+            _write_shards(tmp, model_state, tensors)
+        outcome = broadcast_object(None, d)
+    else:
+        outcome, ready = None, False
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            with atomic_dir(final, tmp=tmp, aside=aside, durable=True) as folder:
+                ready = broadcast_object("ready", d)
+                digests, failed = _write_shards(folder, model_state, tensors)
+                if failed is not None:
+                    raise failed
+                torch.save({**training, "optimizer": rest}, folder / "training.pt")
+                state = {**state, "checkpoint_version": CHECKPOINT_VERSION, "checkpoint_format": "sharded"}
+                (folder / "state.json").write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+                write_digests(folder, ["training.pt", "state.json", sharded.METADATA], known=digests)
+        except Exception as e:
+            if not ready:
+                broadcast_object("failed", d)
+            needed = (_nbytes(model_state) + _nbytes(tensors)) * d.world + _nbytes(training)
+            free = shutil.disk_usage(root).free
+            outcome = (needed, free, latest_checkpoint(root)) if _is_disk_full(e) else f"{type(e).__name__}: {e}"
+            broadcast_object(outcome, d)
+            if isinstance(outcome, tuple):
+                raise DiskFullError(final, *outcome) from None
+            raise
+        broadcast_object(None, d)
+    if isinstance(outcome, tuple):
+        raise DiskFullError(final, *outcome)
+    if outcome is not None:
+        raise RuntimeError(f"writing checkpoint {final} failed on rank 0: {outcome[:500]}")
+    if d.main:
+        drop_old_checkpoints(root, keep)
+    return final
+
+
+def _write_shards(folder: Path, model_state: dict, tensors: dict) -> tuple[dict, Exception | None]:
+    """Every process: its shards and their digests ({file: digest}, every process's on rank 0), or
+    the error (DCP raises on every process when one fails)."""
+    try:
+        sharded.save_shards(folder, model_state, tensors)
+    except Exception as e:
+        return {}, e
+    return sharded.own_shard_digests(folder), None
+
+
+def check_finite_shards(folder: Path) -> None:
+    """``check_finite`` of a sharded checkpoint's weights, assembled a tensor at a time."""
+    for name, tensor in sharded.iter_weights(folder):
+        if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
+            raise CheckpointFileError(
+                f"{folder}: weight {name} holds {int((~finite).sum()):,} non-finite values (NaN or inf) of "
+                f"{tensor.numel():,}; weights that are not numbers are not evaluated, exported or trained on: use an "
+                "earlier checkpoint")
+
+
+def assemble_weights(folder: Path, into: Path) -> Path:
+    """A sharded checkpoint's full weights as ``into``/model.safetensors (what a full checkpoint holds:
+    every weight of the training model, tied ones once), after its files verified and its weights
+    proved finite; assembled a tensor at a time, the optimizer's shards never read. The file's path."""
+    if problem := sharded_checkpoint_problem(folder):
+        raise CheckpointFileError(f"{folder}: {problem}; use another checkpoint, or the run's own model.safetensors")
+    check_finite_shards(folder)
+    sharded.stream_weights(folder, into / "model.safetensors")
+    return into / "model.safetensors"
+
+
+def sharded_checkpoint_problem(folder: Path) -> str | None:
+    """``checkpoint_problem`` of a sharded checkpoint: state.json, training.pt, DCP's index and every
+    process's shards present, each recorded in digests.json and matching its digest; only then
+    is the index (a pickle) read, by an unpickler that admits DCP's records alone."""
+    for name in ("state.json", "training.pt", DIGESTS, sharded.METADATA):
+        if not (folder / name).is_file():
+            return f"{name} is missing"
+    state = _state_json(folder)
+    if isinstance(state, str):
+        return state
+    if problem := _archive_problem(folder / "training.pt"):
+        return problem
+    recorded = digest_record(folder)
+    if recorded is None:
+        return f"{DIGESTS} is unreadable"
+    present = {"training.pt", "state.json", *sharded.shard_files(folder)}
+    if unrecorded := sorted(present - set(recorded)):
+        return f"{DIGESTS} records no digest of {', '.join(unrecorded[:3])} (added or changed since it was written)"
+    if absent := sorted(set(recorded) - present):
+        return f"{', '.join(absent[:3])} is missing"
+    if problem := next((p for name in sorted(recorded) if (p := digest_problem(folder / name))), None):
+        return problem
+    return _unpickle_problem(folder / "training.pt") or sharded.index_problem(folder, set(recorded))
 
 
 # ------------------------------------------------------------------ resume: which checkpoint, and whether it fits
@@ -393,7 +531,8 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
     weights of another shape (a different vocabulary or arch), saying which file and what differs."""
     from cramlm.models.base import tied_aliases
 
-    shapes = safetensors_shapes(folder / "model.safetensors")
+    is_sharded = sharded.is_sharded(folder)
+    shapes = sharded.weight_shapes(folder) if is_sharded else safetensors_shapes(folder / "model.safetensors")
     aliases = tied_aliases(model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in aliases}
     problems = [f"{k} is {list(shapes[k])} there, {list(v)} here" for k, v in expected.items() if k in shapes and shapes[k] != v]
@@ -402,7 +541,8 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CheckpointFileError(
-            f"resume from {folder}: its model.safetensors does not fit this run's model: {'; '.join(problems[:3])}{more}. "
+            f"resume from {folder}: its {'sharded weights do' if is_sharded else 'model.safetensors does'} not fit this "
+            f"run's model: {'; '.join(problems[:3])}{more}. "
             f"This run's vocabulary has {vocab_size} tokens; the data (tokenizer) or arch config differs from the run "
             "that wrote the checkpoint: resume with the same config, or start a fresh run"
         )
@@ -582,7 +722,7 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     if old:  # before the shapes: a changed objective or optimizer is named as such, not as a misfit
         check_servable(old, new, str(folder))
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
-    check_finite(folder / "model.safetensors")
+    check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
     check_same_data(folder, data.identity())
     changes = resume_changes(old, new, cfg.allow_change, str(folder)) if old else {}
     if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count

@@ -62,6 +62,11 @@ class ImplConfig(Config):
     dist_timeout: PositiveFloat = Field(
         300.0, description="seconds a collective may wait for a dead or stuck rank before failing"
     )
+    checkpoint_format: Literal["auto", "full", "sharded"] = Field(
+        "auto", description="full: rank 0 writes the whole model (model.safetensors) and optimizer state (training.pt); "
+        "sharded: every process writes its own shards with torch.distributed.checkpoint, none holds the whole "
+        "(train/sharded.py); auto: sharded under impl.distributed=fsdp, else full. Either resumes on any number "
+        "of processes, in any layout")
     # --- logging
     tensorboard: bool = Field(
         False, description="also write TensorBoard scalars to <run>/events.out.tfevents.* (needs `tensorboard`)"

@@ -50,6 +50,7 @@ from tqdm import tqdm
 
 from cramlm.progress import progress_bar
 from cramlm.train import checkpoint as ckpt
+from cramlm.train import sharded as shards
 from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
@@ -237,6 +238,7 @@ class Trainer:
         self.logging_due = Due(steps=cfg.log_every)
         self.validation_due = Due(fraction=cfg.validate_every)
         self.checkpoint_due = Due(steps=cfg.checkpoint_every, minutes=cfg.checkpoint_minutes)
+        self.checkpoint_format = checkpoint_format(impl, self.dist.strategy)
         self.state = TrainState(meter, self.validation_due)
         self.nonfinite = NonFinite(cfg, self.state.events, self._rollback, self.event)
         # drop non-finite steps on the device, reading the flag only at metrics lines (see the docstring)
@@ -461,28 +463,41 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def save_checkpoint(self, final: bool = False) -> Path | None:
-        """All processes take part (a collective under FSDP); rank 0 writes. A full disk: a
-        warning for a periodic checkpoint (training goes on), an error for the final one."""
+        """All processes take part (a collective under FSDP). Full format: rank 0 writes; sharded:
+        every process writes its shards. A full disk: a warning for a periodic checkpoint (training
+        goes on), an error for the final one."""
         self.nonfinite.flush()  # the counters saved include every step so far
         with self.meter.timed("checkpoint"):
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            model_state = get_model_state_dict(self.module, options=options)
-            optim_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
-            folder = self.checkpoints / f"step-{self.used.steps:08d}"
-            if self.dist.main:
-                counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
-                            "precision": self.precision.precision, "run": self.record}
-                training, state = ckpt.train_state(optim_state, self.steps.state_dict(), self.data.state_dict(), counters)
-                try:
-                    folder = ckpt.write_checkpoint(self.checkpoints, self.used.steps, model_state, self.aliases,
-                                                   training, state, self.cfg.keep_checkpoints)
-                except ckpt.DiskFullError as e:
-                    if final:
-                        raise
-                    self.event("disk_full", f"warning: {e}; training goes on")
-                    folder = None
+            counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
+                        "precision": self.precision.precision, "run": self.record}
+            try:
+                folder = (self._write_sharded if self.checkpoint_format == "sharded" else self._write_full)(counters)
+            except ckpt.DiskFullError as e:
+                if final:
+                    raise
+                self.event("disk_full", f"warning: {e}; training goes on")
+                folder = None
             barrier(self.dist)
         return folder
+
+    def _write_full(self, counters: dict) -> Path:
+        """The full state gathered to rank 0's host memory, which writes it (the others: the folder's name)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(self.module, options=options)
+        optim_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        if not self.dist.main:
+            return self.checkpoints / f"step-{self.used.steps:08d}"
+        training, state = ckpt.train_state(optim_state, self.steps.state_dict(), self.data.state_dict(), counters)
+        return ckpt.write_checkpoint(self.checkpoints, self.used.steps, model_state, self.aliases, training, state,
+                                     self.cfg.keep_checkpoints)
+
+    def _write_sharded(self, counters: dict) -> Path:
+        """Each process's own shards of the weights and optimizer state (train/sharded.py)."""
+        model_state = {k: v for k, v in get_model_state_dict(self.module).items() if k not in self.aliases}
+        optim_state = get_optimizer_state_dict(self.module, self.optimizer)
+        training, state = ckpt.train_state({}, self.steps.state_dict(), self.data.state_dict(), counters)
+        return ckpt.write_sharded_checkpoint(self.checkpoints, self.used.steps, model_state, optim_state, training,
+                                             state, self.cfg.keep_checkpoints, self.dist)
 
     def _rollback(self) -> str | None:
         """on_nonfinite=rollback: weights and optimizer from the newest checkpoint (its name), if any."""
@@ -493,9 +508,11 @@ class Trainer:
         return folder.name
 
     def load_weights_and_optimizer(self, folder: Path) -> tuple[dict, dict]:
-        """Under FSDP2 only rank 0 reads the weights and optimizer state and broadcasts them tensor by
-        tensor, each process keeping its shard: no process holds the full state (DDP's every
-        process needs it whole anyway)."""
+        """A full checkpoint: under FSDP2 only rank 0 reads the weights and optimizer state and
+        broadcasts them tensor by tensor, each process keeping its shard: no process holds the full
+        state (DDP's every process needs it whole anyway). A sharded one: ``_load_sharded``."""
+        if shards.is_sharded(folder):
+            return self._load_sharded(folder)
         sharded = self.dist.sharded
         model_state, training, state = ckpt.read_checkpoint(folder, self.aliases, weights=self.dist.main or not sharded)
         if sharded:
@@ -506,6 +523,24 @@ class Trainer:
         with own_implementation(self.optimizer):  # (the writer's may not run here: another layout)
             set_optimizer_state_dict(self.module, self.optimizer, optim_state,
                                      options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
+        self.steps.load_state_dict(training.get("scaler"))
+        return training, state
+
+    def _load_sharded(self, folder: Path) -> tuple[dict, dict]:
+        """Each process reads the chunks of a sharded checkpoint its own tensors overlap (DCP
+        resharding: any number of processes, any layout); the optimizer's non-tensor state comes
+        from training.pt."""
+        _, training, state = ckpt.read_checkpoint(folder, self.aliases, weights=False)
+        model_state = {k: v for k, v in get_model_state_dict(self.module).items() if k not in self.aliases}
+        # (a fresh optimizer's state is created first, by a step with zero gradients and lr 0: the tensors to fill)
+        tensors, _ = shards.split_tensors(get_optimizer_state_dict(self.module, self.optimizer))
+        shards.load_shards(folder, model_state, tensors)
+        keys = set_model_state_dict(self.module, model_state, options=StateDictOptions(strict=False))
+        missing = sorted(set(keys.missing_keys) - set(self.aliases))
+        if missing or keys.unexpected_keys:
+            raise RuntimeError(f"sharded weights: missing {missing[:5]}, unexpected {sorted(keys.unexpected_keys)[:5]}")
+        with own_implementation(self.optimizer):
+            set_optimizer_state_dict(self.module, self.optimizer, shards.merge(tensors, training["optimizer"]))
         self.steps.load_state_dict(training.get("scaler"))
         return training, state
 
@@ -553,6 +588,14 @@ class Trainer:
             "world_size": self.dist.world,
             "final_checkpoint": str(final),
         }
+
+
+def checkpoint_format(impl: ImplConfig, strategy: str) -> str:
+    """impl.checkpoint_format: auto is sharded under FSDP2 (no process gathers the whole state),
+    full otherwise (one file of weights, loadable without torch.distributed)."""
+    if impl.checkpoint_format != "auto":
+        return impl.checkpoint_format
+    return "sharded" if strategy == "fsdp" else "full"
 
 
 def prefetches(impl: ImplConfig, device: torch.device) -> bool:
