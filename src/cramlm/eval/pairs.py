@@ -19,7 +19,6 @@ Scoring conventions (see eval/sentence_scores.py for how each kind of model scor
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,20 +116,14 @@ def _text(obj: dict, key: str, path: Path, lineno: int) -> str:
 
 def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> list[Pair]:
     """The pairs of one JSONL file (each paradigm cut to its first ``max_pairs``)."""
+    from cramlm.eval.tasks import TaskError, _rows
+
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise PairsError(f"{path}: not UTF-8 text ({e})") from None
+        rows = list(_rows(path, "jsonl", False)[1])  # (line number, JSON object); errors name file and line
+    except TaskError as e:
+        raise PairsError(str(e)) from None
     pairs, counts = [], {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PairsError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
-        if not isinstance(obj, dict):
-            raise PairsError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj in rows:
         paradigm = str(obj.get(fields.paradigm) or path.stem) if fields.paradigm else path.stem
         phenomenon = str(obj.get(fields.phenomenon) or paradigm) if fields.phenomenon else paradigm
         counts[paradigm] = counts.get(paradigm, 0) + 1
