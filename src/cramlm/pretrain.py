@@ -59,6 +59,10 @@ def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
                        sample_noise=cfg.train.objective == "rtd")  # the RTD generator's sampling noise, keyed alike
 
 
+OBJECTIVE_NAMES = {"mlm": "mlm (masked LM)", "clm": "clm (causal LM)",
+                   "rtd": "rtd (ELECTRA: generator MLM + replaced-token detection)"}
+
+
 def run_objective(cfg: PretrainConfig) -> str:
     """What the run trains and its held-out loss measures: mlm, clm, or rtd (ELECTRA; its loss is the
     generator's MLM loss, not comparable with an MLM run's)."""
@@ -249,13 +253,16 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     barrier(dist)
     setup_seconds = time.perf_counter() - setup_start
     say(
-        f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, vocab {vocab_size}, "
+        f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, objective "
+        f"{OBJECTIVE_NAMES[run_objective(cfg)]}, vocab {vocab_size}, "
         f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
         + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
+        + f", precision {trainer.precision.precision} ({trainer.precision.reason})"
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
                "data": str(data.folder), "objective": run_objective(cfg),
+               **({"rtd_weight": cfg.train.rtd.rtd_weight} if run_objective(cfg) == "rtd" else {}),
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary

@@ -69,6 +69,7 @@ class PretrainConfig(Config):
             "train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the "
             "run."
         ),
+        json_schema_extra={"shown_default": "1m"},
     )
     count_compile: bool = Field(
         True, description="the first step (where torch.compile and warm-up happen) counts against the hours, as in "
@@ -181,6 +182,17 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def train_loss_label(summary: dict) -> str:
+    """What the train loss is: an ELECTRA run's adds the weighted detector loss to the generator's."""
+    if summary.get("objective") == "rtd":
+        return f"train: generator MLM + {summary.get('rtd_weight', 50):g} x detector BCE"
+    return "train"
+
+
+def val_loss_label(summary: dict) -> str:
+    return "generator MLM on " if summary.get("objective") == "rtd" else "val_loss: "
+
+
 def console_summary(summary: dict, run_dir: Path) -> str:
     """What the console shows at the end of pretraining (summary.json holds everything)."""
     def loss(x):
@@ -192,8 +204,9 @@ def console_summary(summary: dict, run_dir: Path) -> str:
         f"cramlm pretrain: done: {summary['steps']:,} steps, {_si(summary['tokens'])} tokens in "
         f"{summary['train_seconds']:.1f} s (+{summary['setup_seconds']:.1f} s setup)"
         + (f", {speed:,.0f} tokens/s" if speed else "") + (f", MFU {100 * mfu:.1f}%" if mfu is not None else ""),
-        f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} (train), "
-        f"validation {loss(summary.get('val_loss'))} (val_loss: part of the held-out set; `cramlm eval` scores it all)",
+        f"  loss {loss(summary.get('first_loss'))} -> {loss(summary.get('last_loss'))} ({train_loss_label(summary)}), "
+        f"validation {loss(summary.get('val_loss'))} ({val_loss_label(summary)}part of the held-out set; "
+        "`cramlm eval` scores it all)",
         f"  run folder {run_dir}: model.safetensors, summary.json, metrics.jsonl; "
         f"checkpoint {Path(summary['final_checkpoint']).name}",
     ]

@@ -24,6 +24,10 @@ def test_export_hf_of_a_run_loads_in_transformers(in_tmp):
     result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])  # a run name under ./outputs
     assert result.exit_code == 0, result.output
     assert "BertForMaskedLM" in result.output
+    # every class it serves, and a model card saying what it is and how to load it
+    assert "also: AutoModel, AutoModelForSequenceClassification, AutoModelForTokenClassification" in result.output
+    card = (in_tmp / "hf-out" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\ntags: [cramlm, mlm]") and "AutoModelForMaskedLM" in card
     ours, tok, _ = load_run(in_tmp / "outputs" / "tiny")
     hf = transformers.AutoModelForMaskedLM.from_pretrained(in_tmp / "hf-out").eval()
     auto_tok = transformers.AutoTokenizer.from_pretrained(in_tmp / "hf-out")

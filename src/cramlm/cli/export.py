@@ -75,15 +75,65 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
     if rtd:
-        click.echo(f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
-                   f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
-                   f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask")
-        return cls
-    click.echo(f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
-               f".from_pretrained('{out_dir}'{remote})")
+        lines = [f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
+                 f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
+                 f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask"]
+    else:
+        lines = [f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
+                 f".from_pretrained('{out_dir}'{remote})"]
+    lines.append(f"also: {', '.join(served_classes(Path(out_dir), model.cfg.objective, rtd))}.from_pretrained(... same "
+                 "arguments) (the encoder alone; classification heads new, to fine-tune)")
     if eos is not None:
-        click.echo(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
+        lines.append(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
+    for line in lines:
+        click.echo(line)
+    write_model_card(Path(out_dir), run_dir, cfg, cls, lines)
     return cls
+
+
+def served_classes(out_dir: Path, objective: str, rtd: bool) -> list[str]:
+    """The transformers Auto classes besides the headline one that load the export: its auto_map's
+    (remote code), else those transformers maps to the stock architecture."""
+    import json
+
+    config = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+    named = [k for k in (config.get("auto_map") or {}) if k != "AutoConfig"]
+    if not named:
+        named = ["AutoModel", "AutoModelForSequenceClassification", "AutoModelForTokenClassification"]
+    first = "AutoModelForPreTraining" if rtd else "AutoModelForMaskedLM" if objective == "mlm" else "AutoModelForCausalLM"
+    return [k for k in named if k != first]
+
+
+def write_model_card(out_dir: Path, run_dir: Path, cfg, cls: str, load_lines: list[str]) -> None:
+    """``out_dir/README.md``: what the export is (model, objective, training, data), how to load it."""
+    import json
+
+    from cramlm.io import write_text
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = {}
+    objective = summary.get("objective") or cfg.train.objective
+    trained = (f"{summary['steps']:,} optimizer steps, {summary['tokens']:,} tokens"
+               if isinstance(summary.get("steps"), int) and isinstance(summary.get("tokens"), int) else "see the run folder")
+    val = summary.get("val_loss")
+    card = [
+        "---", "library_name: transformers", f"tags: [cramlm, {objective}]", "---", "",
+        f"# {run_dir.name}", "",
+        f"A {cfg.arch.type} model pretrained with cramlm (objective `{objective}`) and exported by "
+        f"`cramlm export hf` as `{cls}`.", "",
+        f"- parameters: {summary.get('parameters', 'n/a'):,}" if isinstance(summary.get("parameters"), int)
+        else "- parameters: n/a",
+        f"- training: {trained}; budget {summary.get('budget', 'n/a')}",
+        f"- data: `{cfg.data.name}`, {cfg.data.seq_length}-token sequences; tokenizer: "
+        f"{summary.get('tokenizer', 'the run tokenizer')}",
+        f"- validation loss at the end of training: {val:.4f}" if isinstance(val, float) else "- validation loss: n/a",
+        "", "## Load", "", *[f"    {line}" for line in load_lines], "",
+        "A small model trained briefly: for research and tests of the pipeline, not for use in products. "
+        "The full resolved config is the run's `config.yaml`.", "",
+    ]
+    write_text(out_dir / "README.md", "\n".join(card))
 
 
 def rtd_export_model(run_dir: Path, cfg, discriminator, weights: Path):

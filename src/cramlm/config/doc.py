@@ -65,6 +65,9 @@ def _default(field: FieldInfo) -> str:
     if field.default is PydanticUndefined:
         return "required"
     default = field.default
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "shown_default" in extra:  # as a person writes it: budget 1m, not 0.01666...
+        return str(extra["shown_default"])
     if isinstance(default, BaseModel):
         default = default.model_dump(mode="json")
     return json.dumps(default, default=str)

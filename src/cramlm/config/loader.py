@@ -127,6 +127,8 @@ def _check_expansion(root: yaml.Node, source: str) -> None:
             on_path.discard(key)
             size[key] = 1 + sum(size[id(c)] for c in children)
             depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if size[key] > MAX_YAML_NODES and len(size) >= MAX_YAML_NODES:  # that many written out
+                raise ConfigError(f"{source}: YAML holds more than {MAX_YAML_NODES:,} values; a config is far smaller")
             if size[key] > MAX_YAML_NODES:
                 raise ConfigError(
                     f"{source}: YAML expands to more than {MAX_YAML_NODES:,} values (aliases of anchors that "

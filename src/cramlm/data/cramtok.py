@@ -9,7 +9,8 @@ Layout (all little-endian; specified in docs/data-format.md)::
     16      8     vocab size (uint64)
     24      8     number of tokens (uint64)
     32      8     number of documents (uint64)
-    40      16    tokenizer fingerprint (sha256 of tokenizer.json, first 16 bytes)
+    40      16    tokenizer fingerprint: the first 16 bytes of the sha256 of the tokenizer's canonical
+                  JSON (``Tokenizer.to_str()``), not of tokenizer.json's bytes
     56      4     CRC32 of the token bytes followed by the offset bytes (uint32)
     60      4     CRC32 of header bytes 0..59 (uint32)
     64      ...   tokens (num_tokens * width bytes), then zero padding to a multiple of 8
