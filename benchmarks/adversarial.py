@@ -36,6 +36,12 @@ same command continues without redoing finished seeds), SIGTERM to ``python -m c
 echoed), BOM / dangling symlink / truncated .gz corpora, sweep duplicates, and errors that blamed
 the wrong file.
 
+Issue 39's classes (their own block at the end): a fresh ``pretrain`` / ``run`` / ``eval`` over a
+folder holding another run or results (refused, the folder byte for byte as it was; ``overwrite=true``
+replaces), a resume refused after the config check or at the load (nothing written), a digest entry
+removed, a NaN weight with its digest forged (eval, export, resume), every checkpoint damaged (exit 1,
+twice), and two ``data prepare`` of one config at once (both succeed, one cache entry).
+
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
 line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
 any case is a traceback, silent or unclear.
@@ -662,6 +668,7 @@ class Replay:
                    "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals,
                    "same-run": lambda: same_run(self)}
         methods.update(getattr(self, "issue20_methods", dict)())  # issue 20 items 4-12: their own block below
+        methods.update(getattr(self, "issue39_methods", dict)())  # issue 39: its own block below
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -1164,7 +1171,151 @@ class Issue20(Replay):
                 "sweep-dupes": self.sweep_dupes, "wrong-blame": self.wrong_blame}
 
 
-Replay = Issue20  # the replay with this block's classes (main() builds a Replay)
+# ================================================================ issue 39 (own block)
+# a run folder is never restarted over, a refused resume changes nothing, every recorded digest is
+# required, non-finite weights are refused, all checkpoints damaged fails, concurrent prepares agree
+
+ISSUE39_CLASSES = ("run-folder", "refused-resume", "digest-entry", "nan-weights", "all-damaged", "prepare-race")
+CLASSES = CLASSES + ISSUE39_CLASSES
+
+
+def folder_state(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (but lock files) with its bytes: what a refusal must leave as it was."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*"))
+            if f.is_file() and ".cramlm.lock" not in f.name}
+
+
+def unchanged(folder: Path, before: dict[str, bytes], outcome: tuple[str, str]) -> tuple[str, str]:
+    """``outcome``, or silent when the refused command changed the folder anyway."""
+    after = folder_state(folder)
+    changed = sorted(k for k in {*before, *after} if before.get(k) != after.get(k))
+    return ("silent", f"refused, but changed {changed[:4]}") if outcome[0] == "clear" and changed else outcome
+
+
+def drop_digest(folder: Path, name: str) -> None:
+    record = json.loads((folder / "digests.json").read_text())
+    record["files"].pop(name, None)
+    (folder / "digests.json").write_text(json.dumps(record))
+
+
+def put_nan(path: Path) -> None:
+    """A NaN in the first floating tensor, the folder's digest rewritten to match (a forged file)."""
+    from safetensors.torch import load_file, save_file
+
+    from cramlm.io import write_digests
+
+    state = load_file(str(path))
+    key = next(k for k, v in state.items() if v.is_floating_point())
+    state[key].view(-1)[0] = float("nan")
+    save_file(state, str(path), metadata={"format": "pt"})
+    write_digests(path.parent, [path.name])
+
+
+class Issue39(Issue20):
+    """The classes of issue 39 (mixed into Replay below)."""
+
+    def refused(self, cls: str, name: str, args: list[str], folder: Path, must: tuple[str, ...], cwd: Path | None = None) -> None:
+        before = folder_state(folder)
+        res = cli(args, cwd or self.runs)
+        self.record(cls, name, "error", res, outcome=unchanged(folder, before, classify(res, "error", must)))
+
+    def run_folder(self) -> None:
+        run = self.copy_run("taken")
+        self.refused("run-folder", "pretrain (no --resume) over a finished run", self.pretrain_args("taken", 5), run,
+                     ("holds a run",))
+        self.refused("run-folder", "cramlm run over a bare pretrain run", ["run", "default", "name=taken"],
+                     run, ("holds a `cramlm pretrain` run",))
+        (run / "pipeline.json").write_text(json.dumps({"name": "taken", "recipe": "cpu-1h", "stages": {}}))
+        self.refused("run-folder", "cramlm run over another recipe's folder", ["run", "default", "name=taken"], run,
+                     ("recipe cpu-1h",))
+        out = self.folder("run-folder-results")
+        (out / "eval.json").write_text(json.dumps({"checkpoint": "other", "source": "/elsewhere/other", "results": []}))
+        self.refused("run-folder", "eval into an out_dir holding another checkpoint's results",
+                     ["eval", "name=ref", f"out_dir={out}", "eval.lm_eval=false"], out, ("another checkpoint",))
+        run = self.copy_run("replaced")
+        res = cli(self.pretrain_args("replaced", 2, "overwrite=true"), self.runs)
+        self.record("run-folder", "pretrain overwrite=true over a finished run", "ok", res,
+                    check=lambda _: None if [p.name for p in (run / "checkpoints").glob("step-*")] == ["step-00000002"]
+                    else "the old run's checkpoints are still there")
+
+    def refused_resume(self) -> None:
+        for override, allow, must in (("train.optim.type=muon", "train.optim", "train.optim.type"),
+                                      ("train.objective=rtd", "train", "train.objective"),
+                                      ("train.optim.lr=5e-3", None, "maths")):
+            name = "refused-" + override.split("=")[0].replace(".", "-")
+            run = self.copy_run(name)
+            flags = ["--resume", "auto", *(["--allow-change", allow] if allow else [])]
+            self.refused("refused-resume", f"--resume auto {' '.join(flags[2:])} {override}".replace("  ", " "),
+                         [*self.pretrain_args(name, REF_STEPS + 5, "train.checkpoint_every=10", override), *flags], run, (must,))
+        run = self.copy_run("load-fails")
+        import torch
+
+        from cramlm.io import write_digests
+
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        torch.save({"optimizer": {}, "scaler": {}}, newest / "training.pt")
+        write_digests(newest, ["training.pt"])
+        self.refused("refused-resume", "--allow-change train.optim.lr, a checkpoint that verifies but does not load",
+                     [*self.pretrain_args("load-fails", REF_STEPS + 5, "train.optim.lr=5e-3"), "--resume", "auto",
+                      "--allow-change", "train.optim.lr"], run, (newest.name,))
+
+    def digest_entry(self) -> None:
+        run = self.copy_run("no-entry")
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        flip_last_bytes(newest / "model.safetensors")
+        drop_digest(newest, "model.safetensors")
+        res = resume_copy(self, "no-entry")
+        self.record("digest-entry", "--resume auto, a flipped weight byte and its digest entry removed", "ok", res,
+                    check=lambda _: None if (newest.parent / f"{newest.name}.damaged").is_dir()
+                    else "the changed checkpoint was used")
+        run = self.copy_run("no-entry-run")
+        flip_last_bytes(run / "model.safetensors")
+        drop_digest(run, "model.safetensors")
+        self.refused("digest-entry", "eval of a run whose model's digest entry was removed (byte flipped)",
+                     ["eval", "name=no-entry-run", "eval.lm_eval=false"], run, ("records no digest",))
+        self.refused("digest-entry", "export of the same run", ["export", "hf", str(run), str(self.work / "hf-no-entry")],
+                     run, ("records no digest",))
+
+    def nan_weights(self) -> None:
+        run = self.copy_run("nan")
+        put_nan(run / "model.safetensors")
+        self.refused("nan-weights", "eval of a run with a NaN weight (digest rewritten)",
+                     ["eval", "name=nan", "eval.lm_eval=false"], run, ("non-finite",))
+        self.refused("nan-weights", "export of the same run", ["export", "hf", str(run), str(self.work / "hf-nan")], run,
+                     ("non-finite",))
+        newest = sorted((run / "checkpoints").glob("step-*"))[-1]
+        put_nan(newest / "model.safetensors")
+        self.refused("nan-weights", "--resume auto from a checkpoint with a NaN weight (digest rewritten)",
+                     [*self.pretrain_args("nan", REF_STEPS + 5, "train.checkpoint_every=10"), "--resume", "auto"], run,
+                     ("non-finite",))
+
+    def all_damaged(self) -> None:
+        run = self.copy_run("all-damaged")
+        for ckpt in (run / "checkpoints").glob("step-*"):
+            (ckpt / "training.pt").write_bytes(b"damaged")
+        for attempt in ("", ", again (the requeued job's next try)"):
+            res = resume_copy(self, "all-damaged")
+            self.record("all-damaged", f"--resume auto with every checkpoint damaged{attempt}", "error", res,
+                        must=("every checkpoint",))
+
+    def prepare_race(self) -> None:
+        d = self.folder("prepare-race")
+        args = ["data", "prepare", f"cache={d / 'cache'}", "data.tokenizer.vocab_size=512", "--quiet"]
+        procs = [Proc(args, d) for _ in range(2)]
+        results = [p.wait(600) for p in procs]
+
+        def one_entry(_: Result) -> str | None:
+            entries = [p.name for p in (d / "cache").iterdir() if not p.name.startswith(".")]
+            return None if len(entries) == 1 and (d / "cache" / entries[0] / "manifest.json").is_file() else f"entries {entries}"
+        for i, res in enumerate(results):
+            self.record("prepare-race", f"two data prepare of one config at once: process {i}", "ok", res, check=one_entry)
+
+    def issue39_methods(self) -> dict[str, Callable[[], None]]:
+        return {"run-folder": self.run_folder, "refused-resume": self.refused_resume, "digest-entry": self.digest_entry,
+                "nan-weights": self.nan_weights, "all-damaged": self.all_damaged, "prepare-race": self.prepare_race}
+
+
+Replay = Issue39  # the replay with the classes of every block (main() builds a Replay)
 
 
 def table(report: dict) -> str:
