@@ -18,7 +18,7 @@ seeds), beside each line's untrained twin.
 
 Runs live in ``--out`` (default outputs/bridge); every command is idempotent: a finished run is
 skipped, an interrupted one continues from its newest checkpoint (``--resume auto``: a FLOP-budgeted
-run resumed bitwise is the same run). Which segment ran where: benchmarks/results/bridge/segments.md.
+run resumed bitwise is the same run). Which segment ran where: benchmarks/results/bridge/README.md.
 """
 
 from __future__ import annotations

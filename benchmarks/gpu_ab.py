@@ -37,9 +37,9 @@ def pretrain_cmd(recipe: str, name: str, work: Path, data_dir: str, flops: float
 
 
 def eval_cmd(run: Path, pairs: str | None, dry: bool) -> list[str]:
-    tasks = f"eval.tasks=[{pairs}]" if pairs else "eval.tasks=[]"
-    return [sys.executable, "-m", "cramlm", "eval", f"checkpoint={run}", "impl.progress=false", tasks,
-            *(["eval.max_dev_examples=32"] if dry else [])]
+    zero_shot = [f"eval.minimal_pairs.paths=[{pairs}]", f"eval.minimal_pairs.max_pairs={20 if dry else 300}"] if pairs else []
+    return [sys.executable, "-m", "cramlm", "eval", f"checkpoint={run}", "impl.progress=false", "eval.tasks=[]",
+            *zero_shot, *(["eval.max_dev_examples=32"] if dry else [])]
 
 
 def call(cmd: list[str], env: dict) -> int:
@@ -54,7 +54,10 @@ def record(run: Path) -> dict:
                                        "precision", "val_loss")}
     heldout = ev.get("heldout") or {}
     out["heldout"] = {"loss": heldout.get("loss"), "objective": heldout.get("objective")}
-    out["zero_shot"] = ev.get("minimal_pairs")
+    pairs = ev.get("minimal_pairs") or {}
+    out["zero_shot"] = {name: {k: r[k] for k in ("accuracy", "tie_rate", "pairs", "phenomena")}
+                        for name, r in (pairs.get("scores") or {}).items()}
+    out["zero_shot_headline"] = pairs.get("headline")
     return out
 
 
@@ -62,8 +65,7 @@ def table(result: dict) -> str:
     lines = ["| contender | recipe | objective | steps | FLOPs | tokens/s | MFU | held-out loss | zero-shot |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["runs"].items():
-        zs = r.get("zero_shot") or {}
-        acc = zs.get("macro") if isinstance(zs, dict) else None
+        acc = ((r.get("zero_shot") or {}).get(r.get("zero_shot_headline")) or {}).get("accuracy")
         loss = (r.get("heldout") or {}).get("loss")
         lines.append(f"| {name} | {CONTENDERS[name]} | {r.get('objective')} | {r.get('steps') or '-'} | "
                      f"{(r.get('flops') or 0):.3g} | {(r.get('tokens_per_second') or 0):,.0f} | "
@@ -78,7 +80,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--work", type=Path, required=True, help="runs and data (never under --out)")
     ap.add_argument("--data-dir", required=True, help="the folder holding corpus/ (the shared corpus)")
     ap.add_argument("--flops", type=float, default=1.5e16, help="each contender's FLOP budget (1.5e16: about a minute at 35%% of an H200)")
-    ap.add_argument("--pairs", help="minimal pairs (a folder of JSONL paradigms) for zero-shot scoring; omitted: held-out only")
+    ap.add_argument("--pairs", help="minimal pairs (a folder of JSONL paradigms; the first 300 pairs of each) for "
+                    "zero-shot scoring; omitted: held-out only")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes, the shipped corpus: the script's plumbing only")
     args = ap.parse_args(argv)
     import os

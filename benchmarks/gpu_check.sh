@@ -157,7 +157,7 @@ fi
 AB_DATA=${CRAMLM_DATA_DIR:-$REPO/.gpu-data}
 if want ab && { [ $DRY = 1 ] || [ -n "${GPU_CHECK_STEPS:-}" ] || [ $((LIMIT - ($(date +%s) - START))) -gt 300 ]; }; then
   AB=(--out "$RES" --work "$WORK/ab" --data-dir "$AB_DATA")
-  if [ $DRY = 1 ]; then AB+=(--dry); elif [ -d "$AB_DATA/minimal_pairs/blimp" ]; then AB+=(--pairs "$AB_DATA/minimal_pairs/blimp"); fi
+  if [ $DRY = 1 ]; then AB+=(--dry --pairs "$REPO/tests/eval/fixtures/minimal_pairs"); elif [ -d "$AB_DATA/minimal_pairs/blimp" ]; then AB+=(--pairs "$AB_DATA/minimal_pairs/blimp"); fi
   run ab 300 "$RES/ab.json" "$PY" benchmarks/gpu_ab.py "${AB[@]}"
 fi
 
