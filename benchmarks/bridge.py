@@ -97,7 +97,8 @@ def triangle_cmd(out: Path, line: str, seed: int) -> list[str]:
 def eval_cmd(out: Path, run: str, data_dir: str, twin: bool = False) -> list[str]:
     return ["cramlm", "eval", f"checkpoint={out / run}" + ("-untrained" if twin else ""), "impl.progress=false",
             "impl.threads=1", "eval.seeds=3", "eval.max_train_examples=4000",
-            "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]"]
+            "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]",
+            f"eval.minimal_pairs.paths=[{data_dir}/minimal_pairs/blimp]", "eval.minimal_pairs.pll=[word-l2r,original]"]
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -125,7 +126,11 @@ def summarize(out: Path) -> dict:
         ev = json.loads(path.read_text())
         rows = {r["task"]: {"metric": r["metric"], "median": r["score"], "seeds": [s["last"][r["metric"]] for s in r["seeds"]]}
                 for r in ev["results"]}
-        return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss")}
+        pairs = ev.get("minimal_pairs") or {}
+        zero_shot = {name: r["accuracy"] for name, r in (pairs.get("scores") or {}).items()}
+        return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss"),
+                "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"),
+                "phenomena": ((pairs.get("scores") or {}).get(pairs.get("headline")) or {}).get("phenomena")}
 
     for folder in sorted(p for p in out.iterdir() if (p / "summary.json").is_file()):
         s = json.loads((folder / "summary.json").read_text())
@@ -140,12 +145,17 @@ def summarize(out: Path) -> dict:
 
 def table(result: dict) -> str:
     tasks = sorted({t for p in result["points"].values() if p["eval"] for t in p["eval"]["tasks"]})
-    lines = ["| run | x hour | held-out loss | " + " | ".join(tasks) + " | mean |", "|---|---:|---:|" + "---:|" * (len(tasks) + 1)]
+    lines = ["| run | x hour | held-out loss | " + " | ".join(tasks) + " | mean | zero-shot (headline) |",
+             "|---|---:|---:|" + "---:|" * (len(tasks) + 2)]
+
+    def zero_shot(ev) -> str:
+        acc = (ev or {}).get("zero_shot", {}).get((ev or {}).get("zero_shot_headline"))
+        return " - |" if acc is None else f" {100 * acc:.1f} ({ev['zero_shot_headline']}) |"
 
     def row(label: str, mult: str, loss, ev) -> str:
         cells = [f"{100 * ev['tasks'][t]['median']:.1f}" if ev and t in ev["tasks"] else "-" for t in tasks]
         return (f"| {label} | {mult} | {loss:.3f} | " if loss is not None else f"| {label} | {mult} | - | ") \
-            + " | ".join(cells) + (f" | {100 * ev['mean']:.1f} |" if ev else " | - |")
+            + " | ".join(cells) + (f" | {100 * ev['mean']:.1f} |" if ev else " | - |") + zero_shot(ev)
 
     for run_name, p in sorted(result["points"].items(), key=lambda kv: (kv[0].split("-")[1], kv[1]["multiple"], kv[0])):
         lines.append(row(run_name, f"{p['multiple']:g}", (p["eval"] or {}).get("heldout") or p["val_loss"], p["eval"]))

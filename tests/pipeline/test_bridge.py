@@ -1,0 +1,55 @@
+"""benchmarks/bridge.py: the long run's and the branches' commands (each budget's warm-up the same
+in absolute terms, the branch's changes allowed), which checkpoint a branch starts from, and the
+summary table read from finished run folders."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bridge  # noqa: E402
+
+
+def _checkpoint(run: Path, step: int, flops: float) -> None:
+    folder = run / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"usage": {"flops": flops}}))
+
+
+def test_warmup_is_the_same_in_absolute_terms_and_a_branch_may_change_only_its_budget_and_warmup(tmp_path):
+    long = bridge.long_cmd(tmp_path, "rtd", 0)
+    assert "train.schedule.warmup=0.00625" in long and f"train.budget.flops={8 * bridge.HOUR:.6g}" in long
+    branch = bridge.branch_cmd(tmp_path, "adamw", 1, 2, tmp_path / "ckpt")
+    assert "train.schedule.warmup=0.025" in branch and "seed=1" in branch and "train.optim.type=adamw" in branch
+    assert branch[branch.index("--resume") + 1] == str(tmp_path / "ckpt")
+    allowed = [branch[i + 1] for i, a in enumerate(branch) if a == "--allow-change"]
+    assert allowed == ["train.budget.flops", "train.schedule.warmup"]
+
+
+def test_a_branch_starts_from_the_newest_checkpoint_before_its_decay_once_the_long_run_passed_it(tmp_path):
+    run = tmp_path / "wsd-rtd-s0"
+    decay_starts = (1 - bridge.DECAY) * bridge.HOUR
+    _checkpoint(run, 200, 0.5 * decay_starts)
+    _checkpoint(run, 400, 0.99 * decay_starts)
+    assert bridge.branch_point(run, 1) is None  # the long run may still write a closer one
+    _checkpoint(run, 600, 1.2 * decay_starts)
+    assert bridge.branch_point(run, 1).name == "step-00000400"
+
+
+def test_summary_table_has_each_point_its_twin_and_zero_shot(tmp_path):
+    run = tmp_path / "wsd-rtd-s0-1x"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"steps": 10, "tokens": 1, "flops": bridge.HOUR, "val_loss": 4.2,
+                                                  "objective": "rtd"}))
+    ev = {"mean": {"last": {"arithmetic": 0.7}}, "heldout": {"loss": 4.1},
+          "results": [{"task": "spam", "metric": "f1", "score": 0.9, "seeds": [{"last": {"f1": 0.9}}]}],
+          "minimal_pairs": {"headline": "detector", "scores": {"detector": {"accuracy": 0.61, "phenomena": {}},
+                                                               "generator word-l2r": {"accuracy": 0.55}}}}
+    (run / "eval.json").write_text(json.dumps(ev))
+    (run / "eval-untrained.json").write_text(json.dumps({**ev, "minimal_pairs": None, "heldout": None}))
+    result = bridge.summarize(tmp_path)
+    assert result["points"]["wsd-rtd-s0-1x"]["multiple"] == 1 and set(result["twins"]) == {"rtd"}
+    text = bridge.table(result)
+    assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector) |" in text
+    assert "| untrained twin (rtd) | 0 | - | 90.0 | 70.0 | - |" in text
