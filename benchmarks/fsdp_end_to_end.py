@@ -8,13 +8,17 @@ process (DDP's memory: every process holds all of it).
 
 Per process it reports the peak resident memory (VmHWM) of the training launch, and the bytes of
 state each process holds under each layout (16 B x parameters / processes: fp32 weights,
-gradients, AdamW's two moments; measured exactly so by benchmarks/fsdp_memory.py). Rank 0's peak
+gradients, AdamW's two moments; measured exactly so by benchmarks/fsdp_memory.py). With the full
+checkpoint format (``--format full``, the default here: the committed results) rank 0's peak
 includes the checkpoint: the full state gathered into host memory (``full_state_dict`` with
 ``cpu_offload``), which on a GPU node is host RAM, not device memory; the other ranks' peaks are
-what a device would have to hold (plus activations).
+what a device would have to hold (plus activations). ``--format sharded`` (FSDP2's default in
+cramlm): every process writes its own shards (train/sharded.py), none gathers. Either way the
+seconds spent writing checkpoints (``checkpoint_seconds`` of each launch's summary) are reported.
 
     python benchmarks/fsdp_end_to_end.py                        # hidden 1024 x 12 layers, ~199M parameters
     python benchmarks/fsdp_end_to_end.py --hidden 512 --layers 4 --out /tmp/e2e.json
+    python benchmarks/fsdp_end_to_end.py --format sharded --out /tmp/e2e-sharded.json
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--format", choices=["full", "sharded"], default="full", help="impl.checkpoint_format of the FSDP2 runs")
     ap.add_argument("--out", help="write the result (JSON) here, and a table beside it (.md)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "train.validate_sequences=0", "train.log_every=1", "train.checkpoint_every=2", "train.optim.lr=1e-4"]
         one = launch(1, [*common, "name=one", "train.budget.steps=3"], tmp / "one")  # prepares the data too
         reference = train_losses(tmp / "one")
-        fsdp = [*common, "impl.distributed=fsdp", "train.budget.steps=3", "train.keep_checkpoints=5"]
+        fsdp = [*common, "impl.distributed=fsdp", f"impl.checkpoint_format={args.format}", "train.budget.steps=3",
+                "train.keep_checkpoints=5"]
         first = launch(args.procs, [*fsdp, "name=fsdp"], tmp / "first")
         straight = train_losses(tmp / "fsdp")
         # killed after step 2: its step-2 checkpoint in a run folder of its own, resumed there
@@ -123,11 +129,14 @@ def main(argv: list[str] | None = None) -> dict:
         summary = json.loads((run / "summary.json").read_text())
         events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"resumed"' in line]
         losses = train_losses(run)
+        seconds = {name: json.loads((tmp / name / "summary.json").read_text())["checkpoint_seconds"]
+                   for name in ("fsdp", "resumed")}
         export = export_matches(run, tmp / "hf")
     params = summary["parameters"]
     result = {
         "benchmark": "fsdp_end_to_end", "command": " ".join(["python", "benchmarks/fsdp_end_to_end.py", *(argv or sys.argv[1:])]),
-        "parameters": params, "processes": args.procs,
+        "parameters": params, "processes": args.procs, "checkpoint_format": args.format,
+        "checkpoint_seconds": {"fsdp_first": seconds["fsdp"], "fsdp_resumed": seconds["resumed"]},
         "state_bytes_per_process": {"ddp": 16 * params, "fsdp": 16 * params / args.procs},
         "peak_rss": {"fsdp_first": [r["peak_rss"] for r in first], "fsdp_resumed": [r["peak_rss"] for r in resumed],
                      "one_process": [r["peak_rss"] for r in one]},
@@ -136,8 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     gb = lambda b: f"{b / 1e9:.2f}"  # noqa: E731
     lines = [f"llama {args.hidden}x{args.layers}, {params / 1e6:.1f}M parameters; state per process: DDP "
-             f"{gb(16 * params)} GB, FSDP2 at {args.procs} {gb(16 * params / args.procs)} GB",
-             "", "| launch | peak RSS rank 0 GB (with the checkpoint gather) | peak RSS other ranks GB (max) |", "|---|---:|---:|"]
+             f"{gb(16 * params)} GB, FSDP2 at {args.procs} {gb(16 * params / args.procs)} GB; checkpoints {args.format}: "
+             f"{seconds['fsdp']:.2f} s writing 2 (steps 2, 3), {seconds['resumed']:.2f} s writing 1 after the resume",
+             "", "| launch | peak RSS rank 0 GB | peak RSS other ranks GB (max) |", "|---|---:|---:|"]
     for name, rows in (("FSDP2, steps 1-3, checkpoints", first), ("FSDP2 resumed at step 2, step 3", resumed), ("one process, steps 1-3", one)):
         others = [r["peak_rss"] for r in rows[1:]]
         lines.append(f"| {name} | {gb(rows[0]['peak_rss'])} | {gb(max(others)) if others else '-'} |")

@@ -382,7 +382,7 @@ def write_sharded_checkpoint(root: Path, step: int, model_state: dict, optim_sta
         except Exception as e:
             if not ready:
                 broadcast_object("failed", d)
-            needed = (_nbytes(model_state) + _nbytes(tensors)) * d.world + _nbytes(training)
+            needed = _nbytes(model_state) + _nbytes(tensors) + _nbytes(training)  # (a DTensor's numel is global)
             free = shutil.disk_usage(root).free
             outcome = (needed, free, latest_checkpoint(root)) if _is_disk_full(e) else f"{type(e).__name__}: {e}"
             broadcast_object(outcome, d)
