@@ -267,11 +267,15 @@ def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool 
     if (folder / "manifest.json").is_file():
         return load_prepared(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with FolderLock(folder.with_name(f".{folder.name}.lock"), f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S):
-        if (folder / "manifest.json").is_file():  # the process that held the lock prepared it
-            return load_prepared(folder)
-        prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
-        return merge_prepared(cfg, cache_root, 1)
+    lock = folder.with_name(f".{folder.name}.lock")
+    prepared = None
+    with FolderLock(lock, f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S):
+        if not (folder / "manifest.json").is_file():  # else the process that held the lock prepared it
+            prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
+            prepared = merge_prepared(cfg, cache_root, 1)
+        # prepared: whoever takes the lock from now on (this file, or a new one) finds the manifest
+        lock.unlink(missing_ok=True)
+    return prepared or load_prepared(folder)
 
 
 PREPARE_WAIT_S = 7200  # how long a second preparation of one config waits for the first
