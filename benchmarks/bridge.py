@@ -7,7 +7,8 @@ checkpoint before its own decay starts, with its budget and the warm-up in absol
 changes: it is bit for bit the WSD run trained at that budget from the start
 (tests/train/test_branch.py). The budgeted schedule (cramming's budget-triangle2) at 1x is the check
 that WSD costs nothing (``triangle``). Every point is fine-tuned on the five shared tasks (median of 3
-seeds), beside each line's untrained twin.
+seeds), beside each line's untrained twin, and scored zero-shot on the first 300 pairs of each of the 36
+shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and their generator).
 
     python benchmarks/bridge.py plan                         # every command, in order
     python benchmarks/bridge.py long --line rtd --seed 0     # the long run (continues where it stopped)
@@ -98,7 +99,8 @@ def eval_cmd(out: Path, run: str, data_dir: str, twin: bool = False) -> list[str
     return ["cramlm", "eval", f"checkpoint={out / run}" + ("-untrained" if twin else ""), "impl.progress=false",
             "impl.threads=1", "eval.seeds=3", "eval.max_train_examples=4000",
             "eval.tasks=[" + ",".join(f"{data_dir}/tasks/{t}" for t in TASKS) + "]",
-            f"eval.minimal_pairs.paths=[{data_dir}/minimal_pairs/blimp]", "eval.minimal_pairs.pll=[word-l2r,original]"]
+            f"eval.minimal_pairs.paths=[{data_dir}/minimal_pairs/blimp]", "eval.minimal_pairs.pll=[word-l2r,original]",
+            "eval.minimal_pairs.max_pairs=300"]  # 10,800 pairs (standard error ~0.5 points): ~9 CPU-minutes at 128x4
 
 
 def run(cmd: list[str], log: Path) -> None:
