@@ -170,6 +170,11 @@ def test_which_changes_a_resume_accepts():
     assert resume_changes(old, shorter, ["train.budget"], "x")["train.budget.steps"] == [10, 5]
     faster = {**new, "train": {**new["train"], "optim": {"lr": 2e-3}}}
     assert resume_changes(old, faster, ["train.optim"], "x")["train.optim.lr"] == [1e-3, 2e-3]  # a prefix allows
+    # what is counted against the budget changes no maths; the lr does
+    counted = {**new, "count_eval": True, "count_compile": False}
+    assert resume_changes({**old, "count_eval": False, "count_compile": True}, counted, [], "x") == resume_changes(old, new, [], "x")
+    with pytest.raises(ValueError, match=r"train.optim.lr 0.001 -> 0.002"):
+        resume_changes({**old, "count_eval": False}, {**faster, "count_eval": True}, [], "x")
 
 
 def test_allow_change_without_a_resume_is_a_usage_error():
