@@ -203,7 +203,8 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
         if not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
             text += (", but not yet features these tasks need beyond what fine-tuning from random weights finds "
-                     "(a longer budget or a task closer to the corpus; see the README's results)")
+                     "(measured on 2 CPU cores: a minute pays on no task, an hour on sentence-pair tasks and not on single "
+                     "sentences; benchmarks/results/demo_minute_vs_twin.md)")
     return text + "."
 
 
