@@ -245,7 +245,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         prepare_run_dir(cfg, resume_from, say)
     barrier(dist)
     if resume_from is not None:
-        ckpt.resume_trainer(trainer, resume_from, changes, say)
+        ckpt.resume_trainer(trainer, resume_from, changes, say, budgets=ckpt.budget_keys(cfg))
     elif cfg.resume == "auto":
         say("cramlm: resume=auto found no checkpoint; starting fresh")
     if dist.main:

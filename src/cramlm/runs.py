@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from cramlm.config.base import Config, SafeName
+from cramlm.config.base import RESUME_FREE, RESUME_GROW, Config, SafeName
 from cramlm.config.registry import component
 from cramlm.constants import OUTPUTS_DIR
 from cramlm.locks import FolderLock, LockHeld
@@ -59,8 +59,8 @@ def readable_budget(tree: dict) -> dict:
 
 
 class PretrainConfig(Config):
-    name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')")
-    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders (relative to the working directory)")
+    name: SafeName = Field("default", description="run folder: <base_dir>/<name> (one folder name: no '/', no '..')", json_schema_extra=RESUME_FREE)
+    base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders (relative to the working directory)", json_schema_extra=RESUME_FREE)
     seed: int = Field(0, description="seeds model init, masking and data order; the same seed and config train the same run")
     budget: float | None = Field(
         1 / 60,
@@ -69,34 +69,34 @@ class PretrainConfig(Config):
             "train.budget.tokens/flops/steps must be set. With several budgets the first one spent ends the "
             "run."
         ),
-        json_schema_extra={"shown_default": "1m"},
+        json_schema_extra={**RESUME_GROW, "shown_default": "1m"},
     )
     count_compile: bool = Field(
         True, description="the first step (where torch.compile and warm-up happen) counts against the hours, as in "
-        "cramming; false: its time is left off the clock (always recorded as first_step_seconds)")
+        "cramming; false: its time is left off the clock (always recorded as first_step_seconds)", json_schema_extra=RESUME_FREE)
     count_eval: bool = Field(
         False, description="held-out validation time counts against the hours; false: left off the clock (recorded "
-        "as eval_seconds)")
+        "as eval_seconds)", json_schema_extra=RESUME_FREE)
     dryrun: bool = Field(
         False, description="full data preparation, then impl.dryrun_steps steps of one microbatch (no clock)"
     )
     resume: str | None = Field(
-        None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder'
+        None, description='"auto": continue from the newest checkpoint of this run if any; or a checkpoint folder', json_schema_extra=RESUME_FREE
     )
     overwrite: bool = Field(
         False, description="a fresh run in a folder that holds a run already deletes that run whole first (its "
         "checkpoints, weights, metrics, evaluations, report); false: such a folder is refused, naming the ways out "
-        "(another name=, --resume auto, overwrite=true)")
+        "(another name=, --resume auto, overwrite=true)", json_schema_extra=RESUME_FREE)
     allow_change: list[str] = Field(
         [], description="config keys (or key prefixes) a resume may change although they change the maths, e.g. "
-        "[train.optim.lr]; each change is recorded (docs/training.md)"
+        "[train.optim.lr]; each change is recorded (docs/training.md)", json_schema_extra=RESUME_FREE
     )
     plugins: list[str] = Field([], description="modules to import first (they may register components); "
-                               "trusted code: importing a module runs it, like any Python import")
+                               "trusted code: importing a module runs it, like any Python import", json_schema_extra=RESUME_FREE)
     arch: component(ModelConfig) = Field(description="the model (the arch group: a component, its type picks the class)")
     train: TrainConfig = Field(TrainConfig(), description="optimizer, schedule, batch, budgets and checkpoints (the train group)")
     data: DataConfig = Field(DataConfig(), description="corpus, tokenizer and packing (the data group)")
-    impl: ImplConfig = Field(ImplConfig(), description="device, precision, speed and logging; no effect on the maths (the impl group)")
+    impl: ImplConfig = Field(ImplConfig(), description="device, precision, speed and logging; no effect on the maths (the impl group)", json_schema_extra=RESUME_FREE)
 
     @field_validator("budget", mode="before")
     @classmethod

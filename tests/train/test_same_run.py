@@ -157,7 +157,12 @@ def test_eval_and_export_refuse_weights_that_fail_their_digest(finished, tmp_pat
 
 
 def test_which_changes_a_resume_accepts():
-    from cramlm.train.checkpoint import resume_changes
+    from cramlm.config.base import resume_policy
+    from cramlm.runs import PretrainConfig
+    from cramlm.train.checkpoint import resume_changes as changes
+
+    def resume_changes(old, new, allow, where):
+        return changes(old, new, allow, where, resume_policy(PretrainConfig))
 
     old = {"budget": 1.0, "seed": 0, "train": {"optim": {"lr": 1e-3}, "budget": {"steps": 10}, "log_every": 10},
            "impl": {"threads": 4, "microbatch_size": 8}}
@@ -175,6 +180,23 @@ def test_which_changes_a_resume_accepts():
     assert resume_changes({**old, "count_eval": False, "count_compile": True}, counted, [], "x") == resume_changes(old, new, [], "x")
     with pytest.raises(ValueError, match=r"train.optim.lr 0.001 -> 0.002"):
         resume_changes({**old, "count_eval": False}, {**faster, "count_eval": True}, [], "x")
+
+
+def test_the_resume_policy_is_the_fields_own():
+    """Which keys a resume may change comes from the fields (config/base.py RESUME_FREE / RESUME_GROW),
+    so a field that moves takes its policy along; every key named exists in the resolved config."""
+    from cramlm.cli.common import resolve_or_exit
+    from cramlm.config.base import resume_policy
+    from cramlm.runs import PretrainConfig
+    from cramlm.train.checkpoint import UNSERVABLE, flat
+
+    policy = resume_policy(PretrainConfig)
+    keys = flat(resolve_or_exit("pretrain", []).model_dump(mode="json"))
+    assert all(any(k == p or k.startswith(p + ".") for k in keys) for p in [*policy, *UNSERVABLE]), policy
+    assert {k for k, v in policy.items() if v == "grow"} == {"budget", "train.budget.tokens", "train.budget.flops",
+                                                                "train.budget.steps"}
+    assert {"count_eval", "count_compile", "impl", "train.log_every", "data.name"} <= set(policy)
+    assert not {"seed", "train.optim", "train.optim.lr", "train.schedule", "data.tokenizer"} & set(policy)
 
 
 def test_allow_change_without_a_resume_is_a_usage_error():

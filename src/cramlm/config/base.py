@@ -28,6 +28,25 @@ class Config(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
 
+# What a resume may change, as a property of each field (``Field(..., json_schema_extra=RESUME_FREE)``);
+# every other field changes the maths and a resume refuses its change unless allowed (train/checkpoint.py)
+RESUME_FREE = {"resume": "free"}  # changes no maths: where the run lives, how it is watched, stored or run
+RESUME_GROW = {"resume": "grow"}  # a budget: a resume may let the run go on at least as long (null: no limit)
+
+
+def resume_policy(cls: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """{dotted key: 'free' | 'grow'} for each field of ``cls``, through its nested configs, that
+    carries a resume policy (a policy on a nested config's field covers all of it: ``impl``)."""
+    out: dict[str, str] = {}
+    for name, field in cls.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "resume" in extra:
+            out[prefix + name] = extra["resume"]
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out.update(resume_policy(field.annotation, f"{prefix}{name}."))
+    return out
+
+
 class ComponentConfig(Config):
     """Config of a registered component. ``kind`` is the registry section (set on the base class
     of each section), ``type`` the registered name of the concrete component."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Literal
 from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
-from cramlm.config.base import Config, PositiveInt, SafeName
+from cramlm.config.base import RESUME_FREE, Config, PositiveInt, SafeName
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
@@ -42,7 +42,7 @@ PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of
 
 
 class DataConfig(Config):
-    name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>")
+    name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>", json_schema_extra=RESUME_FREE)
     sources: list[component(SourceConfig)] = Field(
         [JsonlSourceConfig(path="pkg://moby_dick.jsonl.gz")],
         description="the corpora to read, in order; each a component with its own type (jsonl, text, parquet, auto, hf)")

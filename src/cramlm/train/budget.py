@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
-from cramlm.config.base import Config
+from cramlm.config.base import RESUME_GROW, Config
 
 
 class BudgetConfig(Config):
@@ -31,11 +31,11 @@ class BudgetConfig(Config):
     against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (runs.py)."""
 
     tokens: PositiveFloat | None = Field(
-        None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget")
+        None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget", json_schema_extra=RESUME_GROW)
     flops: PositiveFloat | None = Field(
         None, description="training FLOPs, counted as tokens x the model's forward+backward FLOPs per token, plus "
-        "steps x the optimizer's own FLOPs per step (Muon's Newton-Schulz); null: none")
-    steps: PositiveInt | None = Field(None, description="optimizer steps; null: no step budget")
+        "steps x the optimizer's own FLOPs per step (Muon's Newton-Schulz); null: none", json_schema_extra=RESUME_GROW)
+    steps: PositiveInt | None = Field(None, description="optimizer steps; null: no step budget", json_schema_extra=RESUME_GROW)
 
 
 @dataclass

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model
 
+from cramlm.config.base import resume_policy
 from cramlm.io import (
     DIGESTS,
     digest_record,
@@ -568,9 +569,10 @@ def check_same_data(folder: Path, data_now: dict[str, str]) -> None:
         )
 
 
-def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print) -> None:
+def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print, budgets: tuple[str, ...] = ()) -> None:
     """``trainer.resume`` with its failures as one clear line naming the checkpoint; accepted
-    config ``changes`` become a ``config_changed`` event (metrics.jsonl) at the step they take effect."""
+    config ``changes`` become a ``config_changed`` event (metrics.jsonl) at the step they take effect,
+    unless they only extend ``budgets`` (``budget_keys``)."""
     from cramlm.train.batches import DataFormatError
 
     try:
@@ -588,7 +590,7 @@ def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print
     if not trainer.data.keyed:
         say("cramlm: its data state is format 1 (written before masks were keyed by stream position): the run "
             "continues on that path, bit for bit: every process draws and masks the whole global batch")
-    if any(k not in BUDGET for k in changes):  # (a longer budget alone is no event: runs are extended often)
+    if any(k not in budgets for k in changes):  # (a longer budget alone is no event: runs are extended often)
         step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
         trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,
                               "message": f"config changed from step {step}: {listed}"})
@@ -609,14 +611,21 @@ def adopt_checkpoint_threads(impl, folder: Path, world: int, say) -> None:
 
 # ------------------------------------------------------------------ resume: is it the same run?
 
-# What a resume may change without allow_change: where the run lives and how it is watched, stored or
-# run on this machine, not what it computes. impl.* never changes the maths (the precision it resolves
-# to is compared instead: train/checkpoint.py); budget keys may extend the run.
-UNCHECKED = ("name", "base_dir", "resume", "overwrite", "allow_change", "plugins", "impl", "data.name",
-             "train.log_every", "train.validate_every", "train.validate_sequences", "train.checkpoint_every",
-             "train.checkpoint_minutes", "train.keep_checkpoints", "train.on_nonfinite", "train.max_nonfinite",
-             "count_compile", "count_eval")
-BUDGET = ("budget", "train.budget.tokens", "train.budget.flops", "train.budget.steps")
+# What a resume may change without allow_change is a property of each config field
+# (config/base.py RESUME_FREE / RESUME_GROW; ``resume_policy`` of the root config): where the run lives
+# and how it is watched, stored or run on this machine (impl.* never changes the maths: the precision
+# it resolves to is compared instead), and budgets, which may extend the run.
+
+
+def _keys(policy: dict[str, str], kind: str) -> tuple[str, ...]:
+    return tuple(k for k, v in policy.items() if v == kind)
+
+
+def budget_keys(cfg) -> tuple[str, ...]:
+    """The keys of ``cfg``'s config class that a resume may only grow (its budgets)."""
+    return _keys(resume_policy(type(cfg)), "grow")
+
+
 # changes no checkpoint can serve, allowed or not: its optimizer state is of its optimizer, its weights
 # and batches of its objective
 UNSERVABLE = {"train.optim.type": "a checkpoint's optimizer state loads only into the optimizer that wrote it",
@@ -644,10 +653,12 @@ def _extends(key: str, old: Any, new: Any) -> bool:
     return new is None or (isinstance(old, (int, float)) and isinstance(new, (int, float)) and new >= old)
 
 
-def resume_changes(old: dict, new: dict, allow: list[str], where: str) -> dict[str, list]:
+def resume_changes(old: dict, new: dict, allow: list[str], where: str, policy: dict[str, str]) -> dict[str, list]:
     """The changes of a resumed run's config (``new``, resolved) against the config its checkpoint
     was written with (``old``): {key: [old, new]} for each budget extension and each key in
-    ``allow``; any other change of the maths is refused, listing each key old -> new."""
+    ``allow``; any other change of the maths is refused, listing each key old -> new. ``policy``:
+    the root config's ``resume_policy`` (which keys are free, which may only grow)."""
+    free, grow = _keys(policy, "free"), _keys(policy, "grow")
     before, after = flat(old), flat(new)
     unknown = [a for a in allow if not any(_under(k, [a]) for k in {*before, *after})]
     if unknown:
@@ -655,9 +666,9 @@ def resume_changes(old: dict, new: dict, allow: list[str], where: str) -> dict[s
     # keys only one side has (a field of another cramlm version, another component's fields) are
     # not compared: a component change shows as its `type`
     changed = {k: [before[k], after[k]] for k in sorted(before.keys() & after.keys())
-               if before[k] != after[k] and not _under(k, UNCHECKED)}
+               if before[k] != after[k] and not _under(k, free)}
     refused = {k: v for k, v in changed.items()
-               if not _under(k, allow) and not (k in BUDGET and _extends(k, *v))}
+               if not _under(k, allow) and not (k in grow and _extends(k, *v))}
     if refused:
         listed = "; ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in refused.items())
         raise ValueError(
@@ -724,7 +735,7 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
     check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
     check_same_data(folder, data.identity())
-    changes = resume_changes(old, new, cfg.allow_change, str(folder)) if old else {}
+    changes = resume_changes(old, new, cfg.allow_change, str(folder), resume_policy(type(cfg))) if old else {}
     if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes

@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from cramlm.config.base import (
+    RESUME_FREE,
     ComponentConfig,
     Config,
     NonNegativeFloat,
@@ -135,23 +136,23 @@ class TrainConfig(Config):
         "with MLM fills the masked positions with samples and the model, the discriminator, predicts which tokens "
         "were replaced at every position; train.rtd sizes it). Causal LMs: mlm only (ignored)")
     rtd: RTDConfig = Field(RTDConfig(), description="train.objective=rtd: the generator's size and the loss weight")
-    log_every: PositiveInt = Field(10, description="optimizer steps between metric lines")
+    log_every: PositiveInt = Field(10, description="optimizer steps between metric lines", json_schema_extra=RESUME_FREE)
     validate_every: UnitFloat = Field(
-        0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)"
+        0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)", json_schema_extra=RESUME_FREE
     )
     validate_sequences: NonNegativeInt = Field(
         512, description="val_loss scores the first this many sequences of the held-out set (eval/lm.py), "
-        "token-weighted; a quick check of the run, not `cramlm eval`'s held-out loss (0: no validation)"
+        "token-weighted; a quick check of the run, not `cramlm eval`'s held-out loss (0: no validation)", json_schema_extra=RESUME_FREE
     )
-    checkpoint_every: NonNegativeInt = Field(0, description="optimizer steps between checkpoints (0: by time only)")
+    checkpoint_every: NonNegativeInt = Field(0, description="optimizer steps between checkpoints (0: by time only)", json_schema_extra=RESUME_FREE)
     checkpoint_minutes: PositiveFloat | None = Field(
-        30.0, description="wall-clock minutes between checkpoints (null: by steps only)"
+        30.0, description="wall-clock minutes between checkpoints (null: by steps only)", json_schema_extra=RESUME_FREE
     )
-    keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept; the final one is always written")
+    keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept; the final one is always written", json_schema_extra=RESUME_FREE)
     on_nonfinite: Literal["skip", "rollback", "raise"] = Field(
-        "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop"
+        "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop", json_schema_extra=RESUME_FREE
     )
-    max_nonfinite: NonNegativeInt = Field(20, description="consecutive non-finite steps before the run gives up")
+    max_nonfinite: NonNegativeInt = Field(20, description="consecutive non-finite steps before the run gives up", json_schema_extra=RESUME_FREE)
     document_attention: bool = Field(
         False, description="tokens attend only within their own document of a packed block (document_ids per "
         "token, positions reset at each document); off: across the whole block, as cramming does"
