@@ -89,3 +89,29 @@ def record_collated(into: list[int]):
 
     StepData.sequences = recording
     return lambda: setattr(StepData, "sequences", sequences)
+
+
+# a tiny finished run with checkpoints at steps 1 and 2, shared by the run-folder tests
+FINISHED_STEPS = ["budget=null", "train.budget.steps=2", "train.checkpoint_every=1"]
+
+
+def finished_run(tmp_path_factory, label: str) -> Path:
+    base = tmp_path_factory.mktemp(label)
+    run_inprocess(base, "base", *FINISHED_STEPS)
+    return base / "base"
+
+
+def copy_run(finished: Path, name: str) -> Path:
+    import shutil
+
+    run_dir = finished.parent / name
+    shutil.copytree(finished, run_dir)
+    return run_dir
+
+
+def invoke(*args: str):
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    return CliRunner().invoke(main, list(args))

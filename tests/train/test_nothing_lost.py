@@ -6,37 +6,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from cramlm.cli import main
 from cramlm.io import DIGESTS, write_digests
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
-from .helpers import overrides, run_inprocess
+from .helpers import FINISHED_STEPS, copy_run, finished_run, invoke, overrides
 
-STEPS = ["budget=null", "train.budget.steps=2", "train.checkpoint_every=1"]
-
-
-def invoke(*args: str):
-    return CliRunner().invoke(main, list(args))
+STEPS = FINISHED_STEPS
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A tiny finished run with checkpoints at steps 1 and 2."""
-    base = tmp_path_factory.mktemp("nothing-lost")
-    run_inprocess(base, "base", *STEPS)
-    return base / "base"
-
-
-def copy_run(finished: Path, name: str) -> Path:
-    run_dir = finished.parent / name
-    shutil.copytree(finished, run_dir)
-    return run_dir
+    return finished_run(tmp_path_factory, "nothing-lost")
 
 
 def pretrain(finished: Path, name: str, *extra: str):
