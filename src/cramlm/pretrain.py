@@ -231,14 +231,11 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
     resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
-    train_cfg, hours = (dryrun_config(cfg.train, cfg.impl, dist.world), None) if cfg.dryrun else (cfg.train, cfg.budget)
-    config = cfg.model_dump(mode="json")
-    trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, hours=hours, device=device,
+    train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
+    trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,
                             heldout=validation_set(cfg, data, vocab_size),
                             sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
-                            max_steps=cfg.impl.dryrun_steps if cfg.dryrun else None, config=config,
-                            record={"config": config, "data": data.identity()},  # in every checkpoint it writes
-                            count_compile=cfg.count_compile, count_eval=cfg.count_eval)
+                            record={"config": cfg.model_dump(mode="json"), "data": data.identity()})
     if resume_from is not None:
         changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
     if dist.main:

@@ -24,6 +24,7 @@ from cramlm.locks import FolderLock, LockHeld
 from cramlm.io import CheckpointFileError, load_error_reason, safetensors_shapes
 from cramlm.data.prepare import DataConfig
 from cramlm.models.base import ModelConfig, build_model
+from cramlm.train.budget import Clock
 from cramlm.train.config import TrainConfig
 from cramlm.train.impl import ImplConfig
 
@@ -109,6 +110,13 @@ class PretrainConfig(Config):
         if value is not None and value <= 0:
             raise ValueError("must be positive")
         return value
+
+    def clock(self) -> Clock:
+        """The wall clock the run is held to: the hours and what counts against them; a dry run
+        has none and stops after impl.dryrun_steps."""
+        if self.dryrun:
+            return Clock(None, self.count_compile, self.count_eval, step_limit=self.impl.dryrun_steps)
+        return Clock(self.budget, self.count_compile, self.count_eval)
 
     @model_validator(mode="before")
     @classmethod

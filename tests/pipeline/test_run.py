@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from cramlm.cli import main
 from cramlm.config.loader import ConfigError
-from cramlm.pipeline.recipe import plan, read_record, resolve_recipe, selected, stage_keys
+from cramlm.pipeline.recipe import read_record, resolve_recipe, selected, stage_keys, stages_to_run
 
 from .conftest import TINY_RUN, cramlm
 
@@ -84,7 +84,7 @@ def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_p
     assert after["eval-untrained.json"] == before["eval-untrained.json"]
     monkeypatch.chdir(tmp_path)  # run_dir is relative: outputs/default
     cfg = resolve_recipe("default", [*TINY_RUN, "train.optim.lr=2e-3", "eval.epochs=2"])
-    assert plan(cfg, read_record(run)) == ["eval", "eval-untrained", "report"]
+    assert stages_to_run(cfg, read_record(run)) == ["eval", "eval-untrained", "report"]
 
 
 def test_untrained_twin_switch():

@@ -277,7 +277,7 @@ def selected(cfg: PipelineConfig) -> list[str]:
     return [s for s in STAGES if s in cfg.stages and (s != TWIN or cfg.untrained_twin)]
 
 
-def plan(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
+def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
     """The stages to run now: selected, and unfinished or forced or after one that runs (a stage
     independent of the training runs after one that runs only if its own key changed)."""
     keys, todo = stage_keys(cfg), []
@@ -332,7 +332,7 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     record["name"] = cfg.name
     if recipe is not None:
         record["recipe"] = recipe
-    todo = plan(cfg, record)
+    todo = stages_to_run(cfg, record)
     if rank != 0:
         if "pretrain" in todo:
             run_pretrain(cfg)

@@ -97,11 +97,11 @@ class BatchPlan:
     keeps at least ``min_updates`` steps in the remaining budget, rounded to the process count.
     ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates)."""
 
-    def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget):
+    def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget, optimizer_flops_per_step: float = 0.0):
         cfg.check_microbatches(micro, world)
         self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
         self.full = cfg.full_batch() // micro
-        self.optimizer_flops_per_step = 0.0  # the trainer sets it (Muon's Newton-Schulz)
+        self.optimizer_flops_per_step = optimizer_flops_per_step  # Muon's Newton-Schulz; 0 for AdamW
 
     def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
         n = self.full
@@ -147,15 +147,27 @@ class Costs:
     peak: float | None  # FLOP/s of one process's device
     peak_source: str
     # matmul FLOPs of one optimizer step (Muon's Newton-Schulz; 0 for AdamW), the algorithm's count,
-    # once per step (DDP repeats it on every process; like recomputation, such repeats are left out);
-    # set by the trainer once it has built the optimizer
+    # once per step (DDP repeats it on every process; like recomputation, such repeats are left out)
     optimizer_flops_per_step: float = 0.0
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The wall clock a run is held to and what counts against it: ``hours`` (the root key ``budget``;
+    None: no clock), ``count_compile`` and ``count_eval`` (the root keys of the same names), and
+    ``step_limit``: stop after that many steps whatever the budget (dry runs; None: no limit)."""
+
+    hours: float | None = None
+    count_compile: bool = True
+    count_eval: bool = False
+    step_limit: int | None = None
 
 
 def measure_costs(model, seq_len: int, sample: dict | None, device, dtype=None) -> Costs:
     """FLOPs per token (the model's own count, else counted on ``sample``) and the device's peak for
     the precision in use (``dtype``: the autocast dtype, None: fp32; a table on GPU, a short GEMM
-    probe on CPU). Run on the plain model, before it is wrapped."""
+    probe on CPU). Run on the plain model, before it is wrapped; the optimizer's own FLOPs are
+    added once it is built (build.py)."""
     from cramlm.train.flops import flops_per_token, peak_flops
 
     if sample is not None:  # a small slice: its labels also give the scored fraction of MLM positions
@@ -170,16 +182,15 @@ class Meter:
     """What the run has spent, as the budget counts it, and how fast it goes.
 
     The clock starts with ``start()`` (after set-up) and leaves out what the budget does not count:
-    the first step (compilation, warm-up) unless ``count_compile``, validation unless ``count_eval``
+    the first step (compilation, warm-up) unless ``clock.count_compile``, validation unless ``clock.count_eval``
     (``timed``). Each step, every process reads its clock (``reading``), the slowest reading is
     adopted everywhere (the caller reduces it with the step's other flags) and ``record`` books the
     step, so t, the lr and the stop decision agree on every process. The throughput is measured
     from the second step on (the first one includes compilation)."""
 
-    def __init__(self, budget: Budget, costs: Costs, world: int = 1, max_steps: int | None = None,
-                 count_compile: bool = True, count_eval: bool = False):
-        self.budget, self.costs, self.world, self.max_steps = budget, costs, world, max_steps
-        self.count = {"compile": count_compile, "eval": count_eval}  # the root keys count_compile, count_eval
+    def __init__(self, budget: Budget, costs: Costs, world: int = 1, clock: Clock = Clock()):
+        self.budget, self.costs, self.world, self.step_limit = budget, costs, world, clock.step_limit
+        self.count = {"compile": clock.count_compile, "eval": clock.count_eval}
         self.used = Usage()
         self.times = {"first_step_seconds": 0.0, "eval_seconds": 0.0, "checkpoint_seconds": 0.0}
         self.rate_tokens, self.rate_seconds, self.rate_steps = 0, 0.0, 0
@@ -196,7 +207,7 @@ class Meter:
 
     @property
     def done(self) -> bool:
-        return self.t >= 1.0 or (self.max_steps is not None and self.used.steps >= self.max_steps)
+        return self.t >= 1.0 or (self.step_limit is not None and self.used.steps >= self.step_limit)
 
     def reading(self, step_seconds: float) -> float:
         """This process's counted seconds since ``start``, for a step that has run ``step_seconds``."""

@@ -3,48 +3,48 @@ training loop used to write out itself (``cramlm pretrain``, the planner's throu
 benchmarks/train_step.py, the tests).
 
     precision   impl.precision resolved once for this device and model (auto: measured, cached)
-    costs       FLOPs per token and the device's peak at that precision (MFU), on the plain model
-    meter       the budget (train.budget + the root hours) and the clock that spends it
+    costs       FLOPs per token (on the plain model), the optimizer's per step, the device's peak (MFU)
     parallel    activation checkpointing, DDP/FSDP2, torch.compile (parallelize.py)
-    Trainer     optimizer, schedule, batch plan, checkpoints (trainer.py)
+    optimizer   train.optim on the wrapped module (optim.py)
+    meter       the budget (train.budget + the clock: hours and what counts against them)
+    Trainer     schedule, batch plan, checkpoints (trainer.py)
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from cramlm.train.budget import Budget, Meter, measure_costs
+from cramlm.train.budget import Budget, Clock, Meter, measure_costs
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import Dist
 from cramlm.train.impl import ImplConfig, resolve_precision
+from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
 from cramlm.train.parallelize import parallelize
 from cramlm.train.batches import StepData
 from cramlm.train.trainer import Trainer
 
 
 def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, impl: ImplConfig, run_dir: str | Path, *,
-                  dist: Dist | None = None, hours: float | None = None, heldout=None,
-                  sample: dict | None = None, max_steps: int | None = None, config: dict | None = None,
-                  record: dict | None = None, count_compile: bool = True, count_eval: bool = False,
-                  device: torch.device | None = None) -> Trainer:
+                  dist: Dist | None = None, clock: Clock = Clock(), heldout=None, sample: dict | None = None,
+                  record: dict | None = None, device: torch.device | None = None) -> Trainer:
     """A Trainer for ``model`` (plain, on ``device``, default the one it is on; under FSDP2 it may
     still be on the host: sharding moves it block by block) on ``data`` under ``train``'s budget
-    and ``hours`` of wall clock. ``heldout``: what val_loss scores (eval/lm.py's HeldOut; None: no
-    validation); ``sample``: a batch at training's masking rate that the FLOPs are counted on when the
-    model has no count of its own; ``max_steps``: stop after that many
-    steps whatever the budget (dry runs); ``config``/``record``: the run's config for metrics.jsonl
-    and what a checkpoint records about the run (trainer.py); ``count_compile``/``count_eval``:
-    whether the first step and validation count against ``hours`` (the root keys of the same names)."""
+    and ``clock``. ``heldout``: what val_loss scores (eval/lm.py's HeldOut; None: no validation);
+    ``sample``: a batch at training's masking rate that the FLOPs are counted on when the model has
+    no count of its own; ``record``: what the run is (``{"config": ..., "data": ...}``): the config
+    heads metrics.jsonl and the whole record goes into every checkpoint's state.json."""
     dist = dist or Dist()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     precision = resolve_precision(impl, device, model)  # MFU against the peak of the precision in use
-    costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)
-    meter = Meter(Budget(train.budget, hours, costs.flops_per_token), costs, dist.world, max_steps=max_steps,
-                  count_compile=count_compile, count_eval=count_eval)
-    return Trainer(parallelize(model, impl, dist, device), data, train, impl, meter, run_dir, precision,
-                   heldout=heldout, config=config, record=record)
+    costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)  # on the plain model
+    parallel = parallelize(model, impl, dist, device)
+    optimizer = build_optimizer(train.optim, parallel.module)  # on the wrapped module (FSDP2: its shards)
+    costs = replace(costs, optimizer_flops_per_step=optimizer_flops_per_step(optimizer))  # Muon's Newton-Schulz
+    meter = Meter(Budget(train.budget, clock.hours, costs.flops_per_token), costs, dist.world, clock)
+    return Trainer(parallel, optimizer, data, train, impl, meter, run_dir, precision, heldout=heldout, record=record)
 
 
 def dryrun_config(train: TrainConfig, impl: ImplConfig, world: int) -> TrainConfig:

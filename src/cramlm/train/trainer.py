@@ -56,7 +56,7 @@ from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
-from cramlm.train.optim import build_optimizer, optimizer_flops_per_step, own_implementation
+from cramlm.train.optim import own_implementation
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.hardware import PrecisionChoice
@@ -213,22 +213,20 @@ class Window:
 class Trainer:
     """Trains a ready model (``parallelize``) on ``data`` under ``meter``'s budget; ``fit()``."""
 
-    def __init__(self, model: Parallel, data: StepData, cfg: TrainConfig, impl: ImplConfig, meter: Meter,
-                 run_dir: Path, precision: PrecisionChoice, heldout=None, config: dict | None = None,
+    def __init__(self, model: Parallel, optimizer: torch.optim.Optimizer, data: StepData, cfg: TrainConfig,
+                 impl: ImplConfig, meter: Meter, run_dir: Path, precision: PrecisionChoice, heldout=None,
                  record: dict | None = None):
         self.model, self.module, self.dist, self.device = model.model, model.module, model.dist, model.device
         self.aliases, self.data, self.cfg, self.impl, self.meter = model.aliases, data, cfg, impl, meter
-        self.run_dir, self.config = Path(run_dir), config or {}
+        self.run_dir, self.optimizer = Path(run_dir), optimizer
         self.record = record or {}  # what the run is (config, data identity): in every checkpoint's state.json
+        self.config = self.record.get("config", {})  # heads metrics.jsonl
         self.checkpoints = self.run_dir / "checkpoints"
-        self.optimizer = build_optimizer(cfg.optim, self.module)
-        # the optimizer's own matmuls (Muon's Newton-Schulz) count in the FLOP budget and in MFU
-        meter.costs.optimizer_flops_per_step = optimizer_flops_per_step(self.optimizer)
         self.precision = precision  # resolved once, by build_trainer
-        self.steps = OptimizerStep(self.optimizer, self.module, self.device, self.precision.dtype, cfg.grad_clip)
+        self.update = OptimizerStep(self.optimizer, self.module, self.device, self.precision.dtype, cfg.grad_clip)
         self.schedule = build_schedule(cfg.schedule)
-        self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget)
-        self.plan.optimizer_flops_per_step = meter.costs.optimizer_flops_per_step
+        self.plan = BatchPlan(cfg, impl.microbatch_size, self.dist.world, data.seq_len, meter.budget,
+                              meter.costs.optimizer_flops_per_step)
         self.batches = LocalBatches(data, impl.microbatch_size, self.dist.rank, self.dist.world, self.device,
                                     prefetch=prefetches(impl, self.device))
         # val_loss: the first train.validate_sequences of the held-out set (eval/lm.py), this process's share
@@ -242,7 +240,7 @@ class Trainer:
         self.state = TrainState(meter, self.validation_due)
         self.nonfinite = NonFinite(cfg, self.state.events, self._rollback, self.event)
         # drop non-finite steps on the device, reading the flag only at metrics lines (see the docstring)
-        self.device_skip = cfg.on_nonfinite == "skip" and not self.dist.enabled and self.steps.skips_on_device
+        self.device_skip = cfg.on_nonfinite == "skip" and not self.dist.enabled and self.update.skips_on_device
         self.stop = StopRequest()
         self.last_loss: float | None = None
         self.resumed_from: dict | None = None
@@ -314,15 +312,15 @@ class Trainer:
         m, n_local = self.impl.microbatch_size, n_micro // self.dist.world
         losses, parts = [], {}
         for i, micro in enumerate(self.batches.step(n_micro)):  # (m, T) each: this process's microbatches
-            with gradient_sync(self.model, self.dist, sync=i == n_local - 1), self.steps.autocast():
+            with gradient_sync(self.model, self.dist, sync=i == n_local - 1), self.update.autocast():
                 out = self.model(**micro)
                 loss = out["loss"]
-                self.steps.backward(loss / n_local)
+                self.update.backward(loss / n_local)
             losses.append(loss.detach().float())
             for name in (k for k in out if k.endswith("_loss") and out[k] is not None):  # logged beside the loss
                 parts[name] = parts.get(name, 0.0) + out[name].detach().float()
         sync_replicated_grads(self.module, self.dist)
-        norm = self.steps.clip()
+        norm = self.update.clip()
         loss = torch.stack(losses).sum()
         bad = ~torch.isfinite(loss) if norm is None else ~(torch.isfinite(loss) & torch.isfinite(norm))
         clock = self.meter.reading(time.perf_counter() - start)
@@ -333,11 +331,11 @@ class Trainer:
             stop = self.stop.signal
             bad = bad if self.device_skip else bool(bad)
         if self.device_skip:
-            self.steps.step(skip=bad)
+            self.update.step(skip=bad)
         elif bad:
-            self.steps.drop()
+            self.update.drop()
         else:
-            self.steps.step()
+            self.update.step()
         tokens = n_micro * m * self.data.seq_len
         seconds = time.perf_counter() - start
         self.meter.record(tokens, seconds, clock)
@@ -358,7 +356,7 @@ class Trainer:
         if not self.val_batches:
             return None
         self.model.eval()
-        sums = heldout_sums(self.model, self.heldout.objective, self.val_batches, self.device, self.steps.autocast)
+        sums = heldout_sums(self.model, self.heldout.objective, self.val_batches, self.device, self.update.autocast)
         self.model.train()
         nats, scored, text = all_reduce([sums[0], sums[1], sums[2]], self.dist, "sum", self.device)
         bpt = self.heldout.bytes_per_token  # bits per byte, when the manifest counts the validation bytes
@@ -487,7 +485,7 @@ class Trainer:
         optim_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
         if not self.dist.main:
             return self.checkpoints / f"step-{self.used.steps:08d}"
-        training, state = ckpt.train_state(optim_state, self.steps.state_dict(), self.data.state_dict(), counters)
+        training, state = ckpt.train_state(optim_state, self.update.state_dict(), self.data.state_dict(), counters)
         return ckpt.write_checkpoint(self.checkpoints, self.used.steps, model_state, self.aliases, training, state,
                                      self.cfg.keep_checkpoints)
 
@@ -495,7 +493,7 @@ class Trainer:
         """Each process's own shards of the weights and optimizer state (train/sharded.py)."""
         model_state = {k: v for k, v in get_model_state_dict(self.module).items() if k not in self.aliases}
         optim_state = get_optimizer_state_dict(self.module, self.optimizer)
-        training, state = ckpt.train_state({}, self.steps.state_dict(), self.data.state_dict(), counters)
+        training, state = ckpt.train_state({}, self.update.state_dict(), self.data.state_dict(), counters)
         return ckpt.write_sharded_checkpoint(self.checkpoints, self.used.steps, model_state, optim_state, training,
                                              state, self.cfg.keep_checkpoints, self.dist)
 
@@ -523,7 +521,7 @@ class Trainer:
         with own_implementation(self.optimizer):  # (the writer's may not run here: another layout)
             set_optimizer_state_dict(self.module, self.optimizer, optim_state,
                                      options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
-        self.steps.load_state_dict(training.get("scaler"))
+        self.update.load_state_dict(training.get("scaler"))
         return training, state
 
     def _load_sharded(self, folder: Path) -> tuple[dict, dict]:
@@ -541,7 +539,7 @@ class Trainer:
             raise RuntimeError(f"sharded weights: missing {missing[:5]}, unexpected {sorted(keys.unexpected_keys)[:5]}")
         with own_implementation(self.optimizer):
             set_optimizer_state_dict(self.module, self.optimizer, shards.merge(tensors, training["optimizer"]))
-        self.steps.load_state_dict(training.get("scaler"))
+        self.update.load_state_dict(training.get("scaler"))
         return training, state
 
     def resume(self, folder: Path) -> None:
