@@ -64,7 +64,8 @@ def measure(arch: str, tok, pairs, threads: int, all_variants: bool = True) -> l
     """Seconds per scorer on ``pairs``; ``all_variants``: each PLL variant alone and both together
     (else word-l2r alone: the other variant costs the same)."""
     from cramlm.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
-    from cramlm.eval.pair_models import at_positions, cramlm_encoder
+    from cramlm.eval.pair_models import cramlm_encoder
+    from cramlm.models.objectives.base import at_positions
     from cramlm.eval.sentence_scores import clm_scores, pll_copies, pll_scores, rtd_scores
 
     torch.set_num_threads(threads)

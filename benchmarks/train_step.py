@@ -72,8 +72,8 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     model = build_model(cfg, vocab)
     rtd = objective == "rtd" and cfg.objective == "mlm"
     if rtd:  # train.objective=rtd: the generator and detector around the encoder, as a run builds them
-        from cramlm.models.electra import build_rtd
-        from cramlm.models.config import RTDConfig
+        from cramlm.models.objectives.rtd import build_rtd
+        from cramlm.models.objectives.config import RTDConfig
 
         model = build_rtd(model, RTDConfig(), len(SPECIAL_TOKENS))
     model = model.to(device)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from cramlm.config.extras import check_extras
 from cramlm.config.loader import to_yaml
 from cramlm.data.prepare import prepare_data
-from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS, check_special_ids
+from cramlm.data.tokenizer import check_special_ids
 from cramlm.io import atomic_write, save_safetensors, write_digests, write_json, write_text
 from cramlm.models.base import build_model, takes_document_ids
 from cramlm.runs import (  # noqa: F401 (PretrainConfig, load_run ...: also imported from here)
@@ -51,22 +51,26 @@ def arch_banner(arch) -> str:
 
 
 def make_collator(cfg: PretrainConfig, vocab_size: int, seed: int):
-    from cramlm.data.collate import MLMCollator, causal_collate
+    """The batches the run's objective trains on (models/objectives/)."""
+    from cramlm.models.objectives.base import build_objective
 
-    if cfg.arch.objective == "clm":
-        return causal_collate
-    return MLMCollator(vocab_size, MASK_ID, len(SPECIAL_TOKENS), cfg.train.mlm_probability, seed,
-                       sample_noise=cfg.train.objective == "rtd")  # the RTD generator's sampling noise, keyed alike
-
-
-OBJECTIVE_NAMES = {"mlm": "mlm (masked LM)", "clm": "clm (causal LM)",
-                   "rtd": "rtd (ELECTRA: generator MLM + replaced-token detection)"}
+    return build_objective(cfg).collator(vocab_size, seed)
 
 
 def run_objective(cfg: PretrainConfig) -> str:
-    """What the run trains and its held-out loss measures: mlm, clm, or rtd (ELECTRA; its loss is the
-    generator's MLM loss, not comparable with an MLM run's)."""
-    return "rtd" if cfg.train.objective == "rtd" and cfg.arch.objective == "mlm" else cfg.arch.objective
+    """What the run trains and its held-out loss measures: mlm, clm, rtd (ELECTRA; its loss is the
+    generator's MLM loss, not comparable with an MLM run's), hybrid or a plugin's objective."""
+    from cramlm.models.objectives.base import run_objective_name
+
+    return run_objective_name(cfg)
+
+
+def objective_banner(cfg: PretrainConfig) -> str:
+    """The objective as the banner names it: 'rtd (ELECTRA: generator MLM + replaced-token detection)'."""
+    from cramlm.config.registry import config_class
+
+    name = run_objective(cfg)
+    return f"{name} ({config_class('objective', name).title})"
 
 
 def validation_set(cfg: PretrainConfig, data, vocab_size: int):
@@ -118,11 +122,9 @@ def load_data(cfg: PretrainConfig, dist):
 def run_model(cfg: PretrainConfig, vocab_size: int, device, move: bool = True) -> torch.nn.Module:
     """The run's model, on ``device`` (``move=False``: left on the host, as FSDP2 wants it: it moves
     each block to the device as it shards it, so the whole model never has to fit one device)."""
-    model = build_model(cfg.arch, vocab_size)
-    if run_objective(cfg) == "rtd":  # ELECTRA: the arch is the discriminator; generator and detector around it
-        from cramlm.models.electra import build_rtd
+    from cramlm.models.objectives.base import build_objective
 
-        model = build_rtd(model, cfg.train.rtd, len(SPECIAL_TOKENS))
+    model = build_objective(cfg).training_model(build_model(cfg.arch, vocab_size))  # e.g. ELECTRA's around the arch
     if move:
         model = model.to(device)
     if cfg.train.document_attention and not takes_document_ids(model):
@@ -161,20 +163,21 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
     """Rank 0: the final weights (with their digest) and summary.json."""
     from cramlm.train.distributed import barrier
 
+    from cramlm.models.objectives.base import build_objective
+
     if dist.main:
         final = Path(summary["final_checkpoint"]) / "model.safetensors"
         names = ["model.safetensors"]
-        if written := sharded_weights(final.parent, cfg.run_dir, summary.get("objective") == "rtd"):
+        objective = build_objective(cfg)
+        if written := sharded_weights(final.parent, cfg.run_dir, objective):
             names = written
-        elif summary.get("objective") == "rtd":  # the discriminator under the arch's names (fine-tuning), and
-            from safetensors.torch import load_file  # beside it the trained generator and detector (eval, export)
-
-            from cramlm.models.electra import TRAINED_PARTS, discriminator_state, training_parts
+        elif objective.trained_parts:  # the arch under its own names (fine-tuning), and beside it the
+            from safetensors.torch import load_file  # parts it lacks (eval, export): ELECTRA's generator and detector
 
             state = load_file(str(final))
-            save_safetensors(discriminator_state(state), cfg.run_dir / "model.safetensors", {"format": "pt"})
-            save_safetensors(training_parts(state), cfg.run_dir / TRAINED_PARTS, {"format": "pt"})
-            names.append(TRAINED_PARTS)
+            save_safetensors(objective.encoder_state(state), cfg.run_dir / "model.safetensors", {"format": "pt"})
+            save_safetensors(objective.parts_state(state), cfg.run_dir / objective.trained_parts, {"format": "pt"})
+            names.append(objective.trained_parts)
         else:
             with atomic_write(cfg.run_dir / "model.safetensors") as tmp:
                 shutil.copyfile(final, tmp)
@@ -184,24 +187,22 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
     barrier(dist)
 
 
-def sharded_weights(folder: Path, run_dir: Path, rtd: bool) -> list[str]:
-    """A sharded final checkpoint (``folder``): the run's model.safetensors (an RTD run's: the
-    discriminator, and its generator and detector beside it) assembled from the shards a tensor
+def sharded_weights(folder: Path, run_dir: Path, objective) -> list[str]:
+    """A sharded final checkpoint (``folder``): the run's model.safetensors (the arch's weights; an
+    objective with trained parts, e.g. ELECTRA: those beside it) assembled from the shards a tensor
     at a time on this process, never the optimizer's; the files written ([] for a full checkpoint)."""
     from cramlm.train.sharded import is_sharded, stream_weights, weight_shapes
 
     if not is_sharded(folder):
         return []
-    if not rtd:
+    if not objective.trained_parts:
         stream_weights(folder, run_dir / "model.safetensors")
         return ["model.safetensors"]
-    from cramlm.models.electra import TRAINED_PARTS, discriminator_state, training_parts
-
-    names = {k: k for k in weight_shapes(folder)}  # the RTD selections applied to names: {new name: name}
-    for part, select in (("model.safetensors", discriminator_state), (TRAINED_PARTS, training_parts)):
+    names = {k: k for k in weight_shapes(folder)}  # the objective's selections applied to names: {new name: name}
+    for part, select in (("model.safetensors", objective.encoder_state), (objective.trained_parts, objective.parts_state)):
         renamed = {old: new for new, old in select(names).items()}
         stream_weights(folder, run_dir / part, rename=renamed.get)
-    return ["model.safetensors", TRAINED_PARTS]
+    return ["model.safetensors", objective.trained_parts]
 
 
 def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
@@ -209,6 +210,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
 
     from cramlm.data.dataset import BlockDataset
     from cramlm.eval.lm import block_start, tokenizer_label
+    from cramlm.models.objectives.base import build_objective
     from cramlm.train import checkpoint as ckpt
     from cramlm.train.build import build_trainer, dryrun_config
     from cramlm.train.distributed import barrier, broadcast_object
@@ -251,15 +253,14 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     setup_seconds = time.perf_counter() - setup_start
     say(
         f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, objective "
-        f"{OBJECTIVE_NAMES[run_objective(cfg)]}, vocab {vocab_size}, "
+        f"{objective_banner(cfg)}, vocab {vocab_size}, "
         f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
         + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
         + f", precision {trainer.precision.precision} ({trainer.precision.reason})"
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
-               "data": str(data.folder), "objective": run_objective(cfg),
-               **({"rtd_weight": cfg.train.rtd.rtd_weight} if run_objective(cfg) == "rtd" else {}),
+               "data": str(data.folder), "objective": run_objective(cfg), **build_objective(cfg).summary(),
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary

@@ -141,9 +141,19 @@ class PretrainConfig(Config):
         self.train.check_microbatches(self.impl.microbatch_size)
         if self.overwrite and self.resume is not None:
             raise ValueError(f"overwrite=true starts the run afresh, resume={self.resume} continues it: choose one")
-        if self.train.objective == "rtd" and type(self.arch).objective != "mlm":
-            raise ValueError(f"train.objective=rtd (ELECTRA) needs a masked LM; arch.type={self.arch.type} is causal")
+        self._check_objective()
         return self
+
+    def _check_objective(self) -> None:
+        """train.objective must train this kind of arch (a masked or a causal LM)."""
+        from cramlm.config.registry import config_class
+        from cramlm.models.objectives.base import run_objective_name
+
+        name = run_objective_name(self)
+        objective, arch = config_class("objective", name), type(self.arch).objective
+        if objective.arch_kind != arch:
+            needs, has = ("a masked LM", "causal") if objective.arch_kind == "mlm" else ("a causal LM", "a masked LM")
+            raise ValueError(f"train.objective={name} ({objective.title}) needs {needs}; arch.type={self.arch.type} is {has}")
 
     @model_validator(mode="after")
     def _tokenizer_for_objective(self):
@@ -190,15 +200,25 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _objective_label(summary: dict, which: str) -> str:
+    """The objective's name (config: ``train_loss`` / ``val_loss``) of a loss in summary.json, its
+    ``{key}``s filled from the summary, else from the objective's defaults."""
+    from cramlm.config.registry import RegistryError, config_class
+
+    try:
+        config = config_class("objective", summary.get("objective") or "mlm")
+    except RegistryError:  # a plugin's objective whose plugin is not loaded
+        config = config_class("objective", "mlm")
+    return getattr(config, which).format(**{**config().model_dump(), **summary})
+
+
 def train_loss_label(summary: dict) -> str:
-    """What the train loss is: an ELECTRA run's adds the weighted detector loss to the generator's."""
-    if summary.get("objective") == "rtd":
-        return f"train: generator MLM + {summary.get('rtd_weight', 50):g} x detector BCE"
-    return "train"
+    """What the train loss is (an ELECTRA run's adds the weighted detector loss to the generator's)."""
+    return _objective_label(summary, "train_loss")
 
 
 def val_loss_label(summary: dict) -> str:
-    return "generator MLM on " if summary.get("objective") == "rtd" else "val_loss: "
+    return _objective_label(summary, "val_loss")
 
 
 def console_summary(summary: dict, run_dir: Path) -> str:

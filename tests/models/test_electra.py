@@ -1,4 +1,4 @@
-"""ELECTRA's replaced-token detection (models/electra.py): the generator's shape and sharing, the
+"""ELECTRA's replaced-token detection (models/objectives/rtd.py): the generator's shape and sharing, the
 sampler, the discriminator's labels, the FLOP count of both networks, and the keyed sampling noise."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from cramlm.data.collate import MLMCollator
-from cramlm.models.config import RTDConfig
-from cramlm.models.electra import ReplacedTokenDetection, build_rtd, discriminator_state, sample_tokens
+from cramlm.models.objectives.config import RTDConfig
+from cramlm.models.objectives.rtd import ReplacedTokenDetection, build_rtd, discriminator_state, sample_tokens
 from tests.models.helpers import VOCAB, random_ids, tiny_model
 from tests.models.test_properties import counted_flops
 
@@ -44,7 +44,7 @@ def test_generator_is_narrow_and_shares_the_token_embedding():
     # ELECTRA's 1/4 at cramming's base width: 3 heads of 64, FFN 768
     from cramlm.config.loader import load_preset
     from cramlm.models.config import CrammedBertConfig
-    from cramlm.models.electra import generator_config
+    from cramlm.models.objectives.rtd import generator_config
 
     base = generator_config(CrammedBertConfig.model_validate(load_preset("arch", "crammed-bert")), 0.25)
     assert (base.hidden_size, base.num_heads, base.intermediate_size) == (192, 3, 768)
@@ -81,7 +81,7 @@ def test_discriminator_labels_replaced_where_the_sample_differs(monkeypatch):
         seen["target"], seen["z"] = target, z
         return torch.nn.functional.binary_cross_entropy(torch.sigmoid(z), target)
 
-    import cramlm.models.electra as electra
+    import cramlm.models.objectives.rtd as electra
 
     monkeypatch.setattr(electra, "sample_tokens", fixed_samples)
     monkeypatch.setattr(electra.F, "binary_cross_entropy_with_logits", bce)

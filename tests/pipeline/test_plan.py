@@ -139,7 +139,7 @@ def test_measure_throughput_trains_what_the_run_trains(monkeypatch):
     """An RTD recipe's probe steps its generator and detector with the sampling noise in the batch
     (the MLM encoder alone would overstate its tokens/s); an MLM recipe's, the encoder alone."""
     import cramlm.train.build as build
-    from cramlm.models.electra import ReplacedTokenDetection
+    from cramlm.models.objectives.rtd import ReplacedTokenDetection
     from cramlm.pipeline.plan import measure_throughput
 
     seen = []

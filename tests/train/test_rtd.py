@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from cramlm.cli import main
 from cramlm.cli.common import resolve_or_exit
 from cramlm.models.crammed_bert import CrammedBert
-from cramlm.models.electra import discriminator_state
+from cramlm.models.objectives.rtd import discriminator_state
 from cramlm.runs import load_run
 
 from .helpers import REPO, free_port, losses, overrides, records, run, run_inprocess

@@ -47,41 +47,26 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
 
 
 def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
-    """Export the run ``run_dir`` with the weights file ``weights`` (its own, or a checkpoint's)."""
-    from cramlm.models.hf import export_hf
-    from cramlm.runs import load_run
-    from cramlm.train.checkpoint import load_weights, verified_weights
-
+    """Export the run ``run_dir`` with the weights file ``weights`` (its own, or a checkpoint's): what
+    its objective trained (models/objectives/: the arch; ELECTRA's discriminator with its detector,
+    and its generator), written as the objective exports it."""
     from cramlm.data.tokenizer import separator_id
+    from cramlm.models.objectives.base import build_objective
+    from cramlm.runs import load_run
 
     model, tok, cfg = load_run(run_dir)
-    rtd = cfg.train.objective == "rtd"  # ELECTRA: the discriminator with its detector, and the generator
+    objective = build_objective(cfg)
     if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
-        if rtd:  # a checkpoint holds generator, detector and discriminator: the discriminator's part
-            from safetensors.torch import load_file
-
-            from cramlm.models.base import tied_aliases
-            from cramlm.models.electra import discriminator_state
-
-            state = discriminator_state(load_file(str(verified_weights(weights))))
-            model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
-        else:
-            load_weights(model, verified_weights(weights))
-    if rtd:
-        model = rtd_export_model(run_dir, cfg, model, weights)
+        load_encoder(model, objective, weights)
+    model = objective_export_model(run_dir, objective, model, weights)
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
-    eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if model.cfg.objective == "clm" else None
-    cls = export_hf(model.eval(), tok, out_dir, eos=eos)
+    eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if objective.config.arch_kind == "clm" else None
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    cls = objective.export(model.eval(), tok, Path(out_dir), eos)
     remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
-    if rtd:
-        lines = [f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
-                 f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
-                 f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask"]
-    else:
-        lines = [f"load with: transformers.AutoModel{'ForMaskedLM' if model.cfg.objective == 'mlm' else 'ForCausalLM'}"
-                 f".from_pretrained('{out_dir}'{remote})"]
-    lines.append(f"also: {', '.join(served_classes(Path(out_dir), model.cfg.objective, rtd))}.from_pretrained(... same "
+    lines = objective.load_lines(Path(out_dir), cls)
+    lines.append(f"also: {', '.join(served_classes(Path(out_dir), objective.auto_class))}.from_pretrained(... same "
                  "arguments) (the encoder alone; classification heads new, to fine-tune)")
     if eos is not None:
         lines.append(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
@@ -91,7 +76,21 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     return cls
 
 
-def served_classes(out_dir: Path, objective: str, rtd: bool) -> list[str]:
+def load_encoder(model, objective, weights: Path) -> None:
+    """The arch's part of a checkpoint's weights (a training model's: the objective selects it) into ``model``."""
+    from safetensors.torch import load_file
+
+    from cramlm.models.base import tied_aliases
+    from cramlm.train.checkpoint import load_weights, verified_weights
+
+    if not objective.trained_parts:
+        load_weights(model, verified_weights(weights))
+        return
+    state = objective.encoder_state(load_file(str(verified_weights(weights))))
+    model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
+
+
+def served_classes(out_dir: Path, first: str) -> list[str]:
     """The transformers Auto classes besides the headline one that load the export: its auto_map's
     (remote code), else those transformers maps to the stock architecture."""
     import json
@@ -100,7 +99,6 @@ def served_classes(out_dir: Path, objective: str, rtd: bool) -> list[str]:
     named = [k for k in (config.get("auto_map") or {}) if k != "AutoConfig"]
     if not named:
         named = ["AutoModel", "AutoModelForSequenceClassification", "AutoModelForTokenClassification"]
-    first = "AutoModelForPreTraining" if rtd else "AutoModelForMaskedLM" if objective == "mlm" else "AutoModelForCausalLM"
     return [k for k in named if k != first]
 
 
@@ -136,20 +134,20 @@ def write_model_card(out_dir: Path, run_dir: Path, cfg, cls: str, load_lines: li
     write_text(out_dir / "README.md", "\n".join(card))
 
 
-def rtd_export_model(run_dir: Path, cfg, discriminator, weights: Path):
-    """An RTD run's training model for export: the discriminator with the generator and detector of
-    the same weights (a checkpoint's own file, else the run's electra.safetensors or final checkpoint)."""
-    from cramlm.data.tokenizer import SPECIAL_TOKENS
-    from cramlm.eval.checkpoints import load_rtd_parts, rtd_parts_file
-    from cramlm.models.electra import build_rtd
+def objective_export_model(run_dir: Path, objective, encoder, weights: Path):
+    """The objective's trained model around ``encoder`` for export: with the trained parts of the same
+    weights (a checkpoint's own file, else the run's parts file or final checkpoint) where it has them."""
+    from cramlm.eval.checkpoints import load_trained_parts, trained_parts_file
 
-    source = weights if weights != run_dir / "model.safetensors" else rtd_parts_file(run_dir)
+    model = objective.eval_model(encoder)
+    if not objective.trained_parts:
+        return model
+    source = weights if weights != run_dir / "model.safetensors" else trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
-        raise FileNotFoundError(f"{run_dir}: train.objective=rtd, but neither electra.safetensors nor a checkpoint holds "
-                                "the trained generator and detector; export a checkpoint of the run instead, or "
-                                "fine-tune the run itself (its model.safetensors has the discriminator)")
-    model = build_rtd(discriminator, cfg.train.rtd, len(SPECIAL_TOKENS))
-    load_rtd_parts(model, source)
+        raise FileNotFoundError(f"{run_dir}: train.objective={objective.name}, but neither {objective.trained_parts} nor "
+                                f"a checkpoint holds {objective.config.parts_title}; export a checkpoint of the run "
+                                "instead, or fine-tune the run itself (its model.safetensors has the encoder)")
+    load_trained_parts(objective, model, source)
     return model
 
 

@@ -1,6 +1,6 @@
 """A small, explicit registry: (kind, type name) -> (config class, builder).
 
-Kinds used by cramlm: ``model``, ``optimizer``, ``schedule``, ``source``, ``dataset``. Registering
+Kinds used by cramlm: ``model``, ``objective``, ``optimizer``, ``schedule``, ``source``, ``dataset``. Registering
 a component from your own module::
 
     from cramlm.config import register, ComponentConfig
@@ -40,12 +40,14 @@ _REGISTRY: dict[str, dict[str, Entry]] = {}
 # and `cramlm --help` stay fast. None of them imports torch: validating a config never does.
 _BUILTIN_MODULES = (
     "cramlm.models.config",
+    "cramlm.models.objectives.config",
     "cramlm.train.config",
     "cramlm.train.schedules",
     "cramlm.data.sources",
 )
 # where the builders of declared components live (these import torch); imported on the first build
-_BUILDER_MODULES = {"model": ("cramlm.models.crammed_bert", "cramlm.models.gpt"), "optimizer": ("cramlm.train.optim",)}
+_BUILDER_MODULES = {"model": ("cramlm.models.crammed_bert", "cramlm.models.gpt"), "optimizer": ("cramlm.train.optim",),
+                    "objective": tuple(f"cramlm.models.objectives.{name}" for name in ("mlm", "clm", "rtd"))}
 _loaded_builtins = False
 # Kinds whose built-in components all live in one light module: resolving one of those needs no
 # other import (so `cramlm data ...` never imports torch: ~180 MB and ~2 s less)
@@ -120,16 +122,22 @@ def config_class(kind: str, name: str | None) -> type[ComponentConfig]:
     return entry(kind, name).config
 
 
-def build(kind: str, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> Any:
-    """Build the component described by ``cfg`` (its ``type`` selects the builder)."""
-    found = entry(kind, cfg.type)
-    if found.builder is None:  # declared only: its builder module registers it on import
+def builder(kind: str, name: str) -> Callable[..., Any]:
+    """The builder registered under ``(kind, name)`` (a component only declared so far: its builder
+    module registers it on import)."""
+    found = entry(kind, name)
+    if found.builder is None:
         for module in _BUILDER_MODULES.get(kind, ()):
             importlib.import_module(module)
-        found = entry(kind, cfg.type)
+        found = entry(kind, name)
         if found.builder is None:
-            raise RegistryError(f"{kind} '{cfg.type}' is declared but no builder was registered for it")
-    return found.builder(cfg, *args, **kwargs)
+            raise RegistryError(f"{kind} '{name}' is declared but no builder was registered for it")
+    return found.builder
+
+
+def build(kind: str, cfg: ComponentConfig, *args: Any, **kwargs: Any) -> Any:
+    """Build the component described by ``cfg`` (its ``type`` selects the builder)."""
+    return builder(kind, cfg.type)(cfg, *args, **kwargs)
 
 
 def _resolve_component(kind: str):

@@ -105,8 +105,8 @@ class HFEncoder(nn.Module):
 class LMData:
     """What held-out LM evaluation needs from a cramlm run."""
 
-    model: nn.Module  # the full pretraining model (MLM or CLM head; an RTD run's generator + discriminator)
-    objective: str  # "mlm" | "clm" | "rtd" (ELECTRA: the held-out loss is its generator's MLM loss)
+    model: nn.Module | None  # the objective's eval model (an RTD run's generator + discriminator); None: parts missing
+    objective: str  # the objective's name: mlm, clm, rtd (ELECTRA: the held-out loss is its generator's MLM loss), hybrid
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
@@ -192,11 +192,11 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
     else:
         model, tok, cfg = load_run(run_dir)
     from cramlm.eval.lm import tokenizer_label
+    from cramlm.models.objectives.base import build_objective
 
-    lm_model, objective = model, type(cfg.arch).objective
-    if cfg.train.objective == "rtd" and objective == "mlm":  # model.safetensors holds the discriminator alone
-        lm_model, objective = rtd_model(run_dir, cfg, model, untrained), "rtd"
-    lm = LMData(lm_model, objective, find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
+    objective = build_objective(cfg)
+    lm = LMData(objective_model(run_dir, objective, model, untrained), objective.name, find_val_file(run_dir, cfg),
+                cfg.data.seq_length, cfg.train.mlm_probability,
                 cfg, tok.get_vocab_size(), tokenizer_label(cfg.data.model_dump(mode="json"), tok.get_vocab_size()))
     return Checkpoint(
         label=run_dir.name + (UNTRAINED if untrained else ""),
@@ -210,39 +210,33 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
     )
 
 
-def rtd_model(run_dir: Path, cfg: Any, discriminator: nn.Module, untrained: bool) -> nn.Module | None:
-    """An RTD run's training model (generator + detector around ``discriminator``): for its held-out
-    loss (the generator's MLM loss) and minimal pairs (the detector). The generator and detector
-    come from the run's electra.safetensors, else (runs saved before it existed) its final
-    checkpoint; None when neither is there; random if untrained."""
-    import copy
-
-    from cramlm.data.tokenizer import SPECIAL_TOKENS
-    from cramlm.models.electra import build_rtd
-
-    model = build_rtd(copy.deepcopy(discriminator), cfg.train.rtd, len(SPECIAL_TOKENS))
-    if untrained:
+def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained: bool) -> nn.Module | None:
+    """The objective's eval model around ``encoder`` (models/objectives/: the arch itself for mlm and
+    clm; an RTD run's generator and detector around its discriminator), for the held-out loss and
+    minimal pairs. Trained parts come from the run's parts file (ELECTRA: electra.safetensors), else its
+    final checkpoint; None when neither holds them; random if untrained."""
+    model = objective.eval_model(encoder)
+    if untrained or not objective.trained_parts:
         return model
-    source = rtd_parts_file(run_dir)
+    source = trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
-        print(f"cramlm: {run_dir}: neither electra.safetensors nor a checkpoint holds the RTD generator and detector, "
+        print(f"cramlm: {run_dir}: neither {objective.trained_parts} nor a checkpoint holds {objective.config.parts_title}, "
               "so no held-out loss and no minimal pairs (the encoder is evaluated)")
         return None
-    load_rtd_parts(model, source)
+    load_trained_parts(objective, model, source)
     return model
 
 
-def rtd_parts_file(run_dir: Path) -> Path | None:
-    """The file holding an RTD run's trained generator and detector: its electra.safetensors, else
-    the model.safetensors of its final (or latest) checkpoint in its own checkpoints/ (a copied run
-    folder never reads the original's); None when there is none."""
+def trained_parts_file(run_dir: Path, name: str) -> Path | None:
+    """The file holding a run's trained parts (an RTD run's generator and detector): ``name`` in the
+    run folder, else the model.safetensors of its final (or latest) checkpoint in its own
+    checkpoints/ (a copied run folder never reads the original's); None when there is none."""
     import json
 
-    from cramlm.models.electra import TRAINED_PARTS
     from cramlm.train.checkpoint import latest_checkpoint
 
-    if (run_dir / TRAINED_PARTS).is_file():
-        return run_dir / TRAINED_PARTS
+    if (run_dir / name).is_file():
+        return run_dir / name
     summary = run_dir / "summary.json"
     final = Path(json.loads(summary.read_text()).get("final_checkpoint") or ".").name if summary.is_file() else "."
     own = run_dir / "checkpoints" / final
@@ -250,15 +244,14 @@ def rtd_parts_file(run_dir: Path) -> Path | None:
     return folder / "model.safetensors" if folder is not None else None
 
 
-def load_rtd_parts(model: nn.Module, path: Path) -> None:
-    """The generator and detector of ``path`` (an electra.safetensors or a checkpoint's weights, checked
-    against its folder's digests) into ``model``, a ReplacedTokenDetection."""
+def load_trained_parts(objective: Any, model: nn.Module, path: Path) -> None:
+    """The objective's trained parts of ``path`` (its parts file or a checkpoint's weights, checked
+    against its folder's digests) into ``model``, the objective's eval model."""
     from safetensors.torch import load_file
 
-    from cramlm.models.electra import load_training_parts, training_parts
     from cramlm.train.checkpoint import verified_weights
 
-    load_training_parts(model, training_parts(load_file(str(verified_weights(path)))), str(path))
+    objective.load_parts(model, objective.parts_state(load_file(str(verified_weights(path)))), str(path))
 
 
 def find_val_file(run_dir: Path, cfg: Any) -> Path | None:

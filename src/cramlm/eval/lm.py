@@ -188,8 +188,9 @@ def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.
                  batch_size: int = HELDOUT_BATCH, progress: bool = True, objective: str | None = None) -> dict:
     """``cramlm eval``'s held-out numbers of ``model`` (fp32, one process): loss (nats per scored
     token), bits per byte (None when the byte count is unknown), CLM perplexity, and what was scored.
-    ``objective="rtd"``: an ELECTRA run's model, whose loss on the MLM masks is its generator's MLM
-    loss: reported as objective rtd, so that it is never read as an MLM run's."""
+    ``objective``: the run's objective where it is not the held-out set's kind (mlm or clm), e.g.
+    rtd (ELECTRA: its loss on the MLM masks is its generator's MLM loss): reported under that name,
+    with what scored it, so that it is never read as an MLM run's."""
     import torch
 
     if heldout is None or not len(heldout):
@@ -200,8 +201,10 @@ def heldout_eval(model: torch.nn.Module, heldout: HeldOut | None, device: torch.
     with torch.inference_mode():
         sums = heldout_sums(model, heldout.objective, heldout.batches(batch_size), device, progress=progress)
     out = summarize(heldout, *sums.tolist())
-    if objective == "rtd":
-        out.update(objective="rtd", scored_by="the RTD generator (MLM loss on the heldout-v1 masks)")
+    if objective is not None and objective != heldout.objective:
+        from cramlm.config.registry import config_class
+
+        out.update(objective=objective, scored_by=config_class("objective", objective).heldout_scored_by)
     return out
 
 

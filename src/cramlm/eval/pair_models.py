@@ -76,41 +76,26 @@ def cramlm_encoder(tok, prefix: list[int], suffix: list[int], max_length: int) -
 
 def cramlm_pair_models(ckpt, device) -> list[PairModel]:
     from cramlm.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, separator_id
+    from cramlm.models.objectives.base import build_objective
 
     lm = ckpt.lm
     tok, cfg = copy.deepcopy(ckpt.tokenizer.tok), lm.config
     tok.no_truncation()  # a sentence too long is refused, never cut
     sep = separator_id(tok, cfg.data.tokenizer.separator)
     sep_token = tok.id_to_token(sep)
+    objective = build_objective(cfg)
     if lm.model is None:
-        raise PairsUnavailable(f"{ckpt.label}: the RTD generator and detector are not in the run folder "
-                               "(no electra.safetensors, no checkpoint); its MLM head was never trained")
+        raise PairsUnavailable(f"{ckpt.label}: {objective.config.parts_title} are not in the run folder (no "
+                               f"{objective.trained_parts}, no checkpoint); its MLM head was never trained")
     model = lm.model.to(device).eval()
-    if lm.objective == "clm":
+    if objective.config.arch_kind == "clm":
         encode = cramlm_encoder(tok, [sep], [], ckpt.max_length)
-        return [PairModel("log-probability", "clm", lambda ids, mask: model(ids, mask)["logits"], encode, PAD_ID, None,
-                          f"{sep_token} + text (the end-of-document token before it, as in pretraining)",
-                          model.vocab_size)]
-    encode = cramlm_encoder(tok, [CLS_ID], [sep], ckpt.max_length)
-    text = f"[CLS] text {sep_token} (a document at the start of a pretraining block)"
-    if lm.objective == "mlm":
-        return [PairModel("pll", "mlm", at_positions(model.encode, model.head), encode, PAD_ID, MASK_ID, text)]
-    detector = PairModel("detector", "rtd", lambda ids, mask: model.detector(model.encode(ids, mask)).squeeze(-1),
-                         encode, PAD_ID, MASK_ID, text)
-    gen = model.generator
-    generator = PairModel("generator", "mlm", at_positions(lambda ids, mask: gen.trunk(ids, mask), gen.head),
-                          encode, PAD_ID, MASK_ID, text)
-    return [detector, generator]
-
-
-def at_positions(encode: Callable, head: Callable):
-    """A Predict from an encoder and an LM head: the head only at the one position per row asked for."""
-
-    def predict(ids: torch.Tensor, mask: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        hidden = encode(ids, mask)  # (B, T, H)
-        return head(hidden[torch.arange(len(ids), device=ids.device), where])  # (B, V)
-
-    return predict
+        text = f"{sep_token} + text (the end-of-document token before it, as in pretraining)"
+    else:
+        encode = cramlm_encoder(tok, [CLS_ID], [sep], ckpt.max_length)
+        text = f"[CLS] text {sep_token} (a document at the start of a pretraining block)"
+    return [PairModel(s.name, s.kind, s.fn, encode, PAD_ID, MASK_ID if s.kind != "clm" else None, text,
+                      model.vocab_size if s.full_logits else None) for s in objective.scorers(model)]
 
 
 # ------------------------------------------------------------------------------ transformers
@@ -230,9 +215,10 @@ def full_at_positions(logits: Callable):
 # ------------------------------------------------------------------------------ scoring
 
 
-def score_pairs(ckpt, cfg, pairs: list, device, say=print) -> dict:
+def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dict:
     """``eval.json``'s ``minimal_pairs`` of ``ckpt``: per scorer (the headline first) the accuracy
-    record of eval/pairs.py, how text was given, the time taken."""
+    record of eval/pairs.py, how text was given, the time taken. ``progress(n)`` is called after
+    each batch of n sentences (it may raise to stop)."""
     from cramlm.eval.pairs import accuracy
     from cramlm.eval.sentence_scores import score_sentences
 
@@ -243,7 +229,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print) -> dict:
     for pm in models:
         began = time.perf_counter()
         values = score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
-                                 pm.full_logits_vocab, device)
+                                 pm.full_logits_vocab, device, progress)
         for method, got in values.items():
             name = method if pm.name in ("pll", "log-probability", "detector") else f"{pm.name} {method}"
             scores[name] = dict(zip(texts, got.tolist()))

@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from cramlm.config.base import Config, NonNegativeInt, PositiveFloat, PositiveInt
+from cramlm.config.base import NonNegativeInt, PositiveFloat, PositiveInt
 from cramlm.config.registry import declare
 from cramlm.models.base import ModelConfig
 
@@ -158,15 +158,3 @@ def trunk_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
     out = 2 * H * H
     ffn = 2 * H * inner + 2 * (inner // 2 if cfg.ffn == "glu" else inner) * H
     return float(L * (qkv + attention + out + ffn))
-
-
-class RTDConfig(Config):
-    """ELECTRA's replaced-token detection (Clark et al. 2020; train.objective=rtd): a small generator
-    (this block) is trained with MLM on the masked batch; its samples replace the masked tokens and
-    the model (the arch, the discriminator) learns which tokens were replaced at every position."""
-
-    generator_size: Annotated[float, Field(gt=0, le=1)] = Field(
-        0.25, description="the generator's width (hidden size, FFN width, heads at the same head dim) as a "
-        "fraction of the discriminator's (ELECTRA: 1/4 to 1/3 works best); same depth")
-    rtd_weight: PositiveFloat = Field(
-        50.0, description="loss = generator MLM loss + rtd_weight x discriminator binary cross-entropy (ELECTRA: 50)")

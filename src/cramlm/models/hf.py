@@ -301,17 +301,10 @@ def write_generation_config(out_dir: Path, special: dict[str, int]) -> None:
 def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: str | None = None) -> str:
     """Write ``model`` and ``tok`` as an HF folder; returns the class that loads it. ``eos``: a
     causal LM's end-of-document token (default: <|endoftext|>, </s>, ... whichever the tokenizer has).
-    An ELECTRA training model (models/electra.py) is written as what it trained (hf_remote.export_rtd)."""
+    (An objective whose trained model is not the arch alone writes its own: models/objectives/.)"""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    if hasattr(model, "detector"):  # ELECTRA's training model: the discriminator with its detector, and its generator
-        from cramlm.models.hf_remote import export_rtd
-
-        special = write_tokenizer(tok, out_dir, cfg.max_seq_length)
-        (out_dir / "generator").mkdir(exist_ok=True)
-        write_tokenizer(tok, out_dir / "generator", cfg.max_seq_length)
-        return export_rtd(model, out_dir, special)
     causal = cfg.objective == "clm"
     special = write_tokenizer(tok, out_dir, cfg.max_seq_length, (eos or default_eos(tok)) if causal else None)
     if causal:

@@ -77,27 +77,6 @@ def export_remote(model: torch.nn.Module, out_dir: Path, special: dict[str, int]
     return cls
 
 
-def export_rtd(model: torch.nn.Module, out_dir: Path, special: dict[str, int]) -> str:
-    """An ELECTRA (rtd) training model as what it trained: ``out_dir`` holds the discriminator with its
-    detector (CramlmForPreTraining; no masked-LM class: its MLM head was never trained, so fill-mask is
-    refused) and ``out_dir/generator`` the generator as a masked LM (CramlmGeneratorForMaskedLM)."""
-    disc = model.discriminator
-    state = {k: v for k, v in model.state_dict().items() if k.startswith(("discriminator.trunk.", "detector."))}
-    state = {k.removeprefix("discriminator."): v for k, v in state.items()}
-    aliases = {k.removeprefix("discriminator."): c.removeprefix("discriminator.") for k, c in tied_aliases(model).items()}
-    classes = {"AutoModelForPreTraining": "CramlmForPreTraining",
-               "AutoModelForSequenceClassification": "CramlmForSequenceClassification",
-               "AutoModelForTokenClassification": "CramlmForTokenClassification"}
-    write_remote(out_dir, classes, disc.cfg, "rtd", disc.vocab_size, special, state, aliases, tie_word_embeddings=False,
-                 generator="generator")
-    gen = model.generator
-    gen_state = {k: v for k, v in gen.state_dict().items() if k != "tokens.weight"}  # it is trunk.tokens.0.weight
-    write_remote(out_dir / "generator", {"AutoModelForMaskedLM": "CramlmGeneratorForMaskedLM"}, model.generator_cfg, "mlm",
-                 disc.vocab_size, special, gen_state, {}, tie_word_embeddings=False, embedding_size=disc.hidden_size,
-                 classifier_pooling="first")
-    return "CramlmForPreTraining"
-
-
 def write_remote(out_dir: Path, classes: dict[str, str], cfg, objective: str, vocab_size: int, special: dict[str, int],
                  state: dict[str, torch.Tensor], aliases: dict[str, str], **extra) -> None:
     """One remote-code folder: the code, config.json (``classes``: Auto class -> our class, the

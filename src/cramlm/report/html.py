@@ -99,7 +99,7 @@ def _cell(value: Any) -> str:
 
 
 def _objective(run: RunData) -> str:
-    return {"mlm": "masked LM (MLM)", "rtd": "masked LM, ELECTRA replaced-token detection (RTD)"}.get(run.objective, "causal LM")
+    return f"{run.objective} ({run.objective_config.title})"
 
 
 def _model(run: RunData) -> str | None:

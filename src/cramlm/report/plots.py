@@ -36,7 +36,12 @@ def _label(run: RunData, many: bool, what: str) -> str:
     return f"{run.name} {what}" if many else what
 
 
-OBJECTIVES = {"mlm": "MLM", "clm": "causal LM", "rtd": "RTD generator MLM"}  # rtd: ELECTRA runs, a group of their own
+def loss_title(objective: str) -> str:
+    """The held-out loss of an objective in words: 'MLM', 'causal LM', 'RTD generator MLM' (ELECTRA
+    runs, a group of their own), ... (its config's ``loss_title``)."""
+    from cramlm.config.registry import config_class
+
+    return config_class("objective", objective).loss_title
 
 
 def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:
@@ -66,9 +71,9 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
                 ax.plot([v * scale for v in xs], ys, "D--", color=color, ms=6, markerfacecolor="white",
                         label=_label(run, many, "validation"))
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{OBJECTIVES[objective]} loss (nats per token)")
+        ax.set_ylabel(f"{loss_title(objective)} loss (nats per token)")
         if len(groups) > 1:
-            ax.set_title(f"{OBJECTIVES[objective]}" + (f", {tokenizer}" if tokenizer else ""), fontsize=9)
+            ax.set_title(f"{loss_title(objective)}" + (f", {tokenizer}" if tokenizer else ""), fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return save(fig, path)
@@ -80,7 +85,7 @@ def bpb_figure(runs: list[RunData], path: Path) -> Path:
     objective, each labelled with its objective."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for run, color in zip(runs, colors(len(runs))):
-        name = f"{run.name} ({OBJECTIVES[run.objective]})"
+        name = f"{run.name} ({loss_title(run.objective)})"
         xs, ys = run.series("tokens", "val_bpb")
         if xs:
             ax.plot([v * 1e-6 for v in xs], ys, "D--", color=color, ms=5, markerfacecolor="white", label=f"{name} validation")

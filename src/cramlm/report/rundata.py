@@ -52,12 +52,22 @@ class RunData:
 
     @property
     def objective(self) -> str:
-        """"mlm", "clm" or "rtd" (ELECTRA: its loss is the generator's MLM loss, a group of its own): as
-        the run recorded it, else from its architecture's name."""
+        """The registered objective (models/objectives/) the run trained, as it recorded it: "mlm",
+        "clm", "rtd" (ELECTRA: its loss is the generator's MLM loss, a group of its own), "hybrid", ...;
+        else from its architecture's name."""
+        from cramlm.config.registry import names
+
         for where in (self.summary, self.heldout):
-            if where.get("objective") in ("mlm", "clm", "rtd"):
+            if where.get("objective") in names("objective"):
                 return str(where["objective"])
         return "clm" if (self.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "mlm"
+
+    @property
+    def objective_config(self):
+        """The objective's config class: what the report calls it (``title``, ``loss_title``)."""
+        from cramlm.config.registry import config_class
+
+        return config_class("objective", self.objective)
 
     @property
     def tokenizer(self) -> str | None:

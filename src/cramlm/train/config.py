@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from cramlm.config.base import (
     RESUME_FREE,
@@ -22,7 +22,7 @@ from cramlm.config.base import (
     UnitFloat,
 )
 from cramlm.config.registry import component, declare
-from cramlm.models.config import RTDConfig
+from cramlm.models.objectives.config import HybridConfig, RTDConfig
 from cramlm.train.budget import BudgetConfig
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig
 
@@ -131,11 +131,16 @@ class TrainConfig(Config):
     mlm_probability: Probability = Field(
         0.25, description="masked LMs: fraction of tokens selected for prediction, then 80% [MASK] / 10% random / "
         "10% kept (cramming: 0.25, BERT: 0.15); causal LMs ignore it")
-    objective: Literal["mlm", "rtd"] = Field(
-        "mlm", description="masked LMs: mlm (predict the masked tokens) or rtd (ELECTRA: a small generator trained "
-        "with MLM fills the masked positions with samples and the model, the discriminator, predicts which tokens "
-        "were replaced at every position; train.rtd sizes it). Causal LMs: mlm only (ignored)")
+    objective: str = Field(
+        "mlm", description="the pretraining objective (a component: models/objectives/). Masked LMs: mlm (predict "
+        "the masked tokens), rtd (ELECTRA: a small generator trained with MLM fills the masked positions with samples "
+        "and the model, the discriminator, predicts which tokens were replaced at every position; train.rtd sizes "
+        "it) or hybrid (GPT-BERT: masked next-token prediction mixed with causal LM sequences; train.hybrid). Causal "
+        "LMs: clm (mlm, the default, means clm there). Or a plugin's registered name")
     rtd: RTDConfig = Field(RTDConfig(), description="train.objective=rtd: the generator's size and the loss weight")
+    hybrid: HybridConfig = Field(
+        HybridConfig(), description="train.objective=hybrid: the share of causal sequences (written to a run's "
+        "config only when the objective is hybrid)")
     log_every: PositiveInt = Field(10, description="optimizer steps between metric lines", json_schema_extra=RESUME_FREE)
     validate_every: UnitFloat = Field(
         0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)", json_schema_extra=RESUME_FREE
@@ -157,6 +162,28 @@ class TrainConfig(Config):
         False, description="tokens attend only within their own document of a packed block (document_ids per "
         "token, positions reset at each document); off: across the whole block, as cramming does"
     )
+
+    @field_validator("objective")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from cramlm.config.registry import config_class
+
+        config_class("objective", value)  # an unknown name: RegistryError naming the registered ones
+        return value
+
+    @model_validator(mode="after")
+    def _hybrid_only_when_chosen(self):
+        if self.objective != "hybrid" and "hybrid" in self.model_fields_set and self.hybrid != HybridConfig():
+            raise ValueError(f"train.hybrid is set but train.objective={self.objective}: it applies to train.objective=hybrid")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """The fields, train.hybrid only when the objective is hybrid (other runs' configs stay as they were)."""
+        out = handler(self)
+        if self.objective != "hybrid":
+            out.pop("hybrid", None)
+        return out
 
     def full_batch(self) -> int:
         """Sequences per optimizer step at the end of the ramp (``max_batch_size`` under ``auto``)."""

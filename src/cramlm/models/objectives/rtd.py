@@ -1,9 +1,10 @@
 """ELECTRA's replaced-token detection (Clark et al. 2020) around a masked LM: ``train.objective=rtd``.
 
 The discriminator is the run's arch itself (a ``CrammedBert``, unchanged): it is what fine-tuning
-and export use (the run's model.safetensors holds it alone, pretrain.py). The generator is a narrow
-MLM (``RTDConfig.generator_size`` of the width, same depth) sharing the discriminator's token
-embedding; it and the detector head are training-only (saved in checkpoints, for resume).
+and export use (the run's model.safetensors holds it alone). The generator is a narrow MLM
+(``RTDConfig.generator_size`` of the width, same depth) sharing the discriminator's token
+embedding; it and the detector head are the run's trained parts (``electra.safetensors`` beside
+model.safetensors; in checkpoints, for resume).
 
 One training forward, on a batch masked as for MLM (data/collate.py) plus ``sample_noise``:
   generator(masked input) -> MLM loss and logits at the M masked positions
@@ -16,17 +17,28 @@ and the data: resume stays bitwise and N processes train on what one does.
 
 Without ``sample_noise`` (held-out scoring: val_loss, `cramlm eval`) the loss is the generator's
 MLM loss on the given masks, which is what an RTD run's held-out loss reports (as objective rtd).
+Zero-shot, the discriminator's detector scores a sentence (the log-probability that each token is
+original), the generator's pseudo-log-likelihood beside it. The export holds what was trained: the
+discriminator with its detector (``CramlmForPreTraining``) and, in ``generator/``, the generator as
+a masked LM (models/hf_modeling.py's classes).
 """
 
 from __future__ import annotations
+
+import copy
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cramlm.models.config import RTDConfig, TransformerConfig, trunk_flops_per_token
+from cramlm.config.registry import register
+from cramlm.models.base import tied_aliases
+from cramlm.models.config import TransformerConfig, trunk_flops_per_token
 from cramlm.models.crammed_bert import CrammedBert
 from cramlm.models.model import ACTIVATIONS, IGNORE_INDEX, Trunk, init_weights, make_norm
+from cramlm.models.objectives.base import Objective, Scorer, at_positions, masked_collator, num_special
+from cramlm.models.objectives.config import RTDConfig
 
 
 def generator_config(cfg: TransformerConfig, size: float) -> TransformerConfig:
@@ -173,11 +185,80 @@ def training_parts(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def load_training_parts(model: ReplacedTokenDetection, parts: dict[str, torch.Tensor], where: str) -> None:
     """Load ``parts`` (:func:`training_parts`) into ``model``, whose discriminator holds its weights
     already; every generator and detector weight must be there (shared ones come with the discriminator)."""
-    from cramlm.models.base import tied_aliases
-
     missing, unexpected = model.load_state_dict(parts, strict=False)
     aliases = tied_aliases(model)
     missing = [k for k in missing if not k.startswith("discriminator.") and k not in aliases]
     if missing or unexpected:
         raise ValueError(f"{where}: does not fit this run's generator and detector (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
+
+
+def export_rtd(model: ReplacedTokenDetection, tok, out_dir: Path) -> str:
+    """The training model as what it trained: ``out_dir`` holds the discriminator with its detector
+    (CramlmForPreTraining; no masked-LM class: its MLM head was never trained, so fill-mask is
+    refused) and ``out_dir/generator`` the generator as a masked LM (CramlmGeneratorForMaskedLM)."""
+    from cramlm.models.hf import write_tokenizer
+    from cramlm.models.hf_remote import write_remote
+
+    disc = model.discriminator
+    special = write_tokenizer(tok, out_dir, disc.cfg.max_seq_length)
+    (out_dir / "generator").mkdir(exist_ok=True)
+    write_tokenizer(tok, out_dir / "generator", disc.cfg.max_seq_length)
+    state = {k: v for k, v in model.state_dict().items() if k.startswith(("discriminator.trunk.", "detector."))}
+    state = {k.removeprefix("discriminator."): v for k, v in state.items()}
+    aliases = {k.removeprefix("discriminator."): c.removeprefix("discriminator.") for k, c in tied_aliases(model).items()}
+    classes = {"AutoModelForPreTraining": "CramlmForPreTraining",
+               "AutoModelForSequenceClassification": "CramlmForSequenceClassification",
+               "AutoModelForTokenClassification": "CramlmForTokenClassification"}
+    write_remote(out_dir, classes, disc.cfg, "rtd", disc.vocab_size, special, state, aliases, tie_word_embeddings=False,
+                 generator="generator")
+    gen = model.generator
+    gen_state = {k: v for k, v in gen.state_dict().items() if k != "tokens.weight"}  # it is trunk.tokens.0.weight
+    write_remote(out_dir / "generator", {"AutoModelForMaskedLM": "CramlmGeneratorForMaskedLM"}, model.generator_cfg, "mlm",
+                 disc.vocab_size, special, gen_state, {}, tie_word_embeddings=False, embedding_size=disc.hidden_size,
+                 classifier_pooling="first")
+    return "CramlmForPreTraining"
+
+
+@register("objective", "rtd", RTDConfig)
+class ELECTRA(Objective):
+    """``train.objective=rtd``: see the module docstring."""
+
+    name = "rtd"
+    auto_class = "AutoModelForPreTraining"
+    trained_parts = TRAINED_PARTS
+
+    def collator(self, vocab_size: int, seed: int):
+        return masked_collator(self.train, vocab_size, seed, sample_noise=True)  # the generator samples with the noise
+
+    def training_model(self, arch: nn.Module) -> ReplacedTokenDetection:
+        return build_rtd(arch, self.options, num_special())
+
+    def summary(self) -> dict:
+        return {"rtd_weight": self.options.rtd_weight}
+
+    def encoder_state(self, state):
+        return discriminator_state(state)
+
+    def parts_state(self, state):
+        return training_parts(state)
+
+    def load_parts(self, model, parts, where: str) -> None:
+        load_training_parts(model, parts, where)
+
+    def eval_model(self, arch: nn.Module) -> ReplacedTokenDetection:
+        return self.training_model(copy.deepcopy(arch))  # the training model freezes its discriminator's MLM head
+
+    def scorers(self, model: ReplacedTokenDetection) -> list[Scorer]:
+        gen = model.generator
+        return [Scorer("detector", "rtd", lambda ids, mask: model.detector(model.encode(ids, mask)).squeeze(-1)),
+                Scorer("generator", "mlm", at_positions(lambda ids, mask: gen.trunk(ids, mask), gen.head))]
+
+    def export(self, model: ReplacedTokenDetection, tok, out_dir: Path, eos: str | None) -> str:
+        return export_rtd(model, tok, out_dir)
+
+    def load_lines(self, out_dir: Path, cls: str) -> list[str]:
+        remote = ", trust_remote_code=True"
+        return [f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
+                f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
+                f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask"]
