@@ -47,7 +47,7 @@ _BUILTIN_MODULES = (
 )
 # where the builders of declared components live (these import torch); imported on the first build
 _BUILDER_MODULES = {"model": ("cramlm.models.crammed_bert", "cramlm.models.gpt"), "optimizer": ("cramlm.train.optim",),
-                    "objective": tuple(f"cramlm.models.objectives.{name}" for name in ("mlm", "clm", "rtd"))}
+                    "objective": tuple(f"cramlm.models.objectives.{name}" for name in ("mlm", "clm", "rtd", "hybrid"))}
 _loaded_builtins = False
 # Kinds whose built-in components all live in one light module: resolving one of those needs no
 # other import (so `cramlm data ...` never imports torch: ~180 MB and ~2 s less)

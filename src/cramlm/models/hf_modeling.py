@@ -10,7 +10,8 @@ Besides the LM classes, the fine-tuning classes transformers' Auto classes, ``pi
 ``Trainer`` look for: ``CramlmForSequenceClassification`` (cramlm's eval head, heads.py) and, for
 masked LMs, ``CramlmForTokenClassification``; their head weights are new (initialised here).
 An ELECTRA (rtd) run exports ``CramlmForPreTraining`` (the discriminator with its trained detector
-head) and, in ``generator/``, ``CramlmGeneratorForMaskedLM`` (its generator, the masked LM it trained)."""
+head) and, in ``generator/``, ``CramlmGeneratorForMaskedLM`` (its generator, the masked LM it trained);
+a hybrid (GPT-BERT) run ``CramlmHybridForMaskedLM`` and ``CramlmHybridForCausalLM`` over the same weights."""
 
 from types import SimpleNamespace
 
@@ -96,6 +97,41 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
         if labels is not None:
             shifted = logits[:, :-1].float().flatten(0, 1)
             loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+class CramlmHybridForMaskedLM(CramlmForMaskedLM):
+    """GPT-BERT's masked mode (cramlm's hybrid objective): bidirectional attention, the token at i
+    predicted at position i - 1 (masked next-token prediction); ``logits`` are shifted so that
+    ``logits[:, i]`` are token i's, as any masked LM's (fill-mask works). Position 0 (the [CLS]
+    token, never masked) keeps its own."""
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        logits = self.head(hidden)  # (B, T, V): at t, token t + 1's
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # at t, token t's
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+class CramlmHybridForCausalLM(CramlmForMaskedLM):
+    """GPT-BERT's causal mode (cramlm's hybrid objective): the same weights with causal attention;
+    ``logits[:, t]`` are token t + 1's."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.trunk.causal = True
+
+    def forward(self, input_ids, attention_mask=None, labels=None, position_ids=None, document_ids=None,
+                token_type_ids=None, **kwargs):
+        hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
+        logits = self.head(hidden)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
         return CausalLMOutput(loss=loss, logits=logits)
 
 

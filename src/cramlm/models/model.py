@@ -69,6 +69,7 @@ class Trunk(nn.Module):
         position_ids: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        causal: bool | None = None,  # this forward's attention, where not the trunk's own (GPT-BERT's two modes)
     ) -> torch.Tensor:  # (B, T) -> (B, T, H)
         B, T = input_ids.shape
         if T > self.cfg.max_seq_length:
@@ -87,7 +88,8 @@ class Trunk(nn.Module):
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         dropout = self.cfg.attention_dropout if self.training else 0.0
         flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout, self.document_kernel)
-        mask, is_causal = attention_mask_for(attention_mask, document_ids, self.causal, T, block_mask=flex)
+        causal = self.causal if causal is None else causal
+        mask, is_causal = attention_mask_for(attention_mask, document_ids, causal, T, block_mask=flex)
         values = [table(input_ids) for table in self.value_embeds] if self.value_embeds is not None else []  # (B, T, K*D) each
         for block, table in zip(self.blocks, self.value_table):
             x = block(x, mask, rotary, is_causal, None if table is None else values[table])

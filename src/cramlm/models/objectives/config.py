@@ -79,3 +79,4 @@ class HybridConfig(ObjectiveConfig):
 declare("objective", "mlm", MLMObjectiveConfig)
 declare("objective", "clm", CLMObjectiveConfig)
 declare("objective", "rtd", RTDConfig)
+declare("objective", "hybrid", HybridConfig)

@@ -1,0 +1,144 @@
+"""train.objective=hybrid (GPT-BERT: masked next-token prediction mixed with causal LM sequences)
+end to end: its batches, it learns in both modes, resumes bit for bit, saves the arch as the run's
+model, evaluates (held-out loss, minimal pairs in both modes, fine-tuning) and exports as a masked
+and a causal LM over the same weights."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from cramlm.cli.common import resolve_or_exit
+from cramlm.constants import IGNORE_INDEX
+from cramlm.models.crammed_bert import CrammedBert
+from cramlm.models.objectives.base import masked_collator
+from cramlm.models.objectives.hybrid import GPTBERT, HybridCollator
+from cramlm.runs import load_run
+from cramlm.train.config import TrainConfig
+
+from .helpers import losses, overrides, records, run_inprocess
+from .test_objective_plugin import PAIRS, final_state
+
+HYBRID = ["train.objective=hybrid", "budget=null", "train.hybrid.causal_fraction=0.25"]
+STEPS = [*HYBRID, "train.budget.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=5"]
+
+
+def collator(fraction: float = 0.25) -> HybridCollator:
+    return HybridCollator(masked_collator(TrainConfig(), 512, 0), fraction, 0)
+
+
+def test_a_sequences_mode_and_masks_are_keyed_by_its_stream_position():
+    blocks = torch.randint(5, 512, (64, 16))
+    blocks[:, 0] = 2  # [CLS]
+    whole = collator()(blocks, np.arange(64))
+    part = collator()(blocks[40:48], np.arange(40, 48))  # another batch, another process: the same rows
+    assert all(torch.equal(whole[k][40:48], part[k]) for k in ("input_ids", "labels", "causal"))
+    causal = whole["causal"]
+    assert 8 <= int(causal.sum()) <= 24  # about a quarter
+    assert torch.equal(whole["input_ids"][causal], blocks[causal]) and torch.equal(whole["labels"][causal], blocks[causal])
+    masked = whole["labels"][~causal]
+    assert ((masked != IGNORE_INDEX).float().mean() - 0.25).abs() < 0.08  # train.mlm_probability
+    assert not collator(0.0)(blocks, np.arange(64))["causal"].any()
+
+
+def test_hybrid_learns_in_both_modes_and_saves_the_arch(tmp_path):
+    summary = run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=30", "train.optim.lr=3e-3", "train.validate_every=0.5")
+    mlm = run_inprocess(tmp_path, "mlm", "budget=null", "train.budget.steps=1")
+    got = losses(tmp_path / "hy")
+    assert sum(got[s] for s in (28, 29, 30)) < sum(got[s] for s in (1, 2, 3)) - 0.3, got
+    lines = records(tmp_path / "hy")  # the two modes' shares of the loss, logged beside it
+    assert all(r["loss"] == pytest.approx(r["masked_loss"] + r["causal_loss"], abs=1e-4) for r in lines)
+    assert sum(r["causal_loss"] > 0 for r in lines) >= 15 and sum(r["causal_loss"] == 0 for r in lines) >= 1
+    val = [r["val_loss"] for r in records(tmp_path / "hy", "val")]
+    assert len(val) >= 2 and val[-1] < val[0]  # masked next-token loss on the held-out masks
+    assert summary["objective"] == "hybrid" and summary["flops_source"] == "model.flops_per_token"
+    assert summary["flops_per_token"] > mlm["flops_per_token"]  # the causal rows' head at every position
+    model, _, cfg = load_run(tmp_path / "hy")  # the run's model is the arch, under its own names
+    assert type(model) is CrammedBert and cfg.train.hybrid.causal_fraction == 0.25
+    saved, trained = load_file(str(tmp_path / "hy" / "model.safetensors")), final_state(tmp_path / "hy")
+    assert saved.keys() == trained.keys() and all(torch.equal(saved[k], trained[k]) for k in saved)
+
+
+def test_hybrid_resumes_bitwise(tmp_path):
+    run_inprocess(tmp_path, "ref", *STEPS)
+    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    assert run_inprocess(tmp_path, "resumed", *STEPS, "resume=auto")["steps"] == 4
+    a, b = final_state(tmp_path / "ref"), final_state(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(tmp_path / "resumed") == {s: v for s, v in losses(tmp_path / "ref").items() if s > 2}
+    assert [r["causal_loss"] for r in records(tmp_path / "resumed")] == [r["causal_loss"] for r in records(tmp_path / "ref")[2:]]
+
+
+def test_hybrid_evaluates_fine_tuning_heldout_and_minimal_pairs_in_both_modes(tmp_path, monkeypatch):
+    from cramlm.cli import main
+
+    run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=3")
+    task = tmp_path / "task"
+    task.mkdir()
+    rows = [(f"the whale number {i} swam {'far' if i % 2 else 'near'}", ["far", "near"][i % 2 == 0]) for i in range(24)]
+    for name, part in (("train.tsv", rows[:16]), ("dev.tsv", rows[16:])):
+        (task / name).write_text("sentence\tlabel\n" + "".join(f"{a}\t{y}\n" for a, y in part))
+    (task / "task.json").write_text(json.dumps({"name": "whales", "columns": {"sentence1": "sentence", "label": "label"},
+                                                "labels": ["far", "near"]}))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["eval", f"checkpoint={tmp_path / 'hy'}", f"eval.tasks=[{task}]",
+                                       f"eval.minimal_pairs.paths=[{PAIRS}]", "eval.epochs=1", "eval.batch_size=8",
+                                       "eval.max_seq_length=32", "impl.progress=false", "impl.precision=fp32"])
+    assert result.exit_code == 0, result.output
+    got = json.loads((tmp_path / "hy" / "eval.json").read_text())
+    assert got["heldout"]["objective"] == "hybrid" and "next-token" in got["heldout"]["scored_by"]
+    pairs = got["minimal_pairs"]
+    assert pairs["headline"] == "log-probability" and pairs["kind"] == "clm" and "pll-word-l2r" in pairs["scores"]
+    assert all(record["pairs"] == 8 for record in pairs["scores"].values())
+    assert [r["task"] for r in got["results"]] == ["whales"]
+
+
+def test_the_scorers_read_the_token_from_the_position_before_it(tmp_path):
+    run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=2", "arch.init_std=0.5")
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    model = load_checkpoint(str(tmp_path / "hy"), tmp_path).lm.model.eval()
+    assert isinstance(model, GPTBERT)
+    from cramlm.models.objectives.base import build_objective
+
+    causal, pll = build_objective(load_run(tmp_path / "hy")[2]).scorers(model)
+    ids = torch.randint(5, 512, (2, 10))
+    with torch.no_grad():
+        full = model.head(model.encode(ids))  # (B, T, V) bidirectional, at t token t + 1's
+        assert torch.allclose(pll.fn(ids, None, torch.tensor([3, 7])), full[[0, 1], [2, 6]], atol=1e-4)
+        assert torch.allclose(causal.fn(ids[:, :5], None), model.causal_logits(ids)[:, :5], atol=1e-4)  # no look-ahead
+
+
+def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from cramlm.cli.export import export_run
+
+    run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=2", "arch.init_std=0.5")
+    export_run(str(tmp_path / "hy"), str(tmp_path / "hf"))
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    model = load_checkpoint(str(tmp_path / "hy"), tmp_path).lm.model.eval()
+    masked = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    causal = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", trust_remote_code=True).eval()
+    assert type(masked).__name__ == "CramlmHybridForMaskedLM" and type(causal).__name__ == "CramlmHybridForCausalLM"
+    ids = torch.randint(5, 512, (2, 12))
+    with torch.no_grad():
+        ours = model.head(model.encode(ids))
+        assert torch.allclose(masked(input_ids=ids).logits[:, 1:], ours[:, :-1], atol=1e-4)  # at i, token i's
+        assert torch.allclose(causal(input_ids=ids).logits, model.causal_logits(ids), atol=1e-4)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["objective"] == "hybrid"
+
+
+def test_hybrid_needs_a_crammed_bert_encoder(tmp_path):
+    import click
+
+    from .helpers import CAUSAL
+
+    with pytest.raises(click.ClickException, match="train.objective=hybrid .* needs a masked LM"):
+        resolve_or_exit("pretrain", overrides(tmp_path, "x", *CAUSAL, "train.objective=hybrid"))
+    with pytest.raises(click.ClickException, match="train.hybrid is set but train.objective=mlm"):
+        resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.hybrid.causal_fraction=0.5"))
