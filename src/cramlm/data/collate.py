@@ -36,7 +36,7 @@ class MLMCollator:
     random non-special token, 10% stay. Labels are the original ids there and -100 elsewhere.
     ``sample_noise`` (train.objective=rtd): also ``sample_noise``, float64 (B, T) uniforms in [0, 1)
     from the same keyed words (or the generator), with which the generator samples its replacement
-    at each masked position (models/electra.py): the replaced tokens are then a pure function of the
+    at each masked position (models/objectives/rtd.py): the replaced tokens are then a pure function of the
     stream position and the weights, as the masks are."""
 
     def __init__(self, vocab_size: int, mask_id: int, num_special: int, mlm_probability: float, seed: int = 0,

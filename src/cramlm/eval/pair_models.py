@@ -5,8 +5,10 @@ and its text given as in pretraining.
 - cramlm runs. Masked LMs: ``[CLS] text [SEP]`` (a document at the start of a pretraining block,
   which starts with [CLS]; documents end with the separator); causal LMs: the separator, then the
   text (pretraining's token stream puts the end-of-document token before every document but the
-  first); ELECTRA runs: the discriminator's detector on the masked-LM input, and the generator's
-  pseudo-log-likelihood beside it (never the discriminator's MLM head, which RTD does not train).
+  first). The run's objective names its scorers (models/objectives/: ``scorers``): ELECTRA runs the
+  discriminator's detector on the masked-LM input and the generator's pseudo-log-likelihood beside it
+  (never the discriminator's MLM head, which RTD does not train); hybrid runs the causal
+  log-probability and the masked mode's pseudo-log-likelihood.
 - transformers checkpoints. Masked LMs: the tokenizer's own special tokens; causal LMs: the BOS
   token (else EOS) before the text, as lm-evaluation-harness gives an empty context; a cramlm
   ELECTRA export: its detector, and its ``generator/`` folder's pseudo-log-likelihood. A masked or

@@ -1,7 +1,7 @@
 """A sentence's score under a language model, one function per objective kind, batched: what
 minimal pairs compare (eval/pairs.py). Each takes the sentences already tokenized as the model saw
 text in pretraining (:class:`Sentence`) and a callable into the model, so that cramlm models,
-transformers models and a later per-objective component call the same code:
+transformers models call the same code (a cramlm run's objective names its scorers: models/objectives/):
 
 - ``clm_scores``: a causal LM's summed log-probability of the sentence's tokens, each given the
   tokens before it (the prefix, e.g. the end-of-document token that precedes a document in

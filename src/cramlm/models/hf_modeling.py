@@ -136,7 +136,7 @@ class CramlmHybridForCausalLM(CramlmForMaskedLM):
 
 
 class CramlmForPreTraining(CramlmPreTrainedModel):
-    """ELECTRA's discriminator (cramlm's electra.py): the encoder and its replaced-token detector
+    """ELECTRA's discriminator (cramlm's models/objectives/rtd.py): the encoder and its replaced-token detector
     (dense, GELU, dense -> 1), as trained. ``logits`` (B, T): > 0 where a token looks replaced;
     ``labels`` (B, T): 1 replaced, 0 original (binary cross-entropy over the attended positions)."""
 
@@ -159,7 +159,7 @@ class CramlmForPreTraining(CramlmPreTrainedModel):
 
 
 class CramlmGeneratorForMaskedLM(CramlmPreTrainedModel):
-    """ELECTRA's generator (cramlm's electra.py Generator): a narrow masked LM on the discriminator's
+    """ELECTRA's generator (cramlm's models/objectives/rtd.py Generator): a narrow masked LM on the discriminator's
     token embedding of width ``config.embedding_size``: embedding -> (H -> h) -> trunk of width h ->
     (h -> H) dense + activation + norm -> logits against the same embedding."""
 
