@@ -5,6 +5,7 @@ and a causal LM over the same weights."""
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from cramlm.models.objectives.hybrid import GPTBERT, HybridCollator
 from cramlm.runs import load_run
 from cramlm.train.config import TrainConfig
 
-from .helpers import losses, overrides, records, run_inprocess
+from .helpers import REPO, free_port, losses, overrides, records, run, run_inprocess
 from .test_objective_plugin import PAIRS, final_state
 
 HYBRID = ["train.objective=hybrid", "budget=null", "train.hybrid.causal_fraction=0.25"]
@@ -111,6 +112,9 @@ def test_the_scorers_read_the_token_from_the_position_before_it(tmp_path):
         full = model.head(model.encode(ids))  # (B, T, V) bidirectional, at t token t + 1's
         assert torch.allclose(pll.fn(ids, None, torch.tensor([3, 7])), full[[0, 1], [2, 6]], atol=1e-4)
         assert torch.allclose(causal.fn(ids[:, :5], None), model.causal_logits(ids)[:, :5], atol=1e-4)  # no look-ahead
+        rows = model.encode(ids, causal=torch.tensor([True, False]))  # training's one forward: each row its mode
+        assert torch.allclose(rows[0], model.encode(ids, causal=True)[0], atol=1e-5)
+        assert torch.allclose(rows[1], model.encode(ids)[1], atol=1e-5)
 
 
 def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path):
@@ -142,3 +146,20 @@ def test_hybrid_needs_a_crammed_bert_encoder(tmp_path):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", *CAUSAL, "train.objective=hybrid"))
     with pytest.raises(click.ClickException, match="train.hybrid is set but train.objective=mlm"):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.hybrid.causal_fraction=0.5"))
+
+
+def test_hybrid_under_ddp_and_fsdp_matches_one_process(tmp_path):
+    """Every process runs one trunk forward a microbatch whatever its rows' modes (FSDP's collectives agree)."""
+    setup = [*HYBRID, "train.budget.steps=3", "impl.microbatch_size=2", "train.validate_every=0"]
+    run_inprocess(tmp_path, "one", *setup)
+    runs = [overrides(tmp_path, name, *setup, f"impl.distributed={name}") for name in ("ddp", "fsdp")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps(runs)]
+    run(cmd, timeout=300)
+    reference = records(tmp_path / "one")
+    assert {r["causal_loss"] > 0 for r in reference} == {True, False}  # microbatches with and without causal rows
+    for name in ("ddp", "fsdp"):
+        got = records(tmp_path / name)
+        assert [r["step"] for r in got] == [1, 2, 3], name
+        for mine, theirs in zip(reference, got):
+            assert all(abs(mine[k] - theirs[k]) < 1e-4 for k in ("loss", "masked_loss", "causal_loss")), (name, mine, theirs)

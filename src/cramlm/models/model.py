@@ -69,7 +69,7 @@ class Trunk(nn.Module):
         position_ids: torch.Tensor | None = None,
         document_ids: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
-        causal: bool | None = None,  # this forward's attention, where not the trunk's own (GPT-BERT's two modes)
+        causal: bool | torch.Tensor | None = None,  # this forward's attention where not the trunk's own; (B,) bool: per row
     ) -> torch.Tensor:  # (B, T) -> (B, T, H)
         B, T = input_ids.shape
         if T > self.cfg.max_seq_length:
@@ -88,8 +88,11 @@ class Trunk(nn.Module):
         rotary = self.rotary(position_ids) if self.rotary is not None else None
         dropout = self.cfg.attention_dropout if self.training else 0.0
         flex = use_block_mask(document_ids, self.cfg.hidden_size // self.cfg.num_heads, dropout, self.document_kernel)
-        causal = self.causal if causal is None else causal
-        mask, is_causal = attention_mask_for(attention_mask, document_ids, causal, T, block_mask=flex)
+        if isinstance(causal, torch.Tensor):  # causal rows beside bidirectional ones (GPT-BERT's two modes)
+            mask, is_causal = row_causal_mask(causal, attention_mask, document_ids, T), False
+        else:
+            causal = self.causal if causal is None else causal
+            mask, is_causal = attention_mask_for(attention_mask, document_ids, causal, T, block_mask=flex)
         values = [table(input_ids) for table in self.value_embeds] if self.value_embeds is not None else []  # (B, T, K*D) each
         for block, table in zip(self.blocks, self.value_table):
             x = block(x, mask, rotary, is_causal, None if table is None else values[table])
@@ -172,6 +175,17 @@ def attention_mask_for(
         # (real tokens already see themselves).
         mask = mask | torch.eye(T, dtype=torch.bool, device=mask.device)
     return mask, False
+
+
+def row_causal_mask(rows: torch.Tensor, attention_mask: torch.Tensor | None, document_ids: torch.Tensor | None,
+                    T: int) -> torch.Tensor:
+    """(B, 1, T, T) bool SDPA mask: causal attention in the rows where ``rows`` (B,) is True,
+    bidirectional in the others, within the padding and document masks (each query sees itself)."""
+    mask, _ = attention_mask_for(attention_mask, document_ids, False, T)
+    allowed = ~rows.bool()[:, None, None, None] | torch.ones(T, T, dtype=torch.bool, device=rows.device).tril()
+    if mask is None:
+        return allowed
+    return (mask & allowed) | torch.eye(T, dtype=torch.bool, device=rows.device)
 
 
 def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: float, kernel: str = "auto") -> bool:

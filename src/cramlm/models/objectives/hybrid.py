@@ -9,13 +9,14 @@ trained in two modes that share the output head because both predict the *next* 
   attention, every token predicted from the output before it.
 
 Which sequence is which is a keyed draw on its stream position (as the masks are), so resume stays
-bitwise and N processes train on what one does; a microbatch's loss is the two modes' mean losses
-weighted by their shares of its sequences (logged as ``masked_loss`` and ``causal_loss``, which sum
-to it). The model is the arch itself (its state dict, its names): fine-tuning takes the encoder as
-for MLM. Held-out loss: the masked next-token loss on the heldout-v1 masks (labelled ``hybrid``).
-Zero-shot: the causal log-probability of the sentence (one forward, exact), the masked mode's
-pseudo-log-likelihood beside it. Export: one remote-code folder, a masked LM (logits shifted to the
-usual positions, so fill-mask works) and a causal LM over the same weights.
+bitwise and N processes train on what one does. A microbatch is one trunk forward, each row
+attending as its mode does; its loss is the two modes' mean losses weighted by their shares of its
+sequences (logged as ``masked_loss`` and ``causal_loss``, which sum to it). The model is the arch
+itself (its state dict, its names): fine-tuning takes the encoder as for MLM. Held-out loss: the
+masked next-token loss on the heldout-v1 masks (labelled ``hybrid``). Zero-shot: the causal
+log-probability of the sentence (one forward, exact), the masked mode's pseudo-log-likelihood beside
+it. Export: one remote-code folder, a masked LM (logits shifted to the usual positions, so fill-mask
+works) and a causal LM over the same weights.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class GPTBERT(nn.Module):
         self.causal_fraction, self.mlm_probability = causal_fraction, mlm_probability
 
     def encode(self, input_ids, attention_mask=None, position_ids=None, document_ids=None, token_type_ids=None,
-               causal: bool = False) -> torch.Tensor:
-        """(B, T) -> (B, T, H), bidirectional (the encoder fine-tuning uses) or causal."""
+               causal: bool | torch.Tensor = False) -> torch.Tensor:
+        """(B, T) -> (B, T, H): bidirectional (the encoder fine-tuning uses), causal, or (``causal`` a
+        (B,) bool tensor) causal in those rows."""
         return self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids, causal=causal)
 
     def forward(
@@ -96,28 +98,25 @@ class GPTBERT(nn.Module):
     ) -> dict[str, torch.Tensor | None]:
         """{"loss", "logits"}: without labels, the masked mode's (B, T, V) logits, at t those of token
         t + 1; with labels, the loss (the modes' mean losses weighted by their shares of the rows) and
-        its two terms, "masked_loss" and "causal_loss" (detached)."""
+        its two terms, "masked_loss" and "causal_loss" (detached). One trunk forward for both modes
+        (each row attends as its mode does), so every process runs the same forwards (FSDP)."""
         context = (attention_mask, position_ids, document_ids, token_type_ids)
         if labels is None:
             return {"loss": None, "logits": self.head(self.encode(input_ids, *context))}
         rows = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device) if causal is None else causal.bool()
+        counts = {"masked_loss": int((~rows).sum()), "causal_loss": int(rows.sum())}
+        hidden = self.encode(input_ids, *context, causal=rows if counts["causal_loss"] else False)[:, :-1]  # (B, T-1, H)
+        targets = labels[:, 1:]  # (B, T-1): position t predicts token t + 1
+        scored = targets != IGNORE_INDEX
         loss, out = 0.0, {}
-        for name, mine, is_causal in (("masked_loss", ~rows, False), ("causal_loss", rows, True)):
-            count = int(mine.sum())
+        for (name, count), mine in zip(counts.items(), (~rows, rows)):
             if not count:
                 out[name] = torch.zeros((), device=input_ids.device)
                 continue
-            part = (lambda t: None if t is None else t[mine]) if count < len(rows) else (lambda t: t)
-            hidden = self.encode(part(input_ids), *map(part, context), causal=is_causal)  # (b, T, H)
-            term = self.next_token_loss(hidden, part(labels)) * (count / len(rows))
+            picked = scored & mine[:, None]
+            term = self.head.loss(hidden[picked], targets[picked]) * (count / len(rows))
             loss, out[name] = loss + term, term.detach()
         return {"loss": loss, "logits": None, **out}
-
-    def next_token_loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of the labelled tokens, each predicted from the position before it."""
-        targets = labels[:, 1:].reshape(-1)  # (b*(T-1),)
-        scored = targets != IGNORE_INDEX
-        return self.head.loss(hidden[:, :-1].reshape(-1, self.hidden_size)[scored], targets[scored])
 
     def causal_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, V): the causal mode's logits, at t those of token t + 1."""
