@@ -7,8 +7,9 @@
 #
 # Steps, in order, each under its own timeout (the whole stays under GPU_CHECK_SECONDS, default 470):
 #   env        device, versions (installs the carried .whl/ wheels first when pydantic etc. are missing)
-#   pytest     pytest -m cuda (tests/gpu: precision, kernels, inductor, resume, NCCL, export; dry: the
-#              tests' CPU-capable part, CRAMLM_TEST_DEVICE=cpu)
+#   pytest     pytest -m cuda (tests/gpu: precision, kernels, inductor, resume, NCCL, FSDP2's sharded
+#              checkpoints from the device, export; dry: the tests' CPU-capable part, CRAMLM_TEST_DEVICE=cpu,
+#              the sharded checkpoints on gloo among them)
 #   peak       measured bf16 GEMM rate: the peak every MFU below is computed against
 #   model_step benchmarks/model_step.py tiny + base, bf16: crammed-bert vs HF BertForMaskedLM, MFU
 #   train_step benchmarks/train_step.py tiny + base, bf16: the trainer's step vs a plain HF loop, MFU
