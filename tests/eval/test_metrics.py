@@ -145,7 +145,7 @@ def test_verdict_counts_gains_losses_and_seed_noise():
     said = verdict(lost, twin)
     assert said.startswith("pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 3 tasks, "
                            "behind by more than 1 point on 1 (b)")
-    assert "not yet features these tasks need" in said
+    assert "not yet features these fine-tuned tasks need" in said
     assert verdict(paid, None) is None
     # one seed: no spread to be within; a row without a score (hand-made eval.json) is left out
     one = {"results": [_scored("a", 0.70, [0.70]), {"task": "b", "metric": "accuracy", "median": 0.8, "seeds": 3}]}
@@ -153,3 +153,35 @@ def test_verdict_counts_gains_losses_and_seed_noise():
     assert said == "pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 1 task, behind by more than 1 point on 0."
     assert verdict({"results": [_scored("a", 0.82, [0.82])]}, {"results": [_scored("a", 0.80, [0.80])]}).startswith(
         "pretraining paid: ahead of the untrained twin by >= 2 points on 1 of 1 task")  # 0.82 - 0.80 counts as 2 points
+
+
+def _pairs(accuracies: dict[str, float], pairs: int = 300) -> dict:
+    paradigms = {name: {"accuracy": a, "ties": 0.0, "pairs": pairs, "phenomenon": name} for name, a in accuracies.items()}
+    return {"headline": "log-probability", "scores": {"log-probability": {"paradigms": paradigms}}}
+
+
+def test_zero_shot_verdict_counts_paradigms_beyond_two_standard_errors():
+    from cramlm.eval.pairs import pairs_verdict
+    from cramlm.eval.tables import verdict
+
+    twin = _pairs({"swap": 0.50, "replace": 0.52, "shuffle": 0.50})
+    # 300 pairs a side: two standard errors of a margin near 50% are ~8 points; 5 points is level
+    said = pairs_verdict(_pairs({"swap": 0.78, "replace": 0.57, "shuffle": 0.86}), twin)
+    assert said.startswith("zero-shot, pretraining paid: it prefers the acceptable sentence of a minimal pair more often "
+                           "than the untrained twin, by more than two standard errors, on 2 of 3 paradigms, less often on 0 "
+                           "(swap 78.0 against 50.0, replace 57.0 against 52.0")
+    assert pairs_verdict(_pairs({"swap": 0.78, "replace": 0.40, "shuffle": 0.86}), twin).startswith(
+        "zero-shot, pretraining did not pay (yet)")  # behind on one
+    assert pairs_verdict(_pairs({"swap": 0.78}), None) is None and pairs_verdict(None, twin) is None
+    # in the whole verdict: the fine-tuned sentence first, then the zero-shot one, then the held-out loss
+    lm, twin_lm = {"objective": "hybrid", "loss": 5.9}, {"objective": "hybrid", "loss": 9.0}
+    pretrained = {"results": [_scored("a", 0.70, [0.70, 0.71])], "heldout": lm, "minimal_pairs": _pairs({"swap": 0.78})}
+    untrained = {"results": [_scored("a", 0.73, [0.73, 0.72])], "heldout": twin_lm, "minimal_pairs": _pairs({"swap": 0.5})}
+    said = verdict(pretrained, untrained)
+    assert said.startswith("pretraining did not pay (yet): ahead of the untrained twin by >= 2 points on 0 of 1 task, "
+                           "behind by more than 1 point on 1 (a). Zero-shot, pretraining paid: ")
+    assert "1 of 1 paradigm, less often on 0 (swap 78.0 against 50.0; % by log-probability). Held-out HYBRID loss 5.90" in said
+    assert "a minute pays zero-shot on word order in held-out text and on no fine-tuned task" in said
+    # zero-shot pairs alone still get a verdict
+    assert verdict({"results": [], "minimal_pairs": _pairs({"swap": 0.78})}, {"minimal_pairs": _pairs({"swap": 0.5})}).startswith(
+        "zero-shot, pretraining paid")

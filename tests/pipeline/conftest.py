@@ -10,13 +10,14 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 
-# the default recipe shrunk to seconds: tiny model, 20 documents, 3-second budget, 64 fine-tuning examples
+# the default recipe shrunk to seconds: tiny model, 20 documents, 3-second budget, 64 fine-tuning examples,
+# 16 minimal pairs per paradigm
 TINY_RUN = [
     "arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
-    "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
+    "arch.max_seq_length=64", "data.seq_length=32", "data.tokenizer.vocab_size=512",  # 64: the longest demo pair fits
     "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8",
     "train.log_every=2", "impl.progress=false", "impl.threads=1", "impl.precision=fp32", "budget=3s",
-    "eval.epochs=1", "eval.max_train_examples=64", "eval.max_seq_length=32",
+    "eval.epochs=1", "eval.max_train_examples=64", "eval.max_seq_length=32", "eval.minimal_pairs.max_pairs=16",
     "impl.data_cache=data-cache",  # beside outputs/ (not the per-user cache): a copied run tree takes it along
 ]
 

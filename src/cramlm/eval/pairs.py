@@ -208,6 +208,42 @@ def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list
     return header, rows
 
 
+def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:
+    """Per paradigm: the run's headline accuracy, the untrained twin's, the margin, and two standard
+    errors of that margin (each accuracy binomial over its pairs): a margin beyond them is not the
+    luck of the pairs drawn. Empty unless both were scored."""
+    def head(r):
+        return (r or {}).get("scores", {}).get((r or {}).get("headline")) if isinstance(r, dict) else None
+
+    mine, base = head(result), head(twin)
+    if not mine or not base:
+        return []
+    out = []
+    for name, p in mine["paradigms"].items():
+        q = base["paradigms"].get(name)
+        if q:
+            a, b = p["accuracy"], q["accuracy"]
+            two_se = 2 * (a * (1 - a) / p["pairs"] + b * (1 - b) / q["pairs"]) ** 0.5
+            out.append({"paradigm": name, "pretrained": a, "untrained": b, "margin": a - b, "two_se": two_se})
+    return out
+
+
+def pairs_verdict(result: dict | None, twin: dict | None) -> str | None:
+    """One sentence on what pretraining bought zero-shot: per paradigm, ahead of the untrained twin
+    or behind it by more than two standard errors (and at least 2 points), or level."""
+    rows = pairs_versus(result, twin)
+    if not rows:
+        return None
+    ahead = [r for r in rows if r["margin"] > max(r["two_se"], 0.02)]
+    behind = [r for r in rows if -r["margin"] > max(r["two_se"], 0.02)]
+    paid = len(ahead) > len(rows) / 2 and not behind
+    scores = ", ".join(f"{r['paradigm']} {100 * r['pretrained']:.1f} against {100 * r['untrained']:.1f}" for r in rows)
+    return (f"zero-shot, pretraining {'paid' if paid else 'did not pay (yet)'}: it prefers the acceptable sentence of a "
+            f"minimal pair more often than the untrained twin, by more than two standard errors, on {len(ahead)} of "
+            f"{len(rows)} paradigm{'s' if len(rows) > 1 else ''}, less often on {len(behind)} "
+            f"({scores}; % by {result['headline']})")
+
+
 def pairs_title(result: dict) -> str:
     head = result["scores"][result["headline"]]
     ref = reference(head["paradigms"])

@@ -174,12 +174,34 @@ def _seed_spread(row: dict | None) -> float | None:
 
 
 def verdict(pretrained: dict, untrained: dict | None) -> str | None:
-    """One sentence on whether pretraining paid: per task, ahead of the untrained twin by >= 2
-    points, behind by > 1 point, or level (and whether a margin lies within the seeds' spread),
-    with the held-out MLM loss of both as the evidence of what pretraining learnt."""
+    """What pretraining bought, in a few sentences: per fine-tuned task, ahead of the untrained twin
+    by >= 2 points, behind by > 1 point, or level (and whether a margin lies within the seeds'
+    spread); zero-shot, per minimal-pair paradigm (eval/pairs.py: pairs_verdict); the held-out LM
+    loss of both as the evidence of what pretraining learnt, and where it was measured to pay."""
+    from cramlm.eval.pairs import pairs_verdict
+
     rows = [r for r in versus(pretrained, untrained) if r["margin"] is not None]
-    if not rows:
+    zero_shot = pairs_verdict(pretrained.get("minimal_pairs"), (untrained or {}).get("minimal_pairs"))
+    if not rows and not zero_shot:
         return None
+    finetuned, paid = _finetuned_verdict(pretrained, untrained, rows) if rows else (None, False)
+    said = [s for s in (finetuned, zero_shot) if s]
+    text = ". ".join(s[0].upper() + s[1:] if i else s for i, s in enumerate(said))
+    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
+    if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
+        text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
+                 + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
+        if rows and not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
+            text += (", but not yet features these fine-tuned tasks need beyond what fine-tuning from random weights "
+                     "finds (measured on 2 CPU cores: a minute pays zero-shot on word order in held-out text and on no "
+                     "fine-tuned task, an hour on fine-tuned sentence pairs and not on single sentences; "
+                     "benchmarks/results/demo_minute_tasks.md)")
+    return text + "."
+
+
+def _finetuned_verdict(pretrained: dict, untrained: dict | None, rows: list[dict]) -> tuple[str, bool]:
+    """The fine-tuned tasks' sentence of :func:`verdict` and whether it paid (``rows``: versus()
+    rows with a margin)."""
     margin = {r["task"]: round(r["margin"], 9) for r in rows}  # 0.82 - 0.80 is a gain of 2 points
     ahead = [t for t, m in margin.items() if m >= AHEAD]
     behind = [t for t, m in margin.items() if m < -BEHIND]
@@ -197,19 +219,12 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
             + f", behind by more than 1 point on {len(behind)}" + (f" ({', '.join(behind)})" if behind else ""))
     if noise:
         text += f"; the margin is within the fine-tuning seeds' spread on {len(noise)}"
-    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
-    if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
-        text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
-                 + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
-        if not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
-            text += (", but not yet features these tasks need beyond what fine-tuning from random weights finds "
-                     "(measured on 2 CPU cores: a minute pays on no task, an hour on sentence-pair tasks and not on single "
-                     "sentences; benchmarks/results/demo_minute_vs_twin.md)")
-    return text + "."
+    return text, paid
 
 
-def versus_text(pretrained: dict, untrained: dict | None) -> str:
-    """A plain-text table of :func:`versus` for the console (scores in %, margin in points)."""
+def versus_text(pretrained: dict, untrained: dict | None, say_verdict: bool = True) -> str:
+    """A plain-text table of :func:`versus` for the console (scores in %, margin in points), then
+    :func:`verdict` unless ``say_verdict`` is false."""
     rows = versus(pretrained, untrained)
     header = ["task", "metric", "pretrained", "untrained", "margin", "majority"]
     cells = [[r["task"], r["metric"], _pct(r["pretrained"]), "-" if r["untrained"] is None else _pct(r["untrained"]),
@@ -226,6 +241,6 @@ def versus_text(pretrained: dict, untrained: dict | None) -> str:
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])
     widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
     fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
-    said = verdict(pretrained, untrained)
+    said = verdict(pretrained, untrained) if say_verdict else None
     return "\n".join([fmt(header), *(fmt(c) for c in cells)]) + "\n" + (f"{said}\n" if said else "")
 

@@ -48,6 +48,7 @@ INDEPENDENT = {TWIN}
 DEFAULT_RECIPE = "default"
 RECORD = "pipeline.json"
 DRYRUN_MICROBATCH = 8  # sequences per microbatch of a dry run's pretraining steps (cramlm run dryrun=true)
+DRYRUN_PAIRS = 16  # minimal pairs a dry run scores per paradigm
 
 
 class PipelineConfig(PretrainConfig):
@@ -72,9 +73,11 @@ class PipelineConfig(PretrainConfig):
         from cramlm.eval.evaluate import EvalRunConfig
 
         cfg = _subset(EvalRunConfig, self, checkpoint=str(self.run_dir), untrained=untrained)
-        if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task
+        if self.dryrun:  # a few steps of everything: one short epoch on a sample of each task, a few pairs
+            pairs = cfg.eval.minimal_pairs
             small = {"epochs": 1, "max_train_examples": min(self.eval.max_train_examples or 64, 64),
-                     "max_dev_examples": min(self.eval.max_dev_examples or 64, 64)}
+                     "max_dev_examples": min(self.eval.max_dev_examples or 64, 64),
+                     "minimal_pairs": pairs.model_copy(update={"max_pairs": min(pairs.max_pairs or DRYRUN_PAIRS, DRYRUN_PAIRS)})}
             cfg.eval = cfg.eval.model_copy(update={k: v for k, v in small.items() if k in type(cfg.eval).model_fields})
         return cfg
 
@@ -363,9 +366,10 @@ def _now() -> str:
 
 
 def results_summary(cfg: PipelineConfig) -> str:
-    """The console's closing table: per task the pretrained score, the untrained twin's, the
-    margin and the majority class (empty when the run has no eval.json)."""
-    from cramlm.eval.tables import versus_text
+    """The console's closing tables: per task the pretrained score, the untrained twin's, the
+    margin and the majority class; the zero-shot minimal pairs beside the twin's; then the verdict,
+    what pretraining bought (empty when the run has no eval.json)."""
+    from cramlm.eval.tables import verdict, versus_text
 
     def load(name: str) -> dict[str, Any] | None:
         try:
@@ -386,11 +390,13 @@ def results_summary(cfg: PipelineConfig) -> str:
 
         twin = (untrained or {}).get("minimal_pairs")
         zero_shot = pairs_text(pairs, twin if isinstance(twin, dict) and "scores" in twin else None)
+    said = verdict(pretrained, untrained)  # last: what pretraining bought, fine-tuned and zero-shot
+    said = f"\n{said}\n" if said else ""
     if not pretrained.get("results"):
-        return zero_shot
+        return zero_shot + said
     title = "dev scores (%), pretrained against the untrained twin (same architecture, random weights):" if untrained \
         else "dev scores (%):"
-    return title + "\n" + versus_text(pretrained, untrained) + (f"\n{zero_shot}" if zero_shot else "")
+    return title + "\n" + versus_text(pretrained, untrained, say_verdict=False) + (f"\n{zero_shot}" if zero_shot else "") + said
 
 
 def describe(cfg: PipelineConfig) -> str:
