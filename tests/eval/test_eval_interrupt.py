@@ -85,3 +85,57 @@ def test_a_changed_hparam_redoes_the_finished_seeds(tmp_path):
     other = Task("t", ["a", "b"], ["accuracy"], [Example("x changed", None, 0)], {"dev": [Example("y", None, 1)]})
     assert again.run(other, Hparams(), 0) is None  # other data: redone
     assert Partial(path, {"checkpoint": "other"}).reused == 0  # another checkpoint: nothing reused
+
+
+def _pairs_file(folder: Path, n: int) -> Path:
+    """``n`` distinct pairs: enough masked copies that scoring them takes many batches."""
+    folder.mkdir()
+    with (folder / "agreement.jsonl").open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"sentence_good": f"The whale number {i} swims in the grey sea.",
+                                "sentence_bad": f"The whale number {i} swim in the grey sea.",
+                                "UID": "agreement", "linguistics_term": "agreement"}) + "\n")
+    return folder
+
+
+def _until(proc: subprocess.Popen, trigger: str, sig=signal.SIGTERM) -> tuple[str, str]:
+    out = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if trigger in line:
+                proc.send_signal(sig)
+                break
+        rest, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    return "".join(out) + rest, err
+
+
+def test_a_signal_during_the_minimal_pairs_stops_them_and_a_scored_result_is_not_redone(in_tmp):
+    run = CliRunner().invoke(main, ["pretrain", "name=tiny", "dryrun=true", "impl.dryrun_steps=2", *TINY_PRETRAIN])
+    assert run.exit_code == 0, run.output
+    pairs = [f"eval.minimal_pairs.paths=[{_pairs_file(in_tmp / 'pairs', 60)}]", "eval.minimal_pairs.batch_tokens=256"]
+    command = [sys.executable, "-m", "cramlm", "eval", *EVAL, "eval.seeds=2", *pairs]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=in_tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # sent when the first scorer starts: the signal lands among its batches
+    first = start()
+    out, err = _until(first, "sentences\n")
+    assert first.returncode == EXIT_INTERRUPTED, out + err
+    assert "Traceback" not in err and "stopped (in the minimal pairs)" in err, err
+    assert "sentences in" not in out  # stopped inside the first scorer, among its ~90 batches
+    partial = in_tmp / "outputs" / "tiny" / "eval.partial.json"
+    assert json.loads(partial.read_text())["minimal_pairs"] is None
+    # scored in full, then stopped in the fine-tuning: the next run takes the pairs from the partial file
+    second = start()
+    out, err = _until(second, "seed 0: fine-tuned")
+    assert second.returncode == EXIT_INTERRUPTED and "minimal pairs: scored before" not in out, out + err
+    scored = json.loads(partial.read_text())["minimal_pairs"]["result"]
+    assert scored["sentences"] == 120
+    third = subprocess.run(command, cwd=in_tmp, env=_env(), capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "minimal pairs: scored before" in third.stdout
+    assert json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["minimal_pairs"]["scores"] == scored["scores"]

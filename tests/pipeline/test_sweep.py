@@ -164,8 +164,9 @@ def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
                  f"eval.minimal_pairs.paths=[{pairs}]", "eval.lm_eval=false", cwd=tmp_path)
     folder = tmp_path / "outputs" / "zs"
     points = json.loads((folder / "sweep.json").read_text())["points"]
-    assert all(0 <= p["zero_shot"] <= 1 and p["zero_shot_scorer"] == "pll-word-l2r" for p in points)
-    assert "zero-shot %" in out[out.index("size  budget"):]
     eval_json = json.loads((folder / "16x1-2ktok" / "eval.json").read_text())
-    assert eval_json["results"] == [] and eval_json["minimal_pairs"]["scores"]["pll-word-l2r"]["pairs"] == 8
+    head = eval_json["minimal_pairs"]["headline"]  # the objective's own scorer (hybrid: causal log-probability)
+    assert all(0 <= p["zero_shot"] <= 1 and p["zero_shot_scorer"] == head for p in points)
+    assert "zero-shot %" in out[out.index("size  budget"):]
+    assert eval_json["results"] == [] and eval_json["minimal_pairs"]["scores"][head]["pairs"] == 8
     assert "Zero-shot minimal pairs" in (folder / "report.html").read_text()

@@ -15,6 +15,8 @@ ones in ``<stem>.partial.json`` and exits 75; the same command continues from th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -94,7 +96,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     stopped("before the held-out LM loss")
     heldout = heldout_result(cfg, ckpt, device, partial)
     stopped("before the minimal pairs")
-    zero_shot = pairs_result(cfg, ckpt, device, pairs)
+    zero_shot = pairs_result(cfg, ckpt, device, pairs, partial, stopped)
     rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device, stop, partial, stopped)]
     mean = means(rows)
     title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
@@ -125,18 +127,34 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     return rows
 
 
-def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list) -> dict | None:
+def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list, partial, stopped) -> dict | None:
     """``eval.json``'s ``minimal_pairs`` (eval/pair_models.py), None without pairs; a checkpoint that
-    cannot score them (no trained LM head) is said and recorded as ``{"skipped": why}``."""
+    cannot score them (no trained LM head) is said and recorded as ``{"skipped": why}``. Scored once:
+    a continued evaluation takes it from the partial file; ``stopped`` is asked between batches."""
     if not pairs:
         return None
     from cramlm.eval.pair_models import PairsUnavailable, score_pairs
 
+    key = pairs_key(pairs, cfg.eval.minimal_pairs)
+    done = partial.pairs(key)
+    if done is not None:
+        print(f"minimal pairs: scored before, from {partial.path.name}")
+        return done
     try:
-        return score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device)
+        done = score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device, progress=lambda _: stopped("in the minimal pairs"))
     except PairsUnavailable as e:
         print(f"minimal pairs skipped: {e}")
-        return {"skipped": str(e)}
+        done = {"skipped": str(e)}
+    partial.set_pairs(key, done)
+    return done
+
+
+def pairs_key(pairs: list, pairs_cfg) -> str:
+    """A digest of the pairs and how they are scored: a result is reused only for the same."""
+    h = hashlib.sha256(json.dumps(pairs_cfg.model_dump(mode="json"), sort_keys=True).encode())
+    for p in pairs:
+        h.update(json.dumps([p.good, p.bad, p.paradigm, p.phenomenon]).encode())
+    return h.hexdigest()[:16]
 
 
 def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:

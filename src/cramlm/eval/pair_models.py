@@ -230,6 +230,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
     scores: dict[str, dict[str, float]] = {}
     for pm in models:
         began = time.perf_counter()
+        say(f"minimal pairs: {ckpt.label} {pm.name}: scoring {len(texts):,} sentences")
         values = score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
                                  pm.full_logits_vocab, device, progress)
         for method, got in values.items():

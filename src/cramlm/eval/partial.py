@@ -37,18 +37,19 @@ def task_digest(task) -> str:
 
 
 class Partial:
-    """``<stem>.partial.json``: the fine-tunings (task, seed) finished so far and the held-out LM
-    result, for the checkpoint ``header`` names. A file for another checkpoint (or other weights,
+    """``<stem>.partial.json``: the fine-tunings (task, seed) finished so far, the held-out LM and
+    the minimal-pair results, for the checkpoint ``header`` names. A file for another checkpoint (or other weights,
     or an unreadable one) is set aside; a task's runs are reused only with the same data and
     hyperparameters."""
 
     def __init__(self, path: Path, header: dict):
         self.path, self.header = path, header
-        self.data: dict = {**header, "heldout": None, "tasks": {}}
+        self.data: dict = {**header, "heldout": None, "minimal_pairs": None, "tasks": {}}
         self.reused = 0
         old = self._read()
         if old is not None and all(old.get(k) == v for k, v in header.items()):
             self.data["heldout"], self.data["tasks"] = old.get("heldout"), old.get("tasks") or {}
+            self.data["minimal_pairs"] = old.get("minimal_pairs")
             self.reused = self.finished
         elif old is not None:
             print(f"cramlm eval: {path} holds results of another checkpoint or protocol; starting afresh", file=sys.stderr)
@@ -104,4 +105,13 @@ class Partial:
 
     def set_heldout(self, heldout: dict) -> None:
         self.data["heldout"] = heldout
+        self.save()
+
+    def pairs(self, key: str) -> dict | None:
+        """The minimal-pair result scored before on the same pairs and settings (``key``), or None."""
+        done = self.data.get("minimal_pairs")
+        return done.get("result") if isinstance(done, dict) and done.get("key") == key else None
+
+    def set_pairs(self, key: str, result: dict) -> None:
+        self.data["minimal_pairs"] = {"key": key, "result": result}
         self.save()
