@@ -328,7 +328,7 @@ def compare_logits(run: Path, hf_dir: Path, seq: int = 64) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from cramlm.runs import load_run
+    from cramlm.run.build import load_run
 
     model, tok, _ = load_run(run)
     ids = torch.randint(4, tok.get_vocab_size(), (2, seq), generator=torch.Generator().manual_seed(0))

@@ -1,5 +1,5 @@
 """The held-out MLM loss of the same checkpoints under the three definitions cramlm used before
-heldout-v1 and under heldout-v1 itself (eval/lm.py): what changed in the reported numbers.
+heldout-v1 and under heldout-v1 itself (data/heldout.py): what changed in the reported numbers.
 
 - ``old-4x64``: pretraining's val_loss and `cramlm eval`'s LM loss under ``train=bert-o4-cpu``: the
   first 4 microbatches of 64 validation blocks (256), masked by the training collator seeded with
@@ -26,7 +26,8 @@ from cramlm.data.cramtok import read_packed
 from cramlm.data.dataset import BlockDataset
 from cramlm.data.tokenizer import CLS_ID, MASK_ID, SPECIAL_TOKENS
 from cramlm.eval.checkpoints import load_checkpoint
-from cramlm.eval.lm import heldout_eval, run_heldout_set
+from cramlm.data.heldout import run_heldout_set
+from cramlm.eval.lm import heldout_eval
 
 
 def _collator(lm, seed: int) -> MLMCollator:
@@ -35,7 +36,7 @@ def _collator(lm, seed: int) -> MLMCollator:
 
 @torch.inference_mode()
 def old_microbatch_mean(lm, blocks: BlockDataset, batches: int, microbatch: int) -> tuple[float, int]:
-    """The definition before heldout-v1 (eval/lm.py's held_out_batches): mean of microbatch means."""
+    """The definition before heldout-v1 (held_out_batches, before it): mean of microbatch means."""
     size = max(1, min(microbatch, len(blocks) // batches))
     count = min(batches, len(blocks) // size)
     collate = _collator(lm, lm.config.seed + 1)

@@ -9,7 +9,7 @@ with ``train=bert-o4``; cramlm's bert-o4 caps the ramp so the budget gives at le
 kinder than cramming's original), and the twin's evaluation (through the bert-o4 run:
 ``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the
 recipe's twin too). Fine-tuning: the five shared tasks, 3 seeds, median. The held-out MLM loss is
-eval.json's (definition heldout-v1, eval/lm.py: the runs share the data config, so the same
+eval.json's (definition heldout-v1, data/heldout.py: the runs share the data config, so the same
 sequences and masks), and again by benchmarks/val_mlm_loss.py (the same function). Both runs get the same wall clock, and since they
 train the same model with the same implementation, also (within a fraction of a percent, printed)
 the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.

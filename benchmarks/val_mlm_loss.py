@@ -1,5 +1,5 @@
 """Held-out loss and bits per byte of finished runs, by the very function `cramlm eval` uses
-(eval/lm.py, definition heldout-v1: the validation file's sequences, a fixed-seed 15 % mask for
+(data/heldout.py, definition heldout-v1: the validation file's sequences, a fixed-seed 15 % mask for
 MLMs, nats averaged over the scored tokens, fp32), so this benchmark and the pipeline's eval stage
 print the same numbers. Runs sharing a data config are scored on identical sequences and masks.
 Prints one JSON line per run.
@@ -18,7 +18,8 @@ import torch
 
 from cramlm.data.cramtok import read_packed
 from cramlm.eval.checkpoints import load_checkpoint
-from cramlm.eval.lm import heldout_eval, run_heldout_set
+from cramlm.data.heldout import run_heldout_set
+from cramlm.eval.lm import heldout_eval
 
 
 def val_loss(run_dir: str) -> dict:

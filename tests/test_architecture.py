@@ -8,14 +8,18 @@ The order (a module may import its own stage and the stages above it, never one 
     data        sources, tokenizers, packed files, datasets, collators
     models      the model configs and modules (plain nn.Modules)
     train       budget, optimizers, schedules, checkpoints, the Trainer
-    runs        cramlm.runs: a run folder read back (PretrainConfig, load_run)
+    run         a run: its config, built from it in one place, its folder, `cramlm pretrain`
     eval        tasks, fine-tuning, held-out loss, metrics
     report      plots and report.html from run folders
-    pipeline    whole runs: cramlm.pretrain (data -> model -> train), pipeline/ (recipes, sweeps, the planner)
+    pipeline    whole runs: recipes (data -> pretrain -> eval -> report), sweeps, the planner
     cli         the command line, cramlm/cli/, __main__.py and launch.py (torchrun wrapper): the only
                 click code; nothing imports it
 
 A module's stage is its folder (cramlm/<stage>/...); the few top-level modules are named above.
+
+An entry point (a stage's command: ``cramlm pretrain`` is run/pretrain.py) is imported only by the
+command line and by the pipeline, which chains the stages' commands; a library module never imports
+one (ENTRY_POINTS).
 
 Function-level imports count for the order (a lazy import is still a dependency) and for the
 cycle check over every import; module-level imports alone must not form a cycle either (that is an
@@ -33,11 +37,15 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "cramlm"
 
-STAGES = ["foundation", "config", "data", "models", "train", "runs", "eval", "report", "pipeline", "cli"]
-FOLDERS = {"config", "data", "models", "train", "eval", "report", "pipeline", "cli"}  # a package per stage
+STAGES = ["foundation", "config", "data", "models", "train", "run", "eval", "report", "pipeline", "cli"]
+FOLDERS = {"config", "data", "models", "train", "run", "eval", "report", "pipeline", "cli"}  # a package per stage
 TOP_LEVEL = {"cramlm": "foundation", "cramlm.constants": "foundation", "cramlm.io": "foundation",
-             "cramlm.progress": "foundation", "cramlm.locks": "foundation", "cramlm.runs": "runs",
-             "cramlm.pretrain": "pipeline", "cramlm.__main__": "cli", "cramlm.launch": "cli"}
+             "cramlm.progress": "foundation", "cramlm.locks": "foundation", "cramlm.__main__": "cli", "cramlm.launch": "cli"}
+# each stage's command (the module the CLI calls), and the stages allowed to import one
+ENTRY_POINTS = {"cramlm.run.pretrain": "cramlm pretrain", "cramlm.eval.evaluate": "cramlm eval",
+                "cramlm.pipeline.recipe": "cramlm run", "cramlm.pipeline.sweep": "cramlm sweep",
+                "cramlm.pipeline.plan": "cramlm plan"}
+CALLERS_OF_ENTRY_POINTS = {"cli", "pipeline"}
 
 
 def stage(module: str) -> str:
@@ -138,19 +146,35 @@ def test_imports_follow_the_stage_order():
     assert not wrong, "imports against the stage order:\n" + "\n".join(wrong)
 
 
+def library_imports_of_entry_points(graph: dict[str, tuple[set[str], set[str]]]) -> list[str]:
+    return [f"{module} imports {target} (the entry point of `{ENTRY_POINTS[target]}`)"
+            for module, (top, inner) in graph.items() for target in sorted(top | inner)
+            if target in ENTRY_POINTS and stage(module) not in CALLERS_OF_ENTRY_POINTS]
+
+
+def test_no_library_module_imports_an_entry_point():
+    assert all(m in MODULES for m in ENTRY_POINTS), "ENTRY_POINTS names a module that does not exist"
+    wrong = library_imports_of_entry_points(GRAPH)
+    assert not wrong, "a library module imports an entry point (import the library module beside it):\n" + "\n".join(wrong)
+
+
 def test_the_checker_sees_violations():
     """The checks above would fail on what they look for."""
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    assert STAGES.index(stage("cramlm.pretrain")) > STAGES.index(stage("cramlm.eval.checkpoints"))
+    assert STAGES.index(stage("cramlm.eval.checkpoints")) > STAGES.index(stage("cramlm.run.build"))
+    assert library_imports_of_entry_points({"cramlm.pipeline.plan": ({"cramlm.run.pretrain"}, set()),
+                                            "cramlm.eval.checkpoints": (set(), {"cramlm.run.pretrain"})}) == [
+        "cramlm.eval.checkpoints imports cramlm.run.pretrain (the entry point of `cramlm pretrain`)"]
     assert stage("cramlm.cli.data") == stage("cramlm.cli") == "cli" and stage("cramlm.pipeline.recipe") == "pipeline"
     assert stage("cramlm.eval.evaluate") == "eval" and stage("cramlm.data.prepare") == "data"
     with pytest.raises(AssertionError):
         stage("cramlm.newfolder.module")
-    assert stage("cramlm.io") == "foundation" and stage("cramlm.runs") == "runs"
+    assert stage("cramlm.io") == "foundation" and stage("cramlm.run.config") == "run"
 
 
-@pytest.mark.parametrize("module", ["cramlm.io", "cramlm.constants", "cramlm.locks", "cramlm.report", "cramlm.runs"])
+@pytest.mark.parametrize("module", ["cramlm.io", "cramlm.constants", "cramlm.locks", "cramlm.report", "cramlm.run.config",
+                                    "cramlm.run.folder"])
 def test_torch_free_modules(module):
     """Atomic writes, constants, locks, reports and run configs never pay for importing torch."""
     code = f"import sys, {module}; print('torch' in sys.modules)"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import TINY_PRETRAIN
 
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 
 
 def cramlm_command() -> list[str]:

@@ -10,8 +10,8 @@ import pytest
 
 from cramlm.config.loader import ConfigError, available_presets, resolve
 from cramlm.config.registry import names
-from cramlm.pretrain import DEFAULTS
-from cramlm.runs import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
+from cramlm.run.config import PretrainConfig
 
 
 def pretrain_cfg(*overrides: str) -> PretrainConfig:
@@ -129,7 +129,7 @@ def test_plugins_are_documented_as_trusted_code():
     from click.testing import CliRunner
 
     from cramlm.cli import main
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.config import PretrainConfig
 
     for command in ("pretrain", "eval"):
         out = CliRunner().invoke(main, [command, "--help"]).output

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.config.doc import describe, type_name
 from cramlm.config.loader import resolve
-from cramlm.pretrain import DEFAULTS
-from cramlm.runs import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
+from cramlm.run.config import PretrainConfig
 from cramlm.train.config import TrainConfig
 from cramlm.train.impl import ImplConfig
 

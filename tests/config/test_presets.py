@@ -36,8 +36,8 @@ def resolved(group: str, name: str) -> dict:
         from cramlm.eval.evaluate import DEFAULTS, EvalRunConfig
 
         return resolve(EvalRunConfig, DEFAULTS, [f"eval={name}"]).model_dump(mode="json")
-    from cramlm.pretrain import DEFAULTS
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.pretrain import DEFAULTS
+    from cramlm.run.config import PretrainConfig
 
     return resolve(PretrainConfig, DEFAULTS, [f"{group}={name}"]).model_dump(mode="json")
 
@@ -84,8 +84,8 @@ def write(folder: Path, name: str, text: str) -> Path:
 
 
 def pretrain(*overrides: str):
-    from cramlm.pretrain import DEFAULTS
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.pretrain import DEFAULTS
+    from cramlm.run.config import PretrainConfig
 
     return resolve(PretrainConfig, DEFAULTS, list(overrides))
 

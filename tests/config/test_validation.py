@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.config.extras import check_extras, installed
 from cramlm.config.loader import ConfigError, resolve
-from cramlm.pretrain import DEFAULTS
-from cramlm.runs import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
+from cramlm.run.config import PretrainConfig
 
 
 def pretrain_cfg(*overrides: str) -> PretrainConfig:
@@ -221,7 +221,8 @@ def test_missing_optional_dependency_stops_cramlm_run_before_any_stage(tmp_path,
 def test_a_component_type_on_the_command_line_starts_from_that_types_defaults():
     """Issue 20 item 11: `train.schedule.type=constant` alone was refused (the default schedule's
     other keys stayed); keys set before the type change on the command line are kept."""
-    from cramlm.pretrain import DEFAULTS, PretrainConfig
+    from cramlm.run.config import PretrainConfig
+    from cramlm.run.pretrain import DEFAULTS
 
     from cramlm.config.loader import resolve
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cramlm.config.loader import ConfigError, resolve, safe_load_text
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.run.config import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
 
 
 def bomb(levels: int = 14, fanout: int = 9) -> str:
@@ -62,3 +63,10 @@ def test_alias_bomb_recipe_and_arch_file_on_the_command_line(tmp_path):
 def test_missing_arch_file_says_it_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match=r"^arch: .*nothere\.yaml does not exist"):
         resolve(PretrainConfig, DEFAULTS, [f"arch={tmp_path / 'nothere.yaml'}"])
+
+
+def test_a_large_flat_yaml_is_not_called_an_alias_bomb():
+    text = "a: [" + ", ".join(["1"] * 100_001) + "]\n"
+    with pytest.raises(ConfigError) as e:
+        safe_load_text(text, "big.yaml")
+    assert "holds more than 100,000 values" in str(e.value) and "alias" not in str(e.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import numpy as np
@@ -100,3 +101,12 @@ def test_other_tokenizer_and_other_file(good, tmp_path):
     other.write_text("hello " * 30)
     with pytest.raises(PackedFormatError, match="not a cramlm packed-token file"):
         read_packed(other)
+
+
+def test_the_packed_fingerprint_is_of_the_canonical_json_as_documented(tmp_path):
+    from cramlm.data import cramtok
+    from cramlm.data.tokenizer import TokenizerConfig, fingerprint, train_tokenizer
+
+    tok = train_tokenizer(TokenizerConfig(vocab_size=120, min_frequency=1), ["call me ishmael"] * 20)
+    assert fingerprint(tok) == hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16]
+    assert "Tokenizer.to_str()" in cramtok.__doc__

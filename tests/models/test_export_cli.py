@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from cramlm.cli import main
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 from tests.conftest import TINY_PRETRAIN
 
 transformers = pytest.importorskip("transformers")

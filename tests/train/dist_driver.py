@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from cramlm.cli.common import resolve_or_exit
-from cramlm.pretrain import pretrain
+from cramlm.run.pretrain import pretrain
 from cramlm.train.distributed import close_process_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from cramlm.cli.common import resolve_or_exit
-from cramlm.pretrain import pretrain
+from cramlm.run.pretrain import pretrain
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # plugins are imported as tests.train.plugin_models

@@ -81,7 +81,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
 
 
 def test_tied_weights_stored_once_and_loadable(tmp_path):
-    from cramlm.runs import load_run
+    from cramlm.run.build import load_run
 
     run_inprocess(tmp_path, "tied", "budget=null", "train.budget.steps=1")
     names = load_file(str(tmp_path / "tied" / "model.safetensors")).keys()

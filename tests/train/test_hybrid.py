@@ -18,7 +18,7 @@ from cramlm.constants import IGNORE_INDEX
 from cramlm.models.crammed_bert import CrammedBert
 from cramlm.models.objectives.base import masked_collator
 from cramlm.models.objectives.hybrid import GPTBERT, HybridCollator
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 from cramlm.train.config import TrainConfig
 
 from .helpers import REPO, free_port, losses, overrides, records, run, run_inprocess

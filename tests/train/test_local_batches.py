@@ -1,17 +1,13 @@
 """Rank-local batches (train/batches.py): a process collates only its own microbatches, masks keyed by
-stream position make them equal to one process's, older (format-1) data states resume on their own
-path, and the prefetcher changes nothing but when the work is done."""
-
-import shutil
+stream position make them equal to one process's, a data state of another format is refused, and
+the prefetcher changes nothing but when the work is done."""
 
 import numpy as np
 import pytest
 import torch
 
-from cramlm.data.collate import MLMCollator, causal_collate
-from cramlm.train.batches import LocalBatches, StepData
-from cramlm.io import CheckpointFileError, write_digests
-from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
+from cramlm.data.collate import MLMCollator
+from cramlm.train.batches import DataFormatError, LocalBatches, StepData
 
 from .helpers import losses, records, run_inprocess
 
@@ -31,8 +27,8 @@ class Blocks:
         return torch.from_numpy(self.blocks[np.asarray(indices)])
 
 
-def mlm_data(keyed: bool = True, seed: int = 3) -> StepData:
-    return StepData(Blocks(), MLMCollator(VOCAB, mask_id=4, num_special=5, mlm_probability=0.3, seed=seed), seed, keyed=keyed)
+def mlm_data(seed: int = 3) -> StepData:
+    return StepData(Blocks(), MLMCollator(VOCAB, mask_id=4, num_special=5, mlm_probability=0.3, seed=seed), seed)
 
 
 def by_position(data: StepData, n_micro: int, m: int, rank: int, world: int) -> dict[int, dict]:
@@ -74,27 +70,25 @@ def test_keyed_masks_depend_only_on_seed_and_position():
         collate(ids, positions=[1, 2])
 
 
-def test_data_states_of_format_1_and_newer_formats():
-    old = mlm_data(keyed=False)
-    old.take(20)
-    state = old.state_dict()
-    assert state["format"] == 2 and state["masks"] == "sequential" and state["collator"] is not None
-    format_1 = {"stream": state["stream"], "collator": state["collator"]}  # what cramlm wrote before keyed masks
+def test_a_data_state_resumes_the_stream_and_other_formats_are_refused():
+    written = mlm_data()
+    written.take(20)
+    state = written.state_dict()
+    assert state == {"format": 2, "stream": written.order.state_dict()}
     resumed = mlm_data()
-    resumed.load_state_dict(format_1)
-    assert not resumed.keyed  # stays on the global-batch path: the same batches as the run that wrote it
-    expected, got = old.take(8), resumed.take(8)
+    resumed.load_state_dict(state)
+    expected, got = written.take(8), resumed.take(8)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
-    assert mlm_data().take(8)["labels"].shape == expected["labels"].shape
-    # a causal LM's format-1 state (no masks) moves to rank-local batches: they are the same batches
-    causal = StepData(Blocks(), causal_collate, 3)
-    causal.load_state_dict({"stream": {"step": 5, "world_size": 1}, "collator": None})
-    assert causal.keyed and causal.order.step == 5
-    keyed = mlm_data()
-    keyed.load_state_dict(mlm_data().state_dict())
-    assert keyed.keyed
-    with pytest.raises(ValueError, match="format 3, newer than this cramlm reads"):
-        mlm_data().load_state_dict({"format": 3, "stream": {"step": 0}})
+    # format 1 (no format: the global batch masked by the collator's generator), a format-2 state of a
+    # run resumed from format 1 (masks sequential), a newer format: each refused, nothing loaded
+    generator = {"generator": torch.Generator().manual_seed(3).get_state()}
+    for old, text in [({"stream": {"step": 20, "world_size": 1}, "collator": generator}, "its data state is format 1 "),
+                      ({**state, "masks": "sequential", "collator": generator}, "continues a format-1 run"),
+                      ({**state, "format": 3}, "format 3, newer than this cramlm reads (2)")]:
+        fresh = mlm_data()
+        with pytest.raises(DataFormatError, match=text):
+            fresh.load_state_dict(old)
+        assert fresh.order.step == 0
 
 
 def test_prefetched_batches_are_the_same_batches():
@@ -116,43 +110,6 @@ def test_prefetched_batches_are_the_same_batches():
 
 STEPS = ["budget=null", "train.budget.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=5",
          "train.validate_every=0", "train.batch_size=8", "impl.microbatch_size=4"]
-
-
-def test_a_format_1_checkpoint_resumes_on_its_path_bit_for_bit(tmp_path, monkeypatch):
-    init = StepData.__init__
-    with monkeypatch.context() as patch:  # the run as cramlm ran it before keyed masks
-        patch.setattr(StepData, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "keyed": False}))
-        run_inprocess(tmp_path, "old", *STEPS)
-    run_inprocess(tmp_path, "new", *STEPS)
-    reference = losses(tmp_path / "old")
-    assert losses(tmp_path / "new")[1] != reference[1]  # the masks did change (else this test proves nothing)
-    # its step-2 checkpoint, with the data state as format 1 wrote it
-    checkpoint = tmp_path / "old" / "checkpoints" / "step-00000002"
-    training = torch.load(checkpoint / "training.pt", weights_only=True)
-    training["data"] = {"stream": training["data"]["stream"], "collator": training["data"]["collator"]}
-    target = tmp_path / "resumed" / "checkpoints" / "step-00000002"
-    target.mkdir(parents=True)
-    for f in checkpoint.iterdir():
-        target.joinpath(f.name).write_bytes(f.read_bytes())
-    torch.save(training, target / "training.pt")
-    write_digests(target, ["training.pt"])  # as a checkpoint with that data state would record it
-    run_inprocess(tmp_path, "resumed", *STEPS, "resume=auto")
-    resumed = losses(tmp_path / "resumed")
-    assert sorted(resumed) == [3, 4] and all(resumed[s] == reference[s] for s in (3, 4)), (resumed, reference)
-    event = records(tmp_path / "resumed", "event")[0]
-    assert event["event"] == "resumed" and event["data_format"] == 1 and event["masks"] == "sequential"
-    # and the checkpoints it writes keep saying so, so a second resume stays on that path too
-    again = torch.load(latest_checkpoint(tmp_path / "resumed" / "checkpoints") / "training.pt", weights_only=True)
-    assert again["data"]["masks"] == "sequential" and again["data"]["format"] == 2
-    # a data format newer than this cramlm reads: refused, naming the checkpoint, before any step
-    training["data"] = {**mlm_data().state_dict(), "format": 3}
-    torch.save(training, target / "training.pt")
-    write_digests(target, ["training.pt"])
-    for later in checkpoint_dirs(tmp_path / "resumed" / "checkpoints"):
-        if later != target:
-            shutil.rmtree(later)
-    with pytest.raises(CheckpointFileError, match=r"resume from .*step-00000002: its data state has format 3, newer"):
-        run_inprocess(tmp_path, "resumed", *STEPS, "resume=auto")
 
 
 def test_prefetch_on_a_cpu_run_changes_nothing_but_is_logged(tmp_path):

@@ -15,7 +15,7 @@ from cramlm.cli import main
 from cramlm.cli.common import resolve_or_exit
 from cramlm.models.crammed_bert import CrammedBert
 from cramlm.models.objectives.rtd import discriminator_state
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 
 from .helpers import REPO, free_port, losses, overrides, records, run, run_inprocess
 

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 from cramlm.cli import main
 from cramlm.locks import FolderLock, LockHeld
 from cramlm.io import CheckpointFileError, write_digests
-from cramlm.runs import RUN_LOCK, load_run
+from cramlm.run.build import load_run
+from cramlm.run.folder import RUN_LOCK
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import REPO, cramlm_cmd, env, overrides, run_inprocess
@@ -57,7 +58,7 @@ def test_fresh_run_removes_only_its_own_checkpoint_folders(tmp_path):
     (ckpts / "notes.txt").write_text("not cramlm's")
     (ckpts / "mine").mkdir()
     from cramlm.cli.common import resolve_or_exit
-    from cramlm.pretrain import pretrain
+    from cramlm.run.pretrain import pretrain
 
     # a retraining in a folder its caller owns (`cramlm run`'s stage); any other fresh run refuses a
     # folder holding a run (tests/train/test_nothing_lost.py)

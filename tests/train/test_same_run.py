@@ -13,7 +13,7 @@ import pytest
 from cramlm.cli.common import resolve_or_exit
 from cramlm.data.prepare import output_folder, prepare_data
 from cramlm.io import CheckpointFileError
-from cramlm.runs import load_run
+from cramlm.run.build import load_run
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
 from .helpers import FINISHED_STEPS, copy_run, finished_run, invoke, overrides, records
@@ -144,7 +144,7 @@ def test_eval_and_export_refuse_weights_that_fail_their_digest(finished, tmp_pat
 
 def test_which_changes_a_resume_accepts():
     from cramlm.config.base import resume_policy
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.config import PretrainConfig
     from cramlm.train.checkpoint import resume_changes as changes
 
     def resume_changes(old, new, allow, where):
@@ -173,7 +173,7 @@ def test_the_resume_policy_is_the_fields_own():
     so a field that moves takes its policy along; every key named exists in the resolved config."""
     from cramlm.cli.common import resolve_or_exit
     from cramlm.config.base import resume_policy
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.config import PretrainConfig
     from cramlm.train.checkpoint import UNSERVABLE, flat
 
     policy = resume_policy(PretrainConfig)

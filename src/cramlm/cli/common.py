@@ -14,7 +14,7 @@ OVERRIDES = {"help_option_names": ["-h", "--help"], "ignore_unknown_options": Tr
 
 # command name -> "module:ROOT_CLASS:DEFAULTS"; resolved lazily so `cramlm --help` stays fast
 COMMAND_CONFIGS: dict[str, str] = {
-    "pretrain": "cramlm.pretrain:PretrainConfig:DEFAULTS",
+    "pretrain": "cramlm.run.pretrain:PretrainConfig:DEFAULTS",
     "eval": "cramlm.eval.evaluate:EvalRunConfig:DEFAULTS",
     "data": "cramlm.data.prepare:PrepareConfig:PREPARE_DEFAULTS",
 }

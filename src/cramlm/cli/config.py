@@ -22,7 +22,7 @@ def config_show(command: str, overrides: tuple[str, ...], doc: bool) -> None:
     """Print the fully resolved config of COMMAND (pretrain, eval, data) with OVERRIDES."""
     import yaml
 
-    from cramlm.runs import readable_budget
+    from cramlm.run.config import readable_budget
 
     cfg = resolve_or_exit(command, overrides, check_extras=False)
     tree = readable_budget(cfg.model_dump(mode="json"))  # '1m', not 0.016666666666666666 (parses back)

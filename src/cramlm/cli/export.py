@@ -18,7 +18,7 @@ def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
     """(run folder with config.yaml + tokenizer.json, weights file). Accepts a run folder, a
     weights file inside one, a run's checkpoint folder (``<run>/checkpoints/step-*``) or its
     model.safetensors, or a run name under ./outputs."""
-    from cramlm.runs import named_run
+    from cramlm.run.folder import named_run
 
     path = named_run(run_or_checkpoint)
     folder = path.parent if path.is_file() else path
@@ -52,7 +52,7 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     and its generator), written as the objective exports it."""
     from cramlm.data.tokenizer import separator_id
     from cramlm.models.objectives.base import build_objective
-    from cramlm.runs import load_run
+    from cramlm.run.build import load_run
 
     model, tok, cfg = load_run(run_dir)
     objective = build_objective(cfg)

@@ -29,7 +29,7 @@ def pretrain_command(overrides: tuple[str, ...], resume: str | None, allow_chang
       cramlm pretrain --resume auto --allow-change train.optim.lr train.optim.lr=5e-4 name=bert24
       torchrun --nproc_per_node 2 -m cramlm pretrain ...   (docs/training.md)
     """
-    from cramlm.pretrain import pretrain
+    from cramlm.run.pretrain import pretrain
 
     overrides = (*overrides, *with_allowed_changes(resume, allow_change))
     run_or_exit(pretrain, resolve_or_exit("pretrain", overrides))

@@ -21,7 +21,7 @@ def report_command(runs: tuple[Path, ...], out: Path | None) -> None:
     RUN is a run folder, or a run name under outputs/. Example: cramlm report default cpu-1h
     """
     from cramlm.report import write_report
-    from cramlm.runs import named_run
+    from cramlm.run.folder import named_run
 
     runs = tuple(named_run(r) for r in runs)  # names work
     if len(runs) > 1 and out is None:

@@ -36,7 +36,7 @@ from cramlm.data.tokenizer import PIECE_CHARS, split_text
 from cramlm.io import atomic_dir
 from cramlm.progress import progress_bar
 
-# bytes: of the cleaned text the document's tokens encode (bits per byte, eval/lm.py)
+# bytes: of the cleaned text the document's tokens encode (bits per byte, data/heldout.py)
 DOC_RECORD = np.dtype([("number", "<u8"), ("hash", "<u8"), ("source", "<u2"), ("bytes", "<u8")])
 SPLITS = ("train", "val")
 

@@ -310,3 +310,15 @@ def fingerprint(tok: Tokenizer) -> bytes:
     if cached is None or cached[0] is not tok:
         cached = _fingerprints[id(tok)] = (tok, hashlib.sha256(tok.to_str().encode("utf-8")).digest()[:16])
     return cached[1]
+
+
+def tokenizer_label(data: dict, vocab_size: int | None = None) -> str:
+    """Which tokenizer a run used, in words, from its ``data`` config (as config.yaml holds it):
+    'wordpiece, vocab 8,192, lowercased' or the file it loaded."""
+    tok = data.get("tokenizer") or {}
+    vocab = vocab_size or tok.get("vocab_size")
+    if tok.get("path"):
+        return f"{tok['path']}" + (f", vocab {vocab:,}" if isinstance(vocab, int) and vocab_size else "")
+    parts = [str(tok.get("kind") or "?"), f"vocab {vocab:,}" if isinstance(vocab, int) else ""]
+    parts.append("lowercased" if tok.get("lowercase") else "")
+    return ", ".join(p for p in parts if p)

@@ -110,9 +110,9 @@ class LMData:
     val_path: Path | None  # the run's packed validation file, if found
     seq_length: int
     mlm_probability: float
-    config: Any = None  # the run's PretrainConfig (the held-out set follows its data settings, eval/lm.py)
+    config: Any = None  # the run's PretrainConfig (the held-out set follows its data settings, data/heldout.py)
     vocab_size: int = 0
-    tokenizer: str = ""  # which tokenizer, in words (eval/lm.py: tokenizer_label)
+    tokenizer: str = ""  # which tokenizer, in words (data/tokenizer.py: tokenizer_label)
 
 
 @dataclass
@@ -178,20 +178,10 @@ def load_checkpoint(
 
 
 def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
-    from cramlm.data.tokenizer import load_tokenizer
-    from cramlm.models.base import build_model
-    from cramlm.runs import load_run
+    from cramlm.data.tokenizer import tokenizer_label
+    from cramlm.run.build import load_run
 
-    if untrained:
-        from cramlm.config.loader import load_yaml, validate
-        from cramlm.runs import PretrainConfig
-
-        cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
-        tok = load_tokenizer(run_dir)
-        model = build_model(cfg.arch, tok.get_vocab_size())
-    else:
-        model, tok, cfg = load_run(run_dir)
-    from cramlm.eval.lm import tokenizer_label
+    model, tok, cfg = load_run(run_dir, untrained=untrained)
     from cramlm.models.objectives.base import build_objective
 
     objective = build_objective(cfg)

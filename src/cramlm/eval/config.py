@@ -68,7 +68,7 @@ class EvalConfig(Hparams):
         {}, description="per-task hyperparameters on top of the protocol's: task name -> keys, e.g. {rte: {lr: 2e-5}}")
     lm_eval: bool = Field(
         True, description="also report the held-out MLM/CLM loss and bits per byte on the run's validation file "
-        "(eval/lm.py, definition heldout-v1: the same for every recipe, microbatch, precision and process count)")
+        "(data/heldout.py, definition heldout-v1: the same for every recipe, microbatch, precision and process count)")
     lm_data: str | None = Field(
         None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
     minimal_pairs: PairsConfig = Field(

@@ -5,7 +5,7 @@ append ``-untrained`` (or set ``untrained=true``) for the random-weights baselin
 ``<run>/eval.{json,md,csv}`` (``eval-untrained.*`` for the baseline; ``<base_dir>/eval/<name>/eval.*``
 for HF checkpoints; or ``out_dir``) and are printed. ``eval.json`` holds ``results``: one row per
 task and dev split with ``task``, ``metric``, ``score`` (median last-epoch headline score) and ``best``;
-``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in eval/lm.py);
+``heldout``: the held-out LM loss and bits per byte of cramlm runs (definition in data/heldout.py);
 ``minimal_pairs``: with ``eval.minimal_pairs.paths``, the zero-shot minimal-pair accuracy of the
 pretrained heads (eval/pairs.py, eval/pair_models.py), before any fine-tuning.
 
@@ -158,7 +158,7 @@ def pairs_key(pairs: list, pairs_cfg) -> str:
 
 
 def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
-    """The held-out LM loss and bits per byte of a cramlm run (eval/lm.py), scored once: a continued
+    """The held-out LM loss and bits per byte of a cramlm run (data/heldout.py), scored once: a continued
     evaluation takes it from the partial file."""
     ev = cfg.eval
     if not ev.lm_eval or ckpt.lm is None or ckpt.lm.model is None:
@@ -170,9 +170,10 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
     heldout = partial.heldout(val)
     if heldout is None:
         from cramlm.data.cramtok import read_packed
-        from cramlm.eval.lm import heldout_eval, run_heldout_set
+        from cramlm.data.heldout import run_heldout_set
+        from cramlm.eval.lm import heldout_eval
 
-        # the held-out set of the data alone (eval/lm.py): the same for every recipe and machine
+        # the held-out set of the data alone (data/heldout.py): the same for every recipe and machine
         sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
         heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress,
                                   objective=ckpt.lm.objective), "file": str(val), "tokenizer": ckpt.lm.tokenizer}

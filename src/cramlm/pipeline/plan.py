@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cramlm.pipeline.scaling import chinchilla_law
-from cramlm.runs import format_hours
+from cramlm.run.config import format_hours
 
 DEFAULT_SIZES = ["64x2", "96x3", "128x4", "192x4", "256x4", "384x6"]
 LAW = "scaling-cpu.yaml"  # the Muon recipes' law (default, cpu-1h, cpu-1h-mlm); also for an optimizer without its own
@@ -202,7 +202,7 @@ def model_parameters(arch: dict, vocab: int) -> tuple[int, int]:
 
 
 def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: Path, device=None, batch: int | None = None):
-    """A trainer of ``arch`` with the run's own model, collator and optimizer (``cramlm.pretrain``'s
+    """A trainer of ``arch`` with the run's own model, collator and optimizer (``cramlm.run.build``'s
     builders: an RTD recipe (train.objective=rtd) gets its generator and detector, a causal arch
     causal batches) fed ``steps`` batches of ``batch`` (default ``micro``) random token blocks in
     microbatches of ``micro``, for timing real training steps (``trainer.train_step(batch // micro)``)."""
@@ -211,7 +211,7 @@ def step_trainer(cfg, arch: dict, vocab: int, micro: int, steps: int, run_dir: P
 
     from cramlm.config.registry import config_class
     from cramlm.data.tokenizer import SPECIAL_TOKENS
-    from cramlm.pretrain import make_collator, run_model
+    from cramlm.run.build import make_collator, run_model
     from cramlm.train.build import build_trainer
     from cramlm.train.batches import StepData
 

@@ -38,7 +38,7 @@ from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
 from cramlm.train.impl import launcher_env
-from cramlm.runs import PretrainConfig, format_hours, readable_budget
+from cramlm.run.config import PretrainConfig, format_hours, readable_budget
 
 STAGES = ("data", "pretrain", "eval", "eval-untrained", "report")
 Stage = Literal["data", "pretrain", "eval", "eval-untrained", "report"]
@@ -200,7 +200,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     ev = cfg.eval_config().model_dump(mode="json")
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
-    from cramlm.eval.lm import DEFINITION  # a new held-out definition re-runs both evaluations
+    from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed
@@ -245,7 +245,7 @@ def run_data(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def run_pretrain(cfg: PipelineConfig) -> dict[str, Any]:
-    from cramlm.pretrain import pretrain
+    from cramlm.run.pretrain import pretrain
 
     summary = pretrain(cfg.pretrain_config(), replace=True)  # run_pipeline checked the folder is this recipe's
     return {k: summary.get(k) for k in ("parameters", "steps", "tokens", "last_loss") if k in summary}
@@ -296,7 +296,7 @@ def claim_folder(cfg: PipelineConfig, recipe: str | None) -> None:
     before recipes were recorded); a folder holding another recipe's run or a bare `cramlm pretrain`
     run is refused unless ``overwrite=true`` (which deletes it whole) or a resume continues it."""
     from cramlm.locks import FolderLock
-    from cramlm.runs import RUN_LOCK, claim_run_dir
+    from cramlm.run.folder import RUN_LOCK, claim_run_dir
 
     record = read_record(cfg.run_dir)
     theirs = record.get("recipe")

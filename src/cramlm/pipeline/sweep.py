@@ -43,7 +43,7 @@ def budget_overrides(spec: str) -> tuple[list[str], str, float]:
         if tokens <= 0:
             raise ValueError(f"budget '{spec}': the token count must be positive")
         return ["budget=null", f"train.budget.tokens={int(tokens)}"], "tokens", tokens
-    from cramlm.runs import parse_hours
+    from cramlm.run.config import parse_hours
 
     hours = parse_hours(spec)
     if not isinstance(hours, float) or hours <= 0:
@@ -115,7 +115,7 @@ def _same_training(sizes: list[str], budgets: list[str], trained: dict[tuple[str
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
     """The last validation loss when the run logged one (val_loss: token-weighted over the first
-    train.validate_sequences held-out sequences, eval/lm.py; the grid's points share data and
+    train.validate_sequences held-out sequences, data/heldout.py; the grid's points share data and
     recipe, so the same sequences), else the last train-loss window."""
     run = load_run_data(run_dir)
     val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
@@ -135,7 +135,7 @@ def training_flops(run_dir: Path) -> tuple[float, str]:
     summary = json.loads((run_dir / "summary.json").read_text())
     if is_number(summary.get("flops")):
         return float(summary["flops"]), "summary"
-    from cramlm.runs import load_run
+    from cramlm.run.build import load_run
 
     model, _, cfg = load_run(run_dir)
     tokens = summary["tokens"]
@@ -152,7 +152,7 @@ def non_embedding_parameters(run_dir: Path) -> int:
 
     from cramlm.config.loader import load_yaml, validate
     from cramlm.models.base import build_model
-    from cramlm.runs import PretrainConfig
+    from cramlm.run.config import PretrainConfig
 
     cfg = validate(PretrainConfig, load_yaml(run_dir / "config.yaml", "run config"))
     vocab = Tokenizer.from_file(str(run_dir / "tokenizer.json")).get_vocab_size()

@@ -225,7 +225,7 @@ def facts_table(runs: list[RunData]) -> str:
     table = _table([""] + [run.name for run in runs], [[k] + [f.get(k, "") for f in facts] for k in keys])
     notes = []
     if any("Held-out loss, evaluation (nats per token)" in f for f in facts):
-        notes.append('<p class="note">Held-out numbers (eval/lm.py, <code>heldout-v1</code>) depend only on the prepared '
+        notes.append('<p class="note">Held-out numbers (data/heldout.py, <code>heldout-v1</code>) depend only on the prepared '
                      "data: the validation file's sequences (all of them up to 2<sup>18</sup> tokens, else that many chosen "
                      "by a fixed seed), MLM masks at 15 % from a fixed seed, nats averaged over the scored tokens, in fp32; "
                      "the same for every recipe, microbatch, precision and number of processes. The validation loss at the "

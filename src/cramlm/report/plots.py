@@ -239,7 +239,7 @@ NOTES = {
     "schedule": "Lines: the planned schedule and batch ramp, computed from the run's config; markers: the values logged "
                 "while training (a step's lr was set before the step; its line records the progress after it).",
     "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
-    "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (eval/lm.py). An MLM's and "
+    "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (data/heldout.py). An MLM's and "
            "a causal LM's bits per byte share the unit but not the task (the MLM sees both sides of a masked token).",
 }
 

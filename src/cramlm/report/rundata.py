@@ -46,7 +46,7 @@ class RunData:
 
     @property
     def heldout(self) -> dict[str, Any]:
-        """eval.json's held-out numbers (loss, bpb, ...; eval/lm.py), {} when not evaluated."""
+        """eval.json's held-out numbers (loss, bpb, ...; data/heldout.py), {} when not evaluated."""
         block = self.eval.get("heldout")
         return block if isinstance(block, dict) else {}
 
@@ -77,7 +77,7 @@ class RunData:
                 return where["tokenizer"]
         data = self.config.get("data")
         if isinstance(data, dict) and isinstance(data.get("tokenizer"), dict):
-            from cramlm.eval.lm import tokenizer_label
+            from cramlm.data.tokenizer import tokenizer_label
 
             return tokenizer_label(data)
         return None

@@ -28,7 +28,7 @@ from cramlm.config.base import RESUME_GROW, Config
 
 class BudgetConfig(Config):
     """The budgets that mean the same on any hardware (``train.budget``). The hours and what counts
-    against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (runs.py)."""
+    against them are root keys: ``budget``, ``count_compile``, ``count_eval`` (run/config.py)."""
 
     tokens: PositiveFloat | None = Field(
         None, description="input tokens to train on, all processes together (2e9 or 2.0e+9); null: no token budget", json_schema_extra=RESUME_GROW)
@@ -264,4 +264,4 @@ class Meter:
 
     def load_state_dict(self, state: dict) -> None:
         self.used = Usage(**state["usage"])
-        self.times.update(state.get("times", {}))
+        self.times.update(state["times"])

@@ -32,7 +32,7 @@ def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, im
                   record: dict | None = None, device: torch.device | None = None) -> Trainer:
     """A Trainer for ``model`` (plain, on ``device``, default the one it is on; under FSDP2 it may
     still be on the host: sharding moves it block by block) on ``data`` under ``train``'s budget
-    and ``clock``. ``heldout``: what val_loss scores (eval/lm.py's HeldOut; None: no validation);
+    and ``clock``. ``heldout``: what val_loss scores (data/heldout.py's HeldOut; None: no validation);
     ``sample``: a batch at training's masking rate that the FLOPs are counted on when the model has
     no count of its own; ``record``: what the run is (``{"config": ..., "data": ...}``): the config
     heads metrics.jsonl and the whole record goes into every checkpoint's state.json."""

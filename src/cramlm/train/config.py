@@ -146,7 +146,7 @@ class TrainConfig(Config):
         0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)", json_schema_extra=RESUME_FREE
     )
     validate_sequences: NonNegativeInt = Field(
-        512, description="val_loss scores the first this many sequences of the held-out set (eval/lm.py), "
+        512, description="val_loss scores the first this many sequences of the held-out set (data/heldout.py), "
         "token-weighted; a quick check of the run, not `cramlm eval`'s held-out loss (0: no validation)", json_schema_extra=RESUME_FREE
     )
     checkpoint_every: NonNegativeInt = Field(0, description="optimizer steps between checkpoints (0: by time only)", json_schema_extra=RESUME_FREE)

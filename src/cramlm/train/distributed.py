@@ -87,7 +87,7 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool
     """DDP: one replica per process, gradients all-reduced in buckets during backward.
     FSDP2: each child of an nn.ModuleList (a transformer block) and then the root is sharded, each
     moved to ``device`` as it is; then, with ``from_rank0``, every process takes its shards of rank
-    0's weights (ranks > 0 may have built their model on the meta device: cramlm.pretrain does)."""
+    0's weights (ranks > 0 may have built their model on the meta device: cramlm.run.pretrain does)."""
     if d.strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

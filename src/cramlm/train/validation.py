@@ -1,5 +1,5 @@
 """Validation sums: nats over the scored tokens, summed over batches, for pretraining's val_loss
-(Trainer.validate) and `cramlm eval`'s held-out loss (eval/lm.py, which defines the sequences);
+(Trainer.validate) and `cramlm eval`'s held-out loss (data/heldout.py, which defines the sequences);
 summed over processes, they give the same loss on any number of them (token-weighted)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ are ``train.<name>``) and the train group, and says:
 - the run's weights: the arch's part (``encoder_state``: model.safetensors, what fine-tuning and
   export load) and the parts the arch lacks (``parts_state``: ``trained_parts`` beside it);
 - the held-out loss: the model ``eval_model`` gives scores the held-out set of its arch kind
-  (eval/lm.py), labelled with the objective's name (config: ``heldout_scored_by``);
+  (data/heldout.py), labelled with the objective's name (config: ``heldout_scored_by``);
 - zero-shot scoring (``scorers``: which scoring function of eval/sentence_scores.py, and a
   callable into the trained model);
 - the export (``export``, ``load_lines``) and its first transformers Auto class.

@@ -1,18 +1,22 @@
 """What `cramlm pretrain` tells a person: a short summary (no JSON dump), a validation loss that
-`cramlm eval`'s held-out loss reproduces when the run validates on the whole held-out set, help examples kept as lines, `config show` budgets in their units, and
-a dry run that does not size its steps by the clock (issue 16.2, 16.8)."""
+`cramlm eval`'s held-out loss reproduces when the run validates on the whole held-out set, a banner
+naming the architecture, the objective and the precision, an ELECTRA run's losses labelled, help
+examples kept as lines, `config show` budgets in their units, and a dry run that does not size its
+steps by the clock."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.config.loader import resolve
-from cramlm.pretrain import DEFAULTS
-from cramlm.runs import PretrainConfig
+from cramlm.run.config import PretrainConfig
+from cramlm.run.console import console_summary
+from cramlm.run.pretrain import DEFAULTS
 from tests.conftest import TINY_PRETRAIN
 
 
@@ -35,7 +39,7 @@ def test_console_summary_is_short_and_eval_reports_the_same_held_out_loss(in_tmp
     assert result.exit_code == 0, result.output
     assert "checkpoint=latest is outputs/tiny" in result.output  # it says which run it took
     heldout = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["heldout"]
-    # one definition (eval/lm.py): val_loss scores the first train.validate_sequences (512) of the
+    # one definition (data/heldout.py): val_loss scores the first train.validate_sequences (512) of the
     # held-out sequences with the same masks; this tiny validation file has fewer, so all of them
     assert summary["val_sequences"] == heldout["sequences"] == heldout["file_sequences"] < 512
     assert heldout["loss"] == pytest.approx(summary["val_loss"], abs=1e-5)
@@ -82,7 +86,32 @@ def test_config_show_prints_budgets_in_their_units_and_they_parse_back(budget, s
     ("llama-tiny", "llama"),
 ])
 def test_banner_names_the_architecture_not_only_its_type(preset, banner):
-    from cramlm.pretrain import arch_banner
+    from cramlm.run.console import arch_banner
     from tests.models.helpers import preset as tiny_preset
 
     assert arch_banner(tiny_preset(preset)) == banner
+
+
+def test_the_banner_names_the_objective_and_the_precision(in_tmp):
+    result = CliRunner().invoke(main, ["pretrain", "name=tiny", "dryrun=true", *TINY_PRETRAIN])
+    assert result.exit_code == 0, result.output
+    banner = next(line for line in result.output.splitlines() if "parameters" in line)
+    assert "objective mlm (masked LM)" in banner and "precision fp32 (" in banner, banner
+
+
+def test_an_electra_runs_losses_are_labelled():
+    summary = {"steps": 10, "tokens": 1000, "train_seconds": 1.0, "setup_seconds": 0.1, "first_loss": 43.564,
+               "last_loss": 35.774, "val_loss": 7.58, "final_checkpoint": "x/step-00000010", "objective": "rtd",
+               "rtd_weight": 50.0}
+    lines = console_summary(summary, Path("outputs/e")).splitlines()
+    assert "43.564 -> 35.774 (train: generator MLM + 50 x detector BCE)" in lines[1]
+    assert "validation 7.580 (generator MLM on part of the held-out set" in lines[1] and len(lines[1]) < 160
+    mlm = console_summary({**summary, "objective": "mlm"}, Path("outputs/m")).splitlines()[1]
+    assert "(train), validation 7.580 (val_loss: part of the held-out set" in mlm
+
+
+def test_config_show_doc_shows_the_budget_default_as_written():
+    result = CliRunner().invoke(main, ["config", "show", "pretrain", "--doc"])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("budget:"))
+    assert "default: 1m" in line and "0.0166" not in line, line

@@ -1,0 +1,112 @@
+"""``cramlm pretrain``: prepare data, build the model, train under the budget, save the run.
+
+Run folder ``<base_dir>/<name>/``: ``model.safetensors`` (its digest in ``digests.json``),
+``config.yaml`` (fully resolved; ``config-history.jsonl``: each segment's), ``tokenizer.json``, ``metrics.jsonl`` (train / val / event lines), ``summary.json`` and
+``checkpoints/step-*/`` (the newest few, the final one always; ``resume=auto`` continues from it).
+Multi-process: ``torchrun --nproc_per_node N -m cramlm pretrain ...`` (see docs/training.md).
+"""
+
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from cramlm.config.extras import check_extras
+from cramlm.run.build import load_data, make_collator, run_model, validation_set
+from cramlm.run.config import PretrainConfig
+from cramlm.run.console import arch_banner, objective_banner
+from cramlm.run.folder import lock_run_dir, prepare_run_dir, record_run, save_run, unlock_run_dir
+from cramlm.train.impl import setup_device
+
+# torch and the modules that import it are imported inside the functions below: PretrainConfig
+# validates without torch, so `cramlm pretrain` with a typo fails fast (tests/test_cli_imports.py)
+
+# what `cramlm pretrain` with no arguments runs: the tiny model for one minute on the shipped corpus
+DEFAULTS: dict[str, Any] = {"arch": "crammed-bert-tiny", "train": "bert-o4-cpu", "data": "default", "impl": "default"}
+
+
+def pretrain(cfg: PretrainConfig, replace: bool = False) -> dict:
+    """Train the run ``cfg`` describes. A fresh run refuses a folder holding a run (unless
+    ``overwrite=true``); ``replace``: the caller owns the folder and retrains in it (`cramlm run`'s
+    pretrain stage, whose record says the folder is its recipe's)."""
+    from cramlm.train.distributed import init_distributed, shutdown
+
+    check_extras(cfg)  # the CLI checked already (resolve_or_exit); a config built in code is checked here
+    setup_start = time.perf_counter()
+    dist = init_distributed(cfg.impl)
+    created = not cfg.run_dir.exists()
+    lock = None
+    try:
+        lock = lock_run_dir(cfg, dist, replace)
+        result = _pretrain(cfg, dist, setup_start)
+    except BaseException:
+        unlock_run_dir(lock, created)
+        shutdown(dist, ok=False)  # no barrier: the other ranks may be waiting in another collective
+        raise
+    unlock_run_dir(lock, created=False)
+    shutdown(dist)
+    return result
+
+
+def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
+    import torch
+
+    from cramlm.data.dataset import BlockDataset
+    from cramlm.data.heldout import block_start
+    from cramlm.data.tokenizer import tokenizer_label
+    from cramlm.models.objectives.base import build_objective, run_objective_name
+    from cramlm.train import checkpoint as ckpt
+    from cramlm.train.batches import StepData
+    from cramlm.train.build import build_trainer, dryrun_config
+    from cramlm.train.distributed import barrier, broadcast_object
+
+    torch.manual_seed(cfg.seed)
+    device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)
+    say = print if dist.main else (lambda *a, **k: None)
+    data = load_data(cfg, dist)
+    vocab_size = data.tokenizer.get_vocab_size()
+    # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
+    # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights
+    with torch.device("meta") if dist.sharded and not dist.main else contextlib.nullcontext():
+        model = run_model(cfg, vocab_size, device, move=dist.strategy != "fsdp")
+    if dist.sharded:
+        torch.set_rng_state(broadcast_object(torch.get_rng_state(), dist))
+    n_params = sum(p.numel() for p in model.parameters())
+    dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
+    steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
+    # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
+    resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
+    changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
+    train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
+    trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,
+                            heldout=validation_set(cfg, data, vocab_size),
+                            sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
+                            record={"config": cfg.model_dump(mode="json"), "data": data.identity()})
+    if resume_from is not None:
+        changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
+    if dist.main:
+        prepare_run_dir(cfg, resume_from, say)
+    barrier(dist)
+    if resume_from is not None:
+        ckpt.resume_trainer(trainer, resume_from, changes, say, budgets=ckpt.budget_keys(cfg))
+    elif cfg.resume == "auto":
+        say("cramlm: resume=auto found no checkpoint; starting fresh")
+    if dist.main:
+        record_run(cfg, data, resume_from, changes)
+    barrier(dist)
+    setup_seconds = time.perf_counter() - setup_start
+    say(
+        f"cramlm pretrain: {arch_banner(cfg.arch)} {n_params / 1e6:.2f}M parameters, objective "
+        f"{objective_banner(cfg)}, vocab {vocab_size}, "
+        f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
+        + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
+        + f", precision {trainer.precision.precision} ({trainer.precision.reason})"
+        + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
+    result = trainer.fit()
+    summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
+               "data": str(data.folder), "objective": run_objective_name(cfg), **build_objective(cfg).summary(),
+               "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
+    save_run(cfg, dist, summary, say)
+    return summary
