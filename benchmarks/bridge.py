@@ -87,7 +87,7 @@ def branch_point(long_run: Path, k: int) -> Path | None:
 def branch_cmd(out: Path, line: str, seed: int, k: int, point: Path) -> list[str]:
     run = out / name(line, seed, k)
     resume = "auto" if any((run / "checkpoints").glob("step-*")) else str(point)
-    return pretrain_cmd(out, line, seed, k, [name(line, seed, k), *wsd(k), "--resume", resume, "--allow-change",
+    return pretrain_cmd(out, line, seed, k, [name(line, seed, k), *wsd(k), "train.checkpoint_every=200", "--resume", resume, "--allow-change",
                                              "train.budget.flops", "--allow-change", "train.schedule.warmup"])
 
 
