@@ -208,6 +208,17 @@ def test_cli_prints_one_error_without_traceback(in_tmp, override, shown):
     assert list(in_tmp.iterdir()) == []
 
 
+def test_adafactor_under_fsdp_is_refused_before_any_work(in_tmp):
+    """torch's Adafactor cannot step FSDP2's sharded parameters: one line up front, not a traceback
+    from the first step of every process."""
+    result = CliRunner().invoke(main, ["pretrain", "impl.distributed=fsdp", "train.optim.type=adafactor"])
+    assert result.exit_code == 1 and result.output.startswith("Error:") and "Traceback" not in result.output
+    assert "train.optim.type=adafactor does not run under impl.distributed=fsdp" in result.output
+    assert list(in_tmp.iterdir()) == []
+    ok = CliRunner().invoke(main, ["config", "show", "pretrain", "impl.distributed=ddp", "train.optim.type=adafactor"])
+    assert ok.exit_code == 0, ok.output
+
+
 def test_missing_optional_dependency_stops_cramlm_run_before_any_stage(tmp_path, monkeypatch):
     from cramlm.pipeline.recipe import resolve_recipe, run_pipeline
 

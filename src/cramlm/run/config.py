@@ -114,6 +114,10 @@ class PretrainConfig(Config):
         if max_len is not None and self.data.seq_length > max_len:
             raise ValueError(f"data.seq_length={self.data.seq_length} exceeds arch.max_seq_length={max_len}")
         self.train.check_microbatches(self.impl.microbatch_size)
+        if self.impl.distributed == "fsdp" and self.train.optim.type == "adafactor":
+            raise ValueError("train.optim.type=adafactor does not run under impl.distributed=fsdp (torch's Adafactor "
+                             "updates its factored moments in place, which FSDP2's sharded parameters refuse): use "
+                             "adamw, muon or sgd, or impl.distributed=ddp")
         if self.overwrite and self.resume is not None:
             raise ValueError(f"overwrite=true starts the run afresh, resume={self.resume} continues it: choose one")
         self._check_objective()
