@@ -5,15 +5,17 @@ from its stable phase at 1x, 2x and 4x (Hagele et al. 2024, "Scaling laws and co
 training beyond fixed training durations"; MiniCPM). A branch resumes the long run's newest
 checkpoint before its own decay starts, with its budget and the warm-up in absolute terms as allowed
 changes: it is bit for bit the WSD run trained at that budget from the start
-(tests/train/test_branch.py). The budgeted schedule (cramming's budget-triangle2) at 1x is the check
-that WSD costs nothing (``triangle``). Every point is fine-tuned on the five shared tasks (median of 3
+(tests/train/test_branch.py). Each recipe's own budgeted schedule (``own``; cpu-1h's: cramming's
+budget-triangle2) at 1x is the check that WSD costs nothing. The objective lines (issue 38: MLM at
+15/25/40% masking, GPT-2's causal LM, GPT-BERT's hybrid; cpu-1h is ``rtd``) have no long run: each is
+trained with its own schedule at 1x and 4x, two seeds, and evaluated as the points are. Every point is fine-tuned on the five shared tasks (median of 3
 seeds), beside each line's untrained twin, and scored zero-shot on the first 300 pairs of each of the 36
 shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and their generator).
 
     python benchmarks/bridge.py plan                         # every command, in order
     python benchmarks/bridge.py long --line rtd --seed 0     # the long run (continues where it stopped)
     python benchmarks/bridge.py branch --line rtd --seed 0 --k 1   # waits for its checkpoint, then the cooldown
-    python benchmarks/bridge.py triangle --line rtd --seed 0 # the budgeted schedule at 1x
+    python benchmarks/bridge.py own --line rtd --seed 0 --k 1  # the recipe's own schedule at 1x
     python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
     python benchmarks/bridge.py summarize                    # table (JSON + markdown) of what has finished
 
@@ -42,7 +44,14 @@ LINES = {
     "rtd": ["cpu-1h"],
     "adamw": ["cpu-1h-mlm", "train.optim.type=adamw", "train.optim.lr=1.6e-2", "arch.qk_norm=false",
               "arch.zero_init_out=false"],
+    # the objectives at equal FLOPs (issue 38 item 4), each with cpu-1h's model, optimizer and data
+    "mlm15": ["cpu-1h-mlm", "train.mlm_probability=0.15"],
+    "mlm25": ["cpu-1h-mlm"],
+    "mlm40": ["cpu-1h-mlm", "train.mlm_probability=0.4"],
+    "gpt2": ["gpt2-cpu-1h"],
+    "hybrid": ["cpu-1h-hybrid"],
 }
+LONG = ("rtd", "adamw")  # the lines with a long run and branches
 
 
 def wsd(k: float) -> list[str]:
@@ -91,8 +100,8 @@ def branch_cmd(out: Path, line: str, seed: int, k: int, point: Path) -> list[str
                                              "train.budget.flops", "--allow-change", "train.schedule.warmup"])
 
 
-def triangle_cmd(out: Path, line: str, seed: int) -> list[str]:
-    return pretrain_cmd(out, line, seed, 1, [name(line, seed, 1, "triangle"), "--resume", "auto"])
+def own_cmd(out: Path, line: str, seed: int, k: int) -> list[str]:
+    return pretrain_cmd(out, line, seed, k, [name(line, seed, k, "own"), "train.checkpoint_every=200", "--resume", "auto"])
 
 
 def eval_cmd(out: Path, run: str, data_dir: str, twin: bool = False) -> list[str]:
@@ -170,28 +179,32 @@ def plan(out: Path, data_dir: str) -> list[str]:
     cmds = []
     for line in LINES:
         for seed in (0, 1):
-            cmds.append(shlex.join(long_cmd(out, line, seed)) + ("" if seed == 0 else "   # seed 1: stopped past 1.6x"))
-            for k in KS[:-1] if seed == 0 else (1, 2):
-                cmds.append(f"python benchmarks/bridge.py branch --line {line} --seed {seed} --k {k}")
-            cmds.append(f"python benchmarks/bridge.py triangle --line {line} --seed {seed}")
+            if line in LONG:
+                cmds.append(shlex.join(long_cmd(out, line, seed)) + ("" if seed == 0 else "   # seed 1: stopped past 1.6x"))
+                for k in KS[:-1] if seed == 0 else (1, 2):
+                    cmds.append(f"python benchmarks/bridge.py branch --line {line} --seed {seed} --k {k}")
+            for k in (1,) if line == "adamw" else (1, 4):
+                cmds.append(f"python benchmarks/bridge.py own --line {line} --seed {seed} --k {k}")
     cmds.append("python benchmarks/bridge.py eval ...   # each point; --twin once per line")
     return cmds
 
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["plan", "long", "branch", "triangle", "eval", "summarize"])
+    ap.add_argument("what", choices=["plan", "long", "branch", "own", "eval", "summarize"])
     ap.add_argument("--out", type=Path, default=Path("outputs/bridge"))
     ap.add_argument("--line", choices=sorted(LINES), default="rtd")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=int, choices=KS, default=max(KS), help="the point, in multiples of the hour's FLOPs")
-    ap.add_argument("--schedule", choices=["wsd", "triangle"], default="wsd", help="eval: which run of the point")
+    ap.add_argument("--schedule", choices=["wsd", "own"], default="wsd", help="eval: which run of the point")
     ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
     ap.add_argument("--json", type=Path, help="summarize: also write the result here (and the table beside, .md)")
     args = ap.parse_args(argv)
     out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
     out.mkdir(parents=True, exist_ok=True)
     log = out / "bridge.log"
+    if args.what in ("long", "branch") and args.line not in LONG:
+        sys.exit(f"--line {args.line}: an objective line has no long run; `own --k 1` and `own --k 4` train it")
     if args.what == "plan":
         print("\n".join(plan(out, data_dir)))
     elif args.what == "long" and not done(out, name(args.line, args.seed)):
@@ -200,8 +213,8 @@ def main(argv: list[str]) -> None:
         while (point := branch_point(out / name(args.line, args.seed), args.k)) is None:
             time.sleep(60)
         run(branch_cmd(out, args.line, args.seed, args.k, point), log)
-    elif args.what == "triangle" and not done(out, name(args.line, args.seed, 1, "triangle")):
-        run(triangle_cmd(out, args.line, args.seed), log)
+    elif args.what == "own" and not done(out, name(args.line, args.seed, args.k, "own")):
+        run(own_cmd(out, args.line, args.seed, args.k), log)
     elif args.what == "eval":
         run_name = name(args.line, args.seed, args.k, args.schedule)
         if not (out / run_name / ("eval-untrained.json" if args.twin else "eval.json")).is_file():
