@@ -1,13 +1,11 @@
 """Per-process work as the number of processes grows: real ``torchrun`` with gloo on the CPU at 1, 2,
 4 and 8 processes, DDP, a fixed per-process batch (so the global batch grows with the processes),
 the real Trainer.train_step over a real packed file (``BlockDataset``), crammed-bert-tiny at vocab
-32768. Two data paths, the same model and step:
-
-- ``new``: each process draws and masks only its own microbatches (train/batches.py, masks keyed by
-  stream position);
-- ``old``: every process draws and masks the whole global batch with one generator, then keeps its
-  contiguous share: the path before rank-local batches, which cramlm keeps for checkpoints written
-  then (``StepData(keyed=False)``, data format 1).
+32768. Each process draws and masks only its own microbatches (train/batches.py, masks keyed by
+stream position: the ``new`` rows). The committed results also hold ``old`` rows, measured when
+cramlm still had the path before rank-local batches (every process drew and masked the whole global
+batch with one generator, then kept its contiguous share; data format 1, since removed): ``--paper``
+fits the host cost per sequence on them.
 
 Per step and process it reports: the host time getting the batch (draw + mask + slicing), as CPU
 time of the training thread (``time.thread_time``) and wall time; the step's wall time; the bytes
@@ -18,7 +16,7 @@ figure that shows whether per-process work stays flat, and it is what the table 
 over the measured steps; then for host CPU time the median over processes (``host_cpu_ms``; the
 maximum and every process's value are in the JSON), for the rest the maximum over processes.
 
-    python benchmarks/scaling.py                          # 1 2 4 8 processes, both paths; JSON + table
+    python benchmarks/scaling.py                          # 1 2 4 8 processes; JSON + table
     python benchmarks/scaling.py --procs 1 2 --steps 4    # quicker
     python benchmarks/scaling.py --out benchmarks/results/scaling.json
 """
@@ -84,7 +82,7 @@ def worker(args) -> None:
     model = build_model(arch, VOCAB)
     dataset = BlockDataset(read_packed(args.data), SEQ, CLS_ID)
     collate = MLMCollator(VOCAB, MASK_ID, len(SPECIAL_TOKENS), 0.15, 0)
-    data = StepData(dataset, collate, 0, keyed=args.path == "new")
+    data = StepData(dataset, collate, 0)
     n_micro = args.micro_per_process * world
     impl = ImplConfig(microbatch_size=args.microbatch, progress=False, device="cpu", precision="fp32", threads=1,
                       compile=False, prefetch=False)
@@ -245,7 +243,6 @@ def paper_table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--paths", nargs="+", default=["old", "new"], choices=["old", "new"])
     ap.add_argument("--steps", type=int, default=8, help="measured steps (medians)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--microbatch", type=int, default=8)
@@ -279,9 +276,8 @@ def main(argv: list[str] | None = None) -> None:
         data = Path(tmp) / "tokens.cramtok"
         make_data(data, 2 * max(args.procs) * args.micro_per_process * args.microbatch * (args.steps + args.warmup))
         for procs in args.procs:
-            for path in args.paths:  # the two paths of each size one after the other: the same machine load
-                rows.append(launch(args, procs, path, data, Path(tmp)))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            rows.append(launch(args, procs, "new", data, Path(tmp)))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     report = {"benchmark": "scaling", "command": " ".join(["python", "benchmarks/scaling.py", *(argv or sys.argv[1:])]),
               "machine": f"{os.cpu_count()} CPUs (processes beyond that oversubscribe: compare host CPU time)",
               "torch_threads_per_process": 1, "seq_len": SEQ, "vocab": VOCAB, "arch": args.arch, "rows": rows}

@@ -26,7 +26,7 @@ def test_mlm_batches_of_packed_documents(tmp_path):
     padding = batch["attention_mask"] == 0
     assert padding.any() and (batch["labels"][padding] == -100).all() and (batch["input_ids"][padding] == 0).all()
     assert (batch["labels"] != -100).sum() > 10
-    # the same generator state gives the same masks for bare ids (no padding here: pad id 0 is special anyway)
+    # the same seed and positions give the same masks for bare ids (no padding here: pad id 0 is special anyway)
     ids = ds.batch(np.arange(4))["input_ids"]
     a = MLMCollator(300, 4, 5, 0.4, seed=1)(ids)
     b = MLMCollator(300, 4, 5, 0.4, seed=1)({"input_ids": ids, "attention_mask": (ids != 0).long()})

@@ -2,7 +2,6 @@
 or half-replaced checkpoints do not stop ``resume=auto``, a full disk is reported as such, a resumed
 run's summary and progress bar continue the run's history, and a diverged run fails."""
 
-import json
 import re
 import signal
 import subprocess
@@ -269,20 +268,6 @@ def test_nonfinite_flags_read_at_metrics_lines_equal_a_per_step_check(tmp_path):
     assert sorted(losses(tmp_path / "deferred")) == [1, 3, 6]
     assert losses(tmp_path / "deferred") == losses(tmp_path / "per-step")
     assert same_weights(tmp_path / "deferred" / "model.safetensors", tmp_path / "per-step" / "model.safetensors")
-
-
-def test_state_json_holds_no_second_data_position_and_old_checkpoints_resume(tmp_path):
-    run_inprocess(tmp_path, "old", "budget=null", "train.budget.steps=2")
-    state_file = tmp_path / "old" / "checkpoints" / "step-00000002" / "state.json"
-    state = json.loads(state_file.read_text())
-    assert "data_position" not in state and state["first_loss"] is not None  # the position lives in training.pt
-    # a checkpoint as the previous version wrote it: a copy of the position in state.json, no first_loss
-    state["data_position"] = {"epoch": 0, "position": 16}
-    del state["first_loss"], state["checkpoint_version"]  # (nor digests: they came with version 2)
-    state_file.write_text(json.dumps(state))
-    (state_file.parent / "digests.json").unlink()
-    resumed = run_inprocess(tmp_path, "old", "budget=null", "train.budget.steps=3", "resume=auto")
-    assert resumed["steps"] == 3 and resumed["first_loss"] == losses(tmp_path / "old")[3]  # only this segment's known
 
 
 def test_sigterm_to_torchrun_reaches_the_workers_which_checkpoint(tmp_path):

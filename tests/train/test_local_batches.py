@@ -68,6 +68,8 @@ def test_keyed_masks_depend_only_on_seed_and_position():
     assert not torch.equal(MLMCollator(VOCAB, 4, 5, 0.3, seed=4)(ids, positions=[7, 8, 9, 10])["labels"], a["labels"])
     with pytest.raises(ValueError, match="one stream position per sequence"):
         collate(ids, positions=[1, 2])
+    alone = collate(ids)  # a batch on its own (a sample): keyed as the stream's first sequences
+    assert torch.equal(alone["labels"], collate(ids, positions=[0, 1, 2, 3])["labels"])
 
 
 def test_a_data_state_resumes_the_stream_and_other_formats_are_refused():
@@ -84,7 +86,7 @@ def test_a_data_state_resumes_the_stream_and_other_formats_are_refused():
     generator = {"generator": torch.Generator().manual_seed(3).get_state()}
     for old, text in [({"stream": {"step": 20, "world_size": 1}, "collator": generator}, "its data state is format 1 "),
                       ({**state, "masks": "sequential", "collator": generator}, "continues a format-1 run"),
-                      ({**state, "format": 3}, "format 3, newer than this cramlm reads (2)")]:
+                      ({**state, "format": 3}, r"format 3, newer than this cramlm reads \(2\)")]:
         fresh = mlm_data()
         with pytest.raises(DataFormatError, match=text):
             fresh.load_state_dict(old)

@@ -1,11 +1,13 @@
 """Nothing lost, nothing unnoticed: a run folder is never restarted over, a refused resume changes
 nothing, every recorded digest is required, non-finite weights are refused, and `--resume auto`
-with every checkpoint damaged fails (issue 39, items 1-5)."""
+with every checkpoint damaged fails (issue 39, items 1-5); a checkpoint an older cramlm wrote is
+refused with one line, not carried (issue 40, item 7)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -225,3 +227,65 @@ def test_resume_auto_with_every_checkpoint_damaged_fails(finished):
     assert not checkpoint_dirs(run / "checkpoints") and (run / "model.safetensors").is_file()
     result = resume(finished, "all-damaged")  # the requeued job's next attempt fails alike
     assert result.exit_code == 1 and "every checkpoint" in result.output, result.output
+
+
+# ------------------------------------------------------------------ issue 40 item 7: an older cramlm's checkpoint
+
+
+def test_a_checkpoint_whose_data_state_is_format_1_is_refused_and_changes_nothing(finished):
+    import torch
+
+    from cramlm.io import CheckpointFileError
+    from cramlm.train.checkpoint import check_data_state
+
+    run = copy_run(finished, "format-1")
+    newest = latest_checkpoint(run / "checkpoints")
+    training = torch.load(newest / "training.pt", weights_only=True)
+    data = training["data"]
+    assert data["format"] == 2  # (else this test proves nothing)
+    # the data state as format 1 wrote it: no format, the stream (with its world_size), the collator's
+    # generator (masks drawn in sequence, global batches)
+    generator = {"generator": torch.Generator().manual_seed(0).get_state()}
+    training["data"] = {"stream": {**data["stream"], "world_size": 1}, "collator": generator}
+    torch.save(training, newest / "training.pt")
+    write_digests(newest, ["training.pt"])  # as that checkpoint would record it: not damage
+    before = contents(run)
+    result = resume(finished, "format-1")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert line == (f"Error: resume from {newest}: its data state is format 1 (written by cramlm before masks were "
+                    "keyed by stream position); this cramlm cannot continue it bit for bit: start the run fresh "
+                    "(or resume with the cramlm that wrote it)"), line
+    assert "Traceback" not in result.output
+    assert contents(run) == before  # nothing set aside, written or removed
+    # a format-2 state of a run that continued format 1 (masks drawn in sequence), a newer format
+    for state, text in [({**data, "masks": "sequential", "collator": generator}, "continues a format-1 run"),
+                        ({**data, "format": 3}, "format 3, newer than this cramlm reads")]:
+        torch.save({**training, "data": state}, newest / "training.pt")
+        with pytest.raises(CheckpointFileError, match=f"resume from {re.escape(str(newest))}: its data state .*{text}"):
+            check_data_state(newest)
+
+
+def test_a_checkpoint_of_version_1_or_without_its_runs_record_is_refused_not_set_aside(finished):
+    run = copy_run(finished, "version-1")
+    newest = latest_checkpoint(run / "checkpoints")
+    state = json.loads((newest / "state.json").read_text())
+    assert "data_position" not in state and state["first_loss"] is not None  # the position lives in training.pt
+    (newest / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "run"}))
+    write_digests(newest, ["state.json"])
+    before = contents(run)
+    result = resume(finished, "version-1")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert f"resume from {newest}: its state.json holds no record of its run" in line and "start the run fresh" in line, line
+    assert contents(run) == before
+    # version 1: no checkpoint_version, no digests.json (neither is damage: nothing is set aside)
+    del state["checkpoint_version"]
+    (newest / "state.json").write_text(json.dumps(state))
+    (newest / DIGESTS).unlink()
+    before = contents(run)
+    result = resume(finished, "version-1")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert f"resume from {newest}: it is a checkpoint of version 1" in line and "start the run fresh" in line, line
+    assert contents(run) == before and newest.is_dir()

@@ -1,19 +1,14 @@
 """Pretraining collation: masked LM (BERT's 80/10/10 corruption, never touching special tokens) and
 causal LM (labels are the inputs; the model shifts them).
 
-Two ways to draw the MLM masks:
-
-- keyed (training): ``collator(batch, positions)``, where ``positions[b]`` is sequence b's
-  position in the global shuffled stream (``dataset.ShuffledStream``). Every random number is a
-  counter-based hash of (seed, position, token index) (splitmix64, ``permute.mix64``), so a
-  sequence's masks depend on nothing else: not on which process collates it, the microbatch size,
-  the number of processes, or what was drawn before. Any process can mask any slice of the stream
-  on its own, vectorised (a few numpy passes over the tokens; one thread: 0.12 / 0.29 / 1.95 ms
-  for 8 / 128 / 1024 sequences of 128, the generator path 0.08 / 0.42 / 5.4 ms), and the
-  collator has no state to save.
-- sequential: ``collator(batch)`` draws from the collator's own generator in call order (its
-  state is saved by ``state_dict``). Used for runs resumed from checkpoints written before keyed
-  masks (``StepData``'s data format 1).
+MLM masks are keyed: ``collator(batch, positions)``, where ``positions[b]`` is sequence b's position
+in the global shuffled stream (``dataset.ShuffledStream``). Every random number is a counter-based
+hash of (seed, position, token index) (splitmix64, ``permute.mix64``), so a sequence's masks depend
+on nothing else: not on which process collates it, the microbatch size, the number of processes, or
+what was drawn before. Any process can mask any slice of the stream on its own, vectorised (a few
+numpy passes over the tokens; one thread: 0.12 / 0.29 / 1.95 ms for 8 / 128 / 1024 sequences of
+128), and the collator has no state to save. A batch given without positions (a sample, a test) is
+masked as the stream's first B sequences.
 """
 
 from __future__ import annotations
@@ -31,11 +26,16 @@ _RANDOM_ID_SALT = _U(0xD1B54A32D192ED03)  # a second, independent word for the r
 _SAMPLE_SALT = _U(0x8CB92BA72F3D8DD7)  # a third one: the uniform the RTD generator samples with
 
 
+def stream_positions(positions, n: int) -> np.ndarray:
+    """The (n,) stream positions a keyed draw uses: ``positions``, or 0 ... n-1 for a batch on its own."""
+    return np.arange(n, dtype=np.int64) if positions is None else np.asarray(positions)
+
+
 class MLMCollator:
     """Choose ``mlm_probability`` of the non-special positions; of those, 80% become [MASK], 10% a
     random non-special token, 10% stay. Labels are the original ids there and -100 elsewhere.
     ``sample_noise`` (train.objective=rtd): also ``sample_noise``, float64 (B, T) uniforms in [0, 1)
-    from the same keyed words (or the generator), with which the generator samples its replacement
+    from the same keyed words, with which the generator samples its replacement
     at each masked position (models/objectives/rtd.py): the replaced tokens are then a pure function of the
     stream position and the weights, as the masks are."""
 
@@ -50,22 +50,19 @@ class MLMCollator:
         self.sample_noise = sample_noise
         self.seed = seed
         self.key = mix64(_U(seed % 2**64) ^ _U(0x6A09E667F3BCC909))  # this seed's stream of sequence keys
-        self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, batch, positions=None) -> dict[str, torch.Tensor]:
         """``batch``: int64 (B, T) ids, or a dict with ``input_ids`` and whatever else the dataset
         gives (document-aware packing: document_ids, position_ids, attention_mask), passed through;
         positions where ``attention_mask`` is 0 are never chosen. ``positions``: int (B,) stream
-        positions of the sequences (keyed masks, see the module docstring); None: the generator."""
+        positions of the sequences (keyed masks, see the module docstring); None: 0 ... B-1."""
         out = dict(batch) if isinstance(batch, dict) else {}
         input_ids = (batch["input_ids"] if isinstance(batch, dict) else batch).clone()
         special = input_ids < self.num_special
         if "attention_mask" in out:
             special |= out["attention_mask"] == 0
-        if positions is None:
-            chosen, to_mask, to_random, random_ids, noise = self._sequential(input_ids.shape, special)
-        else:
-            chosen, to_mask, to_random, random_ids, noise = self._keyed(np.asarray(positions), input_ids.shape, special)
+        positions = stream_positions(positions, len(input_ids))
+        chosen, to_mask, to_random, random_ids, noise = self._keyed(positions, input_ids.shape, special)
         if self.sample_noise:
             out["sample_noise"] = noise
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
@@ -73,16 +70,6 @@ class MLMCollator:
         input_ids[to_random] = random_ids
         out.update(input_ids=input_ids, labels=labels)
         return out
-
-    def _sequential(self, shape, special):
-        g = self.generator
-        chosen = (torch.rand(shape, generator=g) < self.p) & ~special
-        roll = torch.rand(shape, generator=g)
-        to_mask = chosen & (roll < 0.8)
-        to_random = chosen & (roll >= 0.8) & (roll < 0.9)
-        random_ids = torch.randint(self.num_special, self.vocab_size, shape, generator=g)
-        noise = torch.rand(shape, generator=g, dtype=torch.float64) if self.sample_noise else None
-        return chosen, to_mask, to_random, random_ids[to_random], noise
 
     def _keyed(self, positions: np.ndarray, shape, special):
         """One 64-bit word per token, word = splitmix64(key(seed, position) + (t + 1) * golden):
@@ -107,12 +94,6 @@ class MLMCollator:
             noise = as_torch((mix64(words ^ _SAMPLE_SALT) >> _U(11)).astype(np.float64) / 2.0**53)
         return (as_torch(chosen), as_torch(to_mask), as_torch(to_random), as_torch(np.minimum(random_ids, self.vocab_size - 1)),
                 noise)
-
-    def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
 
 
 def causal_collate(batch) -> dict[str, torch.Tensor]:

@@ -128,12 +128,7 @@ class ShuffledStream:
         return self.step % self.num_samples
 
     def state_dict(self) -> dict:
-        # world_size stays in the state (always 1) so older checkpoints and readers keep working
-        return {"step": self.step, "world_size": 1, "seed": self.seed,
-                "epoch": self.epoch, "position": self.position}
+        return {"step": self.step, "seed": self.seed, "epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict) -> None:
-        if "step" in state:  # states saved by a rank-sharded stream count rounds of world_size
-            self.step = int(state["step"]) * int(state.get("world_size", 1))
-        else:  # older (epoch, position) states
-            self.step = int(state["epoch"]) * self.num_samples + int(state["position"])
+        self.step = int(state["step"])

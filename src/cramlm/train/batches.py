@@ -7,10 +7,10 @@ positions ``s + j*m ... s + (j+1)*m - 1``, and process r of ``world`` trains mic
 process collates it: N processes train on exactly the batches of one process, each doing 1/N of
 the host work, and a checkpoint resumes on any number of processes.
 
-Data format 1 (checkpoints written before this: no ``format`` in their data state) had every
-process draw and collate the whole global batch, masks from one generator in draw order, and keep
-a contiguous share. A run resumed from such a checkpoint stays on that path (``keyed=False``) so it
-continues bit for bit; ``benchmarks/scaling.py`` measures it as the baseline.
+The data state a checkpoint holds (``StepData.state_dict``) is of data format 2: the stream position.
+Format 1 (no ``format`` in the data state: every process drew and masked the whole global batch,
+masks from the collator's generator in draw order) is refused at resume (``data_state_problem``):
+this cramlm cannot continue such a run bit for bit.
 
 ``LocalBatches`` hands the trainer this process's microbatches of a step, on the device,
 optionally prepared a step ahead by a background thread (``impl.prefetch``), and counts the host
@@ -27,27 +27,43 @@ import torch
 
 from cramlm.data.dataset import ShuffledStream
 
-DATA_FORMAT = 2  # 2: rank-local microbatches, masks keyed by stream position; 1 (no field): global batches
+DATA_FORMAT = 2  # rank-local microbatches, masks keyed by stream position (1, no field: global batches, refused)
+_RESTART = "this cramlm cannot continue it bit for bit: start the run fresh (or resume with the cramlm that wrote it)"
 
 
 class DataFormatError(ValueError):
     """A checkpoint's data state is of a format this cramlm does not read."""
 
 
+def data_state_problem(state: dict) -> str | None:
+    """Why this cramlm cannot continue a checkpoint's data state (``StepData.state_dict``), or None."""
+    if "format" not in state:
+        return ("its data state is format 1 (written by cramlm before masks were keyed by stream position); "
+                + _RESTART)
+    if state.get("masks") == "sequential":  # format 2 as a run resumed from format 1 wrote it
+        return ("its data state continues a format-1 run (masks drawn in sequence by the collator, not keyed by "
+                "stream position); " + _RESTART)
+    version = state["format"]
+    if version != DATA_FORMAT:
+        newer = "newer than" if isinstance(version, int) and version > DATA_FORMAT else "not the format"
+        return (f"its data state has format {version}, {newer} this cramlm reads ({DATA_FORMAT}): "
+                "resume it with the cramlm version that wrote it")
+    return None
+
+
 class StepData:
     """The shuffled stream, its dataset and collator. ``take(n)``: the next n sequences, collated
     (one process: tests, the planner); ``local_positions``/``sequences``: what the trainer uses.
-    State: the stream position (and, on the format-1 path, the collator's generator).
+    State: the stream position.
     ``documents=True`` (train.document_attention): blocks carry ``document_ids`` and
     ``position_ids`` (``dataset.batch_with_boundaries``), so the model keeps documents apart."""
 
-    def __init__(self, dataset, collate, seed: int, documents: bool = False, keyed: bool = True):
+    def __init__(self, dataset, collate, seed: int, documents: bool = False):
         self.dataset = dataset
         self.collate = collate
         self.order = ShuffledStream(len(dataset), seed)
         self.seq_len = getattr(dataset, "seq_length", None) or len(dataset.batch([0])[0])
         self.draw = dataset.batch_with_boundaries if documents else dataset.batch
-        self.keyed = keyed  # False: the format-1 path (see the module docstring)
         self.positional = _takes_positions(collate)  # masks keyed by position (else: no randomness)
 
     def sequences(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
@@ -65,32 +81,17 @@ class StepData:
 
     def take(self, n: int) -> dict[str, torch.Tensor]:
         """The next n sequences, collated."""
-        if not self.keyed:
-            return self.collate(self.draw(self.order.take(n)))
         s = self.order.step
         self.order.skip(n)
         return self.sequences(s + np.arange(n, dtype=np.int64))
 
     def state_dict(self) -> dict:
-        state = {"format": DATA_FORMAT, "masks": "keyed" if self.keyed else "sequential",
-                 "stream": self.order.state_dict(), "collator": None}
-        if not self.keyed and hasattr(self.collate, "state_dict"):
-            state["collator"] = self.collate.state_dict()
-        return state
+        return {"format": DATA_FORMAT, "stream": self.order.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        version = int(state.get("format", 1))
-        if version > DATA_FORMAT:
-            raise DataFormatError(f"its data state has format {version}, newer than this cramlm reads ({DATA_FORMAT}): "
-                                  "resume it with the cramlm version that wrote it")
+        if problem := data_state_problem(state):
+            raise DataFormatError(problem)
         self.order.load_state_dict(state["stream"])
-        collator = state.get("collator")
-        # format 1 with a collator generator (masked LM): continue on that path, bit for bit. Without one
-        # (causal LM: no masks) both paths give the same batches, so the run moves to rank-local batches.
-        sequential = state.get("masks") == "sequential" if version >= 2 else collator is not None
-        self.keyed = not (sequential and hasattr(self.collate, "load_state_dict"))
-        if not self.keyed:
-            self.collate.load_state_dict(collator)
 
 
 def _positions(s: int, n_micro: int, m: int, rank: int, world: int) -> np.ndarray:
@@ -109,7 +110,7 @@ def _takes_positions(collate) -> bool:
 
 class LocalBatches:
     """This process's microbatches of each step, moved to ``device``: the step's sequences are drawn
-    and collated in one go (one call's fixed costs per step, as on the old path), then cut into
+    and collated in one go (one call's fixed costs per step), then cut into
     microbatches. ``prefetch``: from the moment the last microbatch's backward is issued, a
     background thread prepares the next step's batch (drawn, collated, pinned on CUDA) while the
     device computes, guessing that it has as many microbatches as this one (true except during a
@@ -129,22 +130,16 @@ class LocalBatches:
     def step(self, n_micro: int):
         """Yield this process's microbatches of the next step (n_micro microbatches over all processes)."""
         clock = self._clock()
-        if self.data.keyed:
-            positions = self.data.local_positions(n_micro, self.m, self.rank, self.world)
-            batch = self._get(positions)
-            mine = range(len(positions) // self.m)
-        else:  # format 1: the global batch, collated here, then a contiguous share
-            batch = self._ready(self.data.take(n_micro * self.m))
-            n_local = n_micro // self.world
-            mine = range(self.rank * n_local, (self.rank + 1) * n_local)
+        positions = self.data.local_positions(n_micro, self.m, self.rank, self.world)
+        batch = self._get(positions)
         self._count(clock)
         m = self.m
-        for j in mine:
+        for j in range(len(positions) // m):
             clock = self._clock()
             micro = {k: v[j * m : (j + 1) * m].to(self.device, non_blocking=True) for k, v in batch.items()}
             self._count(clock)
             yield micro
-        if self.pool is not None and self.data.keyed:
+        if self.pool is not None:
             # the next step, if it is as large as this one. Submitted once the last microbatch's
             # backward has been issued: the thread then mostly runs while this one waits in C++ (the
             # step's reduction, the optimizer step), not while it dispatches the forward, since the

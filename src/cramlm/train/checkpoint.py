@@ -6,7 +6,7 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000042/`` with
 - ``model.safetensors``: the full (unsharded) weights, tied tensors stored once;
 - ``training.pt``: optimizer and grad-scaler state (keyed by parameter name, so it loads into any
   number of processes and any sharding), the data position (the shuffled stream's global position
-  and the data format, batches.py; on the format-1 path also the collator's generator), torch/CUDA RNG;
+  and the data format, batches.py), torch/CUDA RNG;
 - ``state.json``: the trainer's counters (``TrainState``: step, tokens, seconds, events, ...),
   Python/NumPy RNG, and what the run was (``run``: its resolved config and its data's identity);
 - ``digests.json``: the blake2b digest of each of the three files (``checkpoint_problem`` checks them).
@@ -16,8 +16,9 @@ complete ones. The newest ``keep`` checkpoints are kept. Saving a step again (th
 after a periodic one of the same step) moves the old folder aside (``.old-step-...``) before the
 rename and deletes it after, so a kill in between leaves one to restore. ``resumable_checkpoint``
 checks files before a resume (truncated or missing: that checkpoint is set aside, the next older
-one is used; so is one whose digest does not match). A full disk is reported as such
-(``DiskFullError``), the partial write removed.
+one is used; so is one whose digest does not match). A checkpoint of an older cramlm (version 1:
+no digests, no record of its run) is not damage: it is refused, with what to do. A full disk is
+reported as such (``DiskFullError``), the partial write removed.
 
 Resume vetting (``find_resume``, ``check_resumable``, ``check_same_run``, ``resume_trainer``): which
 checkpoint a run continues from, and whether this run can continue it (docs/training.md).
@@ -56,7 +57,7 @@ from cramlm.io import (
 )
 from cramlm.train import sharded
 
-CHECKPOINT_VERSION = 2  # 2: digests.json; a checkpoint of version 2 without it is damaged
+CHECKPOINT_VERSION = 2  # 2: digests.json and the run's record; one without digests.json is damaged (1: refused)
 FILES = ("model.safetensors", "training.pt", "state.json")
 
 
@@ -252,7 +253,8 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def checkpoint_problem(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder (a missing, truncated, unreadable or changed file),
-    or None. Reads each file (training.pt's CRCs, every file's digest, a weights-only load that runs no code)."""
+    or None. Reads each file (training.pt's CRCs, every file's digest, a weights-only load that runs no code).
+    Raises CheckpointFileError for a checkpoint of an older cramlm (``check_version``)."""
     if sharded.is_sharded(folder):
         return sharded_checkpoint_problem(folder)
     for name in FILES:
@@ -261,6 +263,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     state = _state_json(folder)
     if isinstance(state, str):
         return state
+    check_version(folder, state)
     problem = _safetensors_problem(folder / "model.safetensors")
     if problem:
         return problem
@@ -307,9 +310,19 @@ def _unpickle_problem(path: Path) -> str | None:
     return None
 
 
+def check_version(folder: Path, state: dict) -> None:
+    """Refuse a checkpoint an older cramlm wrote (version 1: no ``checkpoint_version`` in its
+    state.json, no digests.json): not damage, so it is not set aside, but nothing this cramlm resumes."""
+    if "checkpoint_version" not in state and not (folder / DIGESTS).is_file():
+        raise CheckpointFileError(
+            f"resume from {folder}: it is a checkpoint of version 1 (written by cramlm before checkpoints carried "
+            f"digests and their run's record); this cramlm does not resume it: start the run fresh (or resume with "
+            "the cramlm that wrote it)")
+
+
 def _digests_problem(folder: Path, state: dict) -> str | None:
-    if not (folder / DIGESTS).is_file():  # checkpoints before version 2 have none
-        return f"{DIGESTS} is missing" if state.get("checkpoint_version", 1) >= 2 else None
+    if not (folder / DIGESTS).is_file():
+        return f"{DIGESTS} is missing"
     return next((p for name in FILES if (p := digest_problem(folder / name))), None)
 
 
@@ -554,12 +567,20 @@ def check_resumable(folder: Path, model: torch.nn.Module, vocab_size: int) -> No
         raise CheckpointFileError(f"{training}: not a readable torch checkpoint, truncated or damaged ({e})") from None
 
 
-def check_same_data(folder: Path, data_now: dict[str, str]) -> None:
+def written_run(folder: Path) -> dict:
+    """What a checkpoint's run recorded (``run`` in state.json): its resolved ``config`` and its
+    data's identity (``data``: the tokenizer's fingerprint, each packed file's checksum)."""
+    run = written_state(folder).get("run")
+    if not (isinstance(run, dict) and isinstance(run.get("config"), dict) and isinstance(run.get("data"), dict)):
+        raise CheckpointFileError(
+            f"resume from {folder}: its state.json holds no record of its run (run.config, run.data), which every "
+            "checkpoint of `cramlm pretrain` holds; this cramlm does not resume it: start the run fresh")
+    return run
+
+
+def check_same_data(folder: Path, then: dict[str, str], data_now: dict[str, str]) -> None:
     """Refuse a checkpoint written on other data: its run recorded the tokenizer's fingerprint and
-    each packed file's checksum (``run.data`` in state.json); a re-prepared cache must match."""
-    then = (written_state(folder).get("run") or {}).get("data")
-    if not isinstance(then, dict):
-        return  # written before cramlm recorded it
+    each packed file's checksum (``then``: ``run.data`` in state.json); a re-prepared cache must match."""
     differ = [f"{k}: {then.get(k)} there, {data_now.get(k)} here" for k in sorted({*then, *data_now}) if then.get(k) != data_now.get(k)]
     if differ:
         raise CheckpointFileError(
@@ -567,6 +588,17 @@ def check_same_data(folder: Path, data_now: dict[str, str]) -> None:
             "The data cache was prepared again (another tokenizer or other packed bytes); point impl.data_cache at "
             "the run's own prepared data, or start a fresh run"
         )
+
+
+def check_data_state(folder: Path) -> None:
+    """Refuse a checkpoint whose data state (in training.pt) this cramlm cannot continue
+    (train/batches.py ``data_state_problem``: data format 1, or a newer format)."""
+    from cramlm.train.batches import data_state_problem
+
+    training = torch.load(folder / "training.pt", map_location="cpu", weights_only=True, mmap=True)
+    data = training.get("data") if isinstance(training, dict) else None
+    if isinstance(data, dict) and (problem := data_state_problem(data)):  # (no data state at all: the load names it)
+        raise CheckpointFileError(f"resume from {folder}: {problem}")
 
 
 def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print, budgets: tuple[str, ...] = ()) -> None:
@@ -587,9 +619,6 @@ def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print
             "was train.optim or the arch changed since it was written?"
         ) from None
     say(f"cramlm: resumed from {folder} (step {trainer.used.steps})")
-    if not trainer.data.keyed:
-        say("cramlm: its data state is format 1 (written before masks were keyed by stream position): the run "
-            "continues on that path, bit for bit: every process draws and masks the whole global batch")
     if any(k not in budgets for k in changes):  # (a longer budget alone is no event: runs are extended often)
         step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
         trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,
@@ -694,22 +723,6 @@ def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
 
-def written_config(folder: Path) -> dict | None:
-    """The resolved config a checkpoint was written under: its own record (``run.config`` in
-    state.json), else (older checkpoints) the config.yaml of the run folder holding it."""
-    config = (written_state(folder).get("run") or {}).get("config")
-    if isinstance(config, dict):
-        return config
-    yaml_file = folder.parent.parent / "config.yaml"
-    try:
-        import yaml
-
-        loaded = yaml.safe_load(yaml_file.read_text(encoding="utf-8")) if yaml_file.is_file() else None
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
-
-
 def check_precision(folder: Path, precision, allow: list[str], changes: dict) -> dict:
     """The precision this run resolved to (impl.precision=auto: per machine) against the one the
     checkpoint was trained in: another one changes the maths (refused unless impl.precision is
@@ -729,13 +742,13 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     """Every check of a resume from ``folder`` that needs no Trainer (docs/training.md: "What a
     resume checks"), given the run's config ``cfg`` and prepared ``data``; the accepted config
     changes. impl.threads=auto then takes the checkpoint's thread count."""
-    old, new = written_config(folder), cfg.model_dump(mode="json")
-    if old:  # before the shapes: a changed objective or optimizer is named as such, not as a misfit
-        check_servable(old, new, str(folder))
+    run, new = written_run(folder), cfg.model_dump(mode="json")
+    check_servable(run["config"], new, str(folder))  # before the shapes: named as such, not as a misfit
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
+    check_data_state(folder)
     check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
-    check_same_data(folder, data.identity())
-    changes = resume_changes(old, new, cfg.allow_change, str(folder), resume_policy(type(cfg))) if old else {}
+    check_same_data(folder, run["data"], data.identity())
+    changes = resume_changes(run["config"], new, cfg.allow_change, str(folder), resume_policy(type(cfg)))
     if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes

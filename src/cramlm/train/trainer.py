@@ -182,10 +182,10 @@ class TrainState:
 
     def load_state_dict(self, state: dict) -> None:
         self.meter.load_state_dict(state)
-        next_t = state.get("next_validation")
+        next_t = state["next_validation"]
         self.validation.next_t = math.inf if next_t is None else next_t
-        self.events.update(state.get("events", {}))
-        self.first_loss = state.get("first_loss")
+        self.events.update(state["events"])
+        self.first_loss = state["first_loss"]
 
 
 @dataclass
@@ -229,7 +229,7 @@ class Trainer:
                               meter.costs.optimizer_flops_per_step)
         self.batches = LocalBatches(data, impl.microbatch_size, self.dist.rank, self.dist.world, self.device,
                                     prefetch=prefetches(impl, self.device))
-        # val_loss: the first train.validate_sequences of the held-out set (eval/lm.py), this process's share
+        # val_loss: the first train.validate_sequences of the held-out set (data/heldout.py), this process's share
         self.heldout = heldout
         self.val_bpb: float | None = None  # of the last validation
         self.val_batches = heldout.batches(impl.microbatch_size, self.dist.world, self.dist.rank) if heldout is not None and len(heldout) else []
@@ -549,9 +549,8 @@ class Trainer:
         ckpt.set_rng_state(training, state)
         self.state.load_state_dict(state)
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
-                             "world_size": self.dist.world, "checkpoint_world_size": state.get("world_size"),
-                             "data_format": training["data"].get("format", 1),
-                             "masks": "keyed" if self.data.keyed else "sequential"}
+                             "world_size": self.dist.world, "checkpoint_world_size": state["world_size"],
+                             "data_format": training["data"]["format"]}
 
 
     def _summary(self, val_loss: float | None, final: Path) -> dict:

@@ -29,6 +29,7 @@ from torch import nn
 
 from cramlm.config.registry import register
 from cramlm.constants import IGNORE_INDEX
+from cramlm.data.collate import stream_positions
 from cramlm.data.permute import mix64
 from cramlm.models.base import tied_aliases
 from cramlm.models.config import trunk_flops_per_token
@@ -46,7 +47,6 @@ class HybridCollator:
     def __init__(self, masker, causal_fraction: float, seed: int):
         self.masker, self.fraction = masker, causal_fraction
         self.key = mix64(np.uint64(seed % 2**64) ^ _MODE_SALT)
-        self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, batch, positions=None) -> dict[str, torch.Tensor]:
         original = batch["input_ids"] if isinstance(batch, dict) else batch  # (B, T)
@@ -61,12 +61,9 @@ class HybridCollator:
         return out
 
     def draw(self, n: int, positions) -> torch.Tensor:
-        """(n,) bool: which sequences are causal; keyed by stream position (else the collator's generator)."""
-        if positions is None:
-            u = torch.rand(n, generator=self.generator, dtype=torch.float64)
-        else:
-            words = mix64(np.asarray(positions).astype(np.int64).astype(np.uint64) ^ self.key)
-            u = torch.from_numpy((words >> np.uint64(11)).astype(np.float64) / 2.0**53)  # 53 bits -> [0, 1)
+        """(n,) bool: which sequences are causal; keyed by stream position (None: 0 ... n-1, as the masks)."""
+        words = mix64(stream_positions(positions, n).astype(np.int64).astype(np.uint64) ^ self.key)
+        u = torch.from_numpy((words >> np.uint64(11)).astype(np.float64) / 2.0**53)  # 53 bits -> [0, 1)
         return u < self.fraction
 
 
