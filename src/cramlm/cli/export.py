@@ -136,7 +136,7 @@ def write_model_card(out_dir: Path, run_dir: Path, cfg, cls: str, load_lines: li
 
 def objective_export_model(run_dir: Path, objective, encoder, weights: Path):
     """The objective's trained model around ``encoder`` for export: with the trained parts of the same
-    weights (a checkpoint's own file, else the run's parts file or final checkpoint) where it has them."""
+    weights (a checkpoint's own file, else the run's parts file) where it has them."""
     from cramlm.eval.checkpoints import load_trained_parts, trained_parts_file
 
     model = objective.eval_model(encoder)
@@ -144,9 +144,10 @@ def objective_export_model(run_dir: Path, objective, encoder, weights: Path):
         return model
     source = weights if weights != run_dir / "model.safetensors" else trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
-        raise FileNotFoundError(f"{run_dir}: train.objective={objective.name}, but neither {objective.trained_parts} nor "
-                                f"a checkpoint holds {objective.config.parts_title}; export a checkpoint of the run "
-                                "instead, or fine-tune the run itself (its model.safetensors has the encoder)")
+        raise FileNotFoundError(f"{run_dir}: train.objective={objective.name}, but no {objective.trained_parts} holds "
+                                f"{objective.config.parts_title}; export a checkpoint of the run instead "
+                                "(checkpoints/step-.../model.safetensors), retrain the run, or fine-tune the run itself "
+                                "(its model.safetensors has the encoder)")
     load_trained_parts(objective, model, source)
     return model
 

@@ -203,15 +203,15 @@ def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
 def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained: bool) -> nn.Module | None:
     """The objective's eval model around ``encoder`` (models/objectives/: the arch itself for mlm and
     clm; an RTD run's generator and detector around its discriminator), for the held-out loss and
-    minimal pairs. Trained parts come from the run's parts file (ELECTRA: electra.safetensors), else its
-    final checkpoint; None when neither holds them; random if untrained."""
+    minimal pairs. Trained parts come from the run's parts file (ELECTRA: electra.safetensors); None
+    when the run has none; random if untrained."""
     model = objective.eval_model(encoder)
     if untrained or not objective.trained_parts:
         return model
     source = trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
-        print(f"cramlm: {run_dir}: neither {objective.trained_parts} nor a checkpoint holds {objective.config.parts_title}, "
-              "so no held-out loss and no minimal pairs (the encoder is evaluated)")
+        print(f"cramlm: {run_dir}: no {objective.trained_parts} holds {objective.config.parts_title}, so no held-out "
+              "loss and no minimal pairs (the encoder is evaluated); a run of this cramlm writes it: retrain the run")
         return None
     load_trained_parts(objective, model, source)
     return model
@@ -219,19 +219,8 @@ def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained
 
 def trained_parts_file(run_dir: Path, name: str) -> Path | None:
     """The file holding a run's trained parts (an RTD run's generator and detector): ``name`` in the
-    run folder, else the model.safetensors of its final (or latest) checkpoint in its own
-    checkpoints/ (a copied run folder never reads the original's); None when there is none."""
-    import json
-
-    from cramlm.train.checkpoint import latest_checkpoint
-
-    if (run_dir / name).is_file():
-        return run_dir / name
-    summary = run_dir / "summary.json"
-    final = Path(json.loads(summary.read_text()).get("final_checkpoint") or ".").name if summary.is_file() else "."
-    own = run_dir / "checkpoints" / final
-    folder = own if final != "." and (own / "model.safetensors").is_file() else latest_checkpoint(run_dir / "checkpoints")
-    return folder / "model.safetensors" if folder is not None else None
+    run folder, which every finished run of the objective has; None when it is missing."""
+    return run_dir / name if (run_dir / name).is_file() else None
 
 
 def load_trained_parts(objective: Any, model: nn.Module, path: Path) -> None:
