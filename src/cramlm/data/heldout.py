@@ -149,7 +149,7 @@ def heldout_set(val: PackedTokens | None, seq_length: int, objective: str, vocab
 
 def text_stats(val_path: Path | str | None) -> tuple[set[int] | None, float | None]:
     """(special ids, bytes per text token) of a validation file, from the ``manifest.json`` beside
-    it; (None, None) where it is missing or was written before cramlm counted the bytes."""
+    it; (None, None) where there is none (a file packed on its own: ``<out>.manifest.json``)."""
     manifest = Path(val_path).parent / "manifest.json" if val_path else None
     try:
         info = json.loads(manifest.read_text()) if manifest else {}

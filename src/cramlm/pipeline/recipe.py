@@ -292,8 +292,8 @@ def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
 
 
 def claim_folder(cfg: PipelineConfig, recipe: str | None) -> None:
-    """A run folder is the pipeline's when its record names this recipe (or none: a record written
-    before recipes were recorded); a folder holding another recipe's run or a bare `cramlm pretrain`
+    """A run folder is the pipeline's when its record names this recipe (or none: a `cramlm run`
+    without a recipe name); a folder holding another recipe's run or a bare `cramlm pretrain`
     run is refused unless ``overwrite=true`` (which deletes it whole) or a resume continues it."""
     from cramlm.locks import FolderLock
     from cramlm.run.folder import RUN_LOCK, claim_run_dir

@@ -29,8 +29,8 @@ class RunData:
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
         """(xs, ys) from the metric lines holding a number under ``y``. A line without ``x`` (a
-        validation line of an older run: step and val_loss only) takes it from the lines around its
-        step, interpolated linearly, since validation need not fall on a logged step."""
+        validation line has no ``flops``) takes it from the lines around its step, interpolated
+        linearly, since validation need not fall on a logged step."""
         known = sorted({m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and is_number(m.get("step"))}.items())
         steps, values = [k for k, _ in known], [v for _, v in known]
         pairs = []
