@@ -66,6 +66,42 @@ def test_allow_change_records_the_change_and_the_history(finished):
     assert history[1]["changes"]["train.budget.steps"] == [2, 3]
 
 
+def test_a_resume_goes_on_at_the_flops_per_token_its_steps_were_booked_at(finished):
+    """A cramlm that counts the model's FLOPs otherwise (another formula, another sample's share of
+    predicted positions) does not move a resumed run's t, lr or last step: the run keeps the rate its
+    steps were booked at; an allowed change of the maths re-books them at today's count."""
+    from cramlm.io import write_digests
+
+    def booked_at(run: Path, factor: float) -> float:
+        newest = latest_checkpoint(run / "checkpoints")
+        state = json.loads((newest / "state.json").read_text())
+        usage = state["usage"]  # AdamW: no optimizer FLOPs, so flops = tokens x flops per token
+        usage["flops"] *= factor
+        (newest / "state.json").write_text(json.dumps(state))
+        write_digests(newest, ["state.json"])
+        return usage["flops"] / usage["tokens"]
+
+    counted = json.loads((finished / "summary.json").read_text())["flops_per_token"]
+    run = copy_run(finished, "booked")
+    kept = booked_at(run, 1.25)
+    result = resume(finished, "booked")
+    assert result.exit_code == 0, result.output
+    assert f"FLOPs per token {kept:,.0f}, as the run booked its steps (this cramlm counts {counted:,.0f})" in result.output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["flops_per_token"] == pytest.approx(kept) and summary["flops"] == pytest.approx(summary["tokens"] * kept)
+    # the run's own count: nothing to keep, nothing said
+    plain = copy_run(finished, "plain")
+    result = resume(finished, "plain")
+    assert result.exit_code == 0 and "as the run booked" not in result.output, result.output
+    assert json.loads((plain / "summary.json").read_text())["flops_per_token"] == counted
+    # an allowed change of the maths: today's count
+    changed = copy_run(finished, "booked-changed")
+    booked_at(changed, 1.25)
+    result = resume(finished, "booked-changed", "train.optim.lr=5e-3", cli=("--resume", "auto", "--allow-change", "train.optim.lr"))
+    assert result.exit_code == 0 and "as the run booked" not in result.output, result.output
+    assert json.loads((changed / "summary.json").read_text())["flops_per_token"] == counted
+
+
 def test_allow_change_of_a_key_that_does_not_exist_is_an_error(finished):
     copy_run(finished, "typo")
     result = resume(finished, "typo", cli=("--resume", "auto", "--allow-change", "train.optim.lrr"))

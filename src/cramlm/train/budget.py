@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from pydantic import Field, PositiveFloat, PositiveInt
 
@@ -265,3 +265,18 @@ class Meter:
     def load_state_dict(self, state: dict) -> None:
         self.used = Usage(**state["usage"])
         self.times.update(state["times"])
+
+    def keep_booked_costs(self) -> tuple[float, float] | None:
+        """A resumed run goes on at the FLOPs per token its steps were booked at (``used.flops`` =
+        tokens x flops_per_token + steps x the optimizer's FLOPs) where this cramlm counts the model
+        otherwise (another FLOPs formula, another sample's share of predicted positions): t, the lr and
+        the last step stay the run's. (counted now, kept) when they differ, else None."""
+        used, costs = self.used, self.costs
+        if not used.tokens:
+            return None
+        kept = (used.flops - used.steps * costs.optimizer_flops_per_step) / used.tokens
+        if abs(kept - costs.flops_per_token) <= 1e-9 * costs.flops_per_token:  # the same count, up to rounding
+            return None
+        self.costs = replace(costs, flops_per_token=kept, flops_source=f"{costs.flops_source}, as the run booked it")
+        self.budget.flops_per_token = kept
+        return costs.flops_per_token, kept

@@ -619,6 +619,10 @@ def resume_trainer(trainer, folder: Path, changes: dict | None = None, say=print
             "was train.optim or the arch changed since it was written?"
         ) from None
     say(f"cramlm: resumed from {folder} (step {trainer.used.steps})")
+    # the same run goes on at the cost its steps were booked at; an allowed change of its maths re-books them
+    if not any(k not in budgets for k in changes) and (booked := trainer.meter.keep_booked_costs()):
+        say(f"cramlm: FLOPs per token {booked[1]:,.0f}, as the run booked its steps (this cramlm counts "
+            f"{booked[0]:,.0f}): the budget, t and the lr go on as they began")
     if any(k not in budgets for k in changes):  # (a longer budget alone is no event: runs are extended often)
         step, listed = trainer.used.steps, ", ".join(f"{k} {_show(a)} -> {_show(b)}" for k, (a, b) in changes.items())
         trainer.notes.append({"kind": "event", "event": "config_changed", "step": step, "changes": changes,
