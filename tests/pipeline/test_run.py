@@ -58,8 +58,9 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(tiny_run, tmp_path)
     # the demo's zero-shot pairs from the chapters it never reads, beside the twin; the verdict last
     assert "minimal pairs: 48 pairs, 3 paradigms" in table and table.count("untrained twin") >= 2, table
     assert re.search(r"^adjacent_words_swapped +[0-9.]+ +[0-9.]+ +[0-9.]+$", table, re.M), table
-    verdict = [line for line in table.splitlines() if line.startswith("pretraining ")]
-    assert len(verdict) == 1 and re.search(r"\. Zero-shot, pretraining (paid|did not pay \(yet\)): .* on [0-3] of 3 paradigms", verdict[0])
+    verdict = [line for line in table.splitlines() if line.startswith(("zero-shot, pretraining ", "fine-tuned, pretraining "))]
+    assert len(verdict) == 1 and re.search(r"ero-shot, pretraining (paid|did not pay \(yet\)): .* on [0-3] of 3 paradigm", verdict[0])
+    assert re.search(r"ine-tuned, pretraining (paid|did not pay \(yet\)): ahead of the untrained twin", verdict[0]), verdict[0]
     assert table.index("minimal pairs:") < table.index(verdict[0])
 
     # a changed evaluation setting redoes eval and the report, not the data or the training

@@ -174,7 +174,7 @@ def _seed_spread(row: dict | None) -> float | None:
 
 
 def verdict(pretrained: dict, untrained: dict | None) -> str | None:
-    """What pretraining bought, in a few sentences: per fine-tuned task, ahead of the untrained twin
+    """What pretraining bought, in a few sentences, what paid first: per fine-tuned task, ahead of the untrained twin
     by >= 2 points, behind by > 1 point, or level (and whether a margin lies within the seeds'
     spread); zero-shot, per minimal-pair paradigm (eval/pairs.py: pairs_verdict); the held-out LM
     loss of both as the evidence of what pretraining learnt, and where it was measured to pay."""
@@ -185,7 +185,10 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     if not rows and not zero_shot:
         return None
     finetuned, paid = _finetuned_verdict(pretrained, untrained, rows) if rows else (None, False)
-    said = [s for s in (finetuned, zero_shot) if s]
+    if finetuned and zero_shot:  # both kinds: each named, and what paid said first
+        finetuned = "fine-tuned, " + finetuned
+    zero_shot_first = bool(zero_shot) and zero_shot.startswith("zero-shot, pretraining paid") and not paid
+    said = [s for s in ((zero_shot, finetuned) if zero_shot_first else (finetuned, zero_shot)) if s]
     text = ". ".join(s[0].upper() + s[1:] if i else s for i, s in enumerate(said))
     lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
