@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -197,6 +198,31 @@ def test_run_recipes_hold_only_their_real_differences(recipe, monkeypatch):
 def test_cpu_1h_trains_on_the_shared_corpus_preset():
     raw = yaml.safe_load((recipes_dir() / "run" / "cpu-1h.yaml").read_text())
     assert raw["data"] == "shared-corpus" and not any(key.startswith("data.") for key in raw["overrides"])
+
+
+def header(path: Path) -> list[str]:
+    """A recipe's header: its comment lines before its first key."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            break
+        lines += [line] if line.startswith("#") else []
+    return lines
+
+
+@pytest.mark.parametrize("recipe", available_presets("run"))
+def test_a_run_recipe_says_what_it_is_for_in_ten_lines(recipe):
+    """A run recipe's header says what it is for and why in at most 10 lines; its history (each
+    change and its measured gain) is docs/results.md's."""
+    lines = header(recipes_dir() / "run" / f"{recipe}.yaml")
+    assert 0 < len(lines) <= 10, f"run/{recipe}.yaml: a header of {len(lines)} comment lines (at most 10)"
+
+
+@pytest.mark.parametrize("path", sorted(recipes_dir().glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_recipe_header_carries_a_date(path):
+    """A recipe says what it is, not when it changed (dates and histories go to docs/results.md)."""
+    dated = [line for line in header(path) if re.search(r"\b\d{4}-\d{2}-\d{2}\b", line)]
+    assert not dated, f"{path.parent.name}/{path.name}: a dated header line: {dated[0]}"
 
 
 if __name__ == "__main__":  # regenerate the snapshot
