@@ -66,12 +66,6 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
-for _path in (SRC, ROOT):  # the cramlm of this checkout (also for the in-process setup); tests/ for write_pbin
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
 OUTCOMES = ("ok", "clear", "traceback", "silent", "unclear")
 CLASSES = ("corpus", "data-cli", "corrupt", "overrides", "kill", "concurrent", "disk-full", "signals", "same-run")
 TRACEBACK = "Traceback (most recent call last)"
@@ -346,7 +340,7 @@ class Replay:
     # ------------------------------------------------------------ the other `cramlm data` commands
 
     def data_cli(self) -> None:
-        from tests.data.helpers import write_pbin
+        from cramlm.data.modalities import write_pbin
 
         d = self.folder("data-cli")
         tok = str(self.tokenizer())
@@ -383,8 +377,8 @@ class Replay:
     def corrupt(self) -> None:
         import numpy as np
 
-        from tests.data.helpers import write_pbin
         from cramlm.data.cramtok import PackedWriter, read_packed
+        from cramlm.data.modalities import write_pbin
 
         d = self.folder("corrupt")
         rng = np.random.default_rng(self.rng.randrange(1 << 30))
@@ -846,8 +840,7 @@ def wait_for_training(run: Path, proc: Proc, timeout: float) -> bool:
     return False
 
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")])),
-       "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 # ================================================================ issue 20, items 4-12 (own block)

@@ -26,9 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from train_step import interleaved  # noqa: E402  (A B A B timing, warm-up rounds first)
-
 
 def build(recipe: str, overrides: list[str], root: Path, steps: int):
     from cramlm.pipeline.plan import step_trainer
@@ -59,6 +56,7 @@ def main(argv: list[str]) -> dict:
     import torch
 
     from cramlm.pipeline.scaling import size_overrides
+    from cramlm.train.flops import time_interleaved
 
     shared = [*(size_overrides(args.size) if args.size else []), *args.overrides, f"impl.threads={args.threads}",
               "impl.progress=false"]
@@ -74,7 +72,7 @@ def main(argv: list[str]) -> dict:
                 trainer.train_step(1)
 
             steps[name] = step
-        times = interleaved(steps, args.warmup, args.steps, torch.device("cpu"))
+        times = time_interleaved(steps, args.warmup, args.steps, torch.device("cpu"))
     first = args.contender[0][0]
     rows = {}
     for name in steps:

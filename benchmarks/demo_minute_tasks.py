@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from cramlm.eval.pairs import pairs_versus  # noqa: E402
+from cramlm.eval.pairs import pairs_versus
 
 
 def _load(path: Path) -> dict | None:

@@ -1,22 +1,28 @@
 """The masked-LM multipliers of benchmarks/results/recipe_multiplier.md read again on a baseline
-frontier tuned at every budget, not only at 1x (issue 25's "not shrinking" check).
+frontier tuned at every budget, not only at 1x: does the multiplier hold when AdamW gets its best
+lr at each budget?
 
 The stored ablations judged muon-full against AdamW's frontier at AdamW's 1x-best lr; a run four
 times as long takes a larger lr, so that frontier flatters the candidate where the larger budgets
 were under-tuned. This adds AdamW runs at larger budgets and other lrs (finished ``cramlm run``
 folders, trained with the ablation's baseline overrides: checked) to the stored frontier points,
-takes at each budget the lowest final loss of its lrs (recipe_ablation.best_lr_frontier), and reads
-the stored muon-full finals on both frontiers (recipe_ablation.compute_multiplier). The wall-clock
-multiplier is the compute multiplier times the stored rate of counted FLOPs per second
-(benchmarks/contender_steps.py, steps_mlm_<size>.json).
+takes at each budget the lowest final loss of its lrs (cramlm.pipeline.scaling.best_lr_frontier),
+and reads the stored muon-full finals on both frontiers (scaling.frontier_multiplier). The
+wall-clock multiplier is the compute multiplier times the stored rate of counted FLOPs per second
+(benchmarks/contender_steps.py's files).
 
     python benchmarks/frontier_lr_check.py --runs outputs/frontier-lr --out outputs/frontier-lr-check.json
 
-The committed runs files (``frontier-*-runs.json``: AdamW; ``screen-*-runs.json``: the recipe) hold
-the finals of the runs trained since, so the tables read again without their folders (``--runs``
-adds more). ``--budget-rows`` also reads the shipped recipe (muon-full, momentum 0.85, each size's
-lr) at each budget multiple it was trained at (1x, 2x, ...) on the same tuned frontier: does the
-multiplier hold from the smallest to the largest size when each is given more compute?
+What it reads, in ``--dir`` (default benchmarks/results/recipe_multiplier), each replaceable:
+``--ablation SIZE FILE [FILE ...]`` per size the ablation with muon-full's runs and AdamW's 1x/2x
+frontier, then further stored AdamW frontier points (default: 128x4.json x4-128x4.json, 256x4.json
+x4-256x4.json, 384x6.json 384x6-x2.json); ``--rates`` the contenders' step rates
+(steps_mlm_{size}.json); ``--frontier-runs`` the finals of AdamW runs trained since
+(frontier-*-runs.json); ``--recipe-runs`` the finals of the shipped recipe's runs
+(screen-*-runs.json). So the tables read again without the runs' folders (``--runs`` adds more).
+``--budget-rows`` also reads the shipped recipe (muon-full, momentum 0.85, each size's lr) at each
+budget multiple it was trained at (1x, 2x, ...) on the same tuned frontier: does the multiplier
+hold from the smallest to the largest size when each is given more compute?
 """
 
 from __future__ import annotations
@@ -26,26 +32,37 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from recipe_ablation import best_lr_frontier, compute_multiplier  # noqa: E402
-
-R = Path(__file__).parent / "results" / "recipe_multiplier"
-# size -> (the ablation with muon-full's runs and the 1x/2x frontier, further stored frontier points)
-SIZES = {"128x4": ("128x4.json", ["x4-128x4.json"]), "256x4": ("256x4.json", ["x4-256x4.json"]),
-         "384x6": ("384x6.json", ["384x6-x2.json"])}
-SHAPE = {"128x4": (128, 4), "256x4": (256, 4), "384x6": (384, 6)}
+from cramlm.pipeline.scaling import best_lr_frontier, frontier_multiplier
 
 
-def stored_points(size: str) -> tuple[dict, list[dict]]:
+@dataclass
+class Stored:
+    """The committed files this check reads (the defaults: what recipe_multiplier.md's tables were
+    read from), all in ``folder``: ``ablations`` per size [the ablation with muon-full's runs and
+    AdamW's 1x/2x frontier, further stored frontier points ...]; ``rates`` the contenders' step rates
+    ({size} filled in); ``frontier_runs`` and ``recipe_runs`` globs of run finals (name -> summary)
+    of AdamW and of the shipped recipe."""
+
+    folder: Path = Path(__file__).parent / "results" / "recipe_multiplier"
+    ablations: dict[str, list[str]] = field(default_factory=lambda: {
+        "128x4": ["128x4.json", "x4-128x4.json"], "256x4": ["256x4.json", "x4-256x4.json"],
+        "384x6": ["384x6.json", "384x6-x2.json"]})
+    rates: str = "steps_mlm_{size}.json"
+    frontier_runs: str = "frontier-*-runs.json"
+    recipe_runs: str = "screen-*-runs.json"
+
+
+def stored_points(stored: Stored, size: str) -> tuple[dict, list[dict]]:
     """The stored ablation of ``size`` and its AdamW frontier points (seed 0) beyond 1x, each with its lr."""
-    main, extra = SIZES[size]
-    ab = json.loads((R / main).read_text())
+    main, *extra = stored.ablations[size]
+    ab = json.loads((stored.folder / main).read_text())
     lr = ab["contenders"]["adamw"]["best_lr"]
     points = [{**f, "lr": lr, "source": main} for f in ab["baseline_frontier"]["0"][1:]]
     for name in extra:
-        d = json.loads((R / name).read_text())
+        d = json.loads((stored.folder / name).read_text())
         if "x4" in d:  # one 4x run: {x4: {flops, val_loss, ...}}
             points.append({"flops": d["x4"]["flops"], "seconds": d["x4"]["train_seconds"], "val_loss": d["x4"]["val_loss"],
                            "lr": lr, "source": name})
@@ -57,11 +74,11 @@ def stored_points(size: str) -> tuple[dict, list[dict]]:
 NAME = re.compile(r"^(?P<size>\d+x\d+)(?:-x(?P<times>\d+))?(?P<rest>.*?)(?:-s(?P<seed>\d+))?$")
 
 
-def from_name(name: str) -> dict | None:
+def from_name(name: str, sizes) -> dict | None:
     """What a run's name says: ``<size>[-x<budget multiple>][-...-lr<lr>][-mom<momentum>][-s<seed>]``
-    (None: not a size of the tables)."""
+    (None: not one of ``sizes``)."""
     m = NAME.match(name)
-    if not m or m["size"] not in SHAPE:
+    if not m or m["size"] not in sizes:
         return None
     lr = re.search(r"-lr([0-9.e-]+)", m["rest"])
     mom = re.search(r"-mom([0-9.]+)", m["rest"])
@@ -74,33 +91,27 @@ def is_recipe(named: dict) -> bool:
     return named["momentum"] == 0.85 and named["lr"] is None
 
 
-def on_front(front: list[dict], flops: float, val_loss: float) -> dict:
-    """compute_multiplier on a frontier's points."""
-    return compute_multiplier([f["flops"] for f in front], [f["val_loss"] for f in front], flops, val_loss)
-
-
-def stored_runs(pattern: str, keep=lambda named: True) -> list[dict]:
-    """The runs of the committed files ``pattern`` (name -> final summary) whose name (from_name)
-    ``keep`` takes, each with what its name says (explicit fields win)."""
+def stored_runs(stored: Stored, pattern: str, keep=lambda named: True) -> list[dict]:
+    """The runs of the committed files ``pattern`` (name -> final summary) of a size of ``stored``
+    whose name (from_name) ``keep`` takes, each with what its name says (explicit fields win)."""
     runs = []
-    for path in sorted(R.glob(pattern)):
+    for path in sorted(stored.folder.glob(pattern)):
         for name, s in json.loads(path.read_text()).items():
-            named = from_name(name)
+            named = from_name(name, stored.ablations)
             if named and keep(named):
                 runs.append({**named, "source": path.name, **s})
     return runs
 
 
 def finished(folder: Path | None) -> list[dict]:
-    """The finished ``cramlm run`` folders under ``folder``: name, resolved config, summary, size (or None)."""
+    """The finished ``cramlm run`` folders under ``folder``: name, resolved config, summary, size (HIDDENxLAYERS)."""
     import yaml
 
     runs = []
     for summary in sorted(folder.glob("*/summary.json")) if folder else []:
         cfg = yaml.safe_load((summary.parent / "config.yaml").read_text())
-        shape = (cfg["arch"]["hidden_size"], cfg["arch"]["num_layers"])
         runs.append({"folder": summary.parent, "cfg": cfg, "summary": json.loads(summary.read_text()),
-                     "size": next((k for k, v in SHAPE.items() if v == shape), None)})
+                     "size": f"{cfg['arch']['hidden_size']}x{cfg['arch']['num_layers']}"})
     return runs
 
 
@@ -119,25 +130,25 @@ def run_points(runs: list[dict], size: str) -> list[dict]:
     return points
 
 
-def check(size: str, runs: list[dict]) -> dict:
-    ab, stored = stored_points(size)
+def check(stored: Stored, size: str, runs: list[dict]) -> dict:
+    ab, points = stored_points(stored, size)
     base = ab["contenders"]["adamw"]
     first = {**base["runs"][f"{base['best_lr']:g}"]["0"]["final"], "lr": base["best_lr"], "source": "1x sweep"}
     committed = [{"flops": r["flops"], "seconds": r["train_seconds"], "val_loss": r["val_loss"], "lr": r["lr"],
                   "source": r["source"] + ":" + r["name"]}
-                 for r in stored_runs("frontier-*-runs.json", lambda n: n["size"] == size and n["seed"] == 0)]
+                 for r in stored_runs(stored, stored.frontier_runs, lambda n: n["size"] == size and n["seed"] == 0)]
     seen = {(c["flops"], c["val_loss"]) for c in committed}  # a folder that is also committed counts once
     new = committed + [p for p in run_points(runs, size) if (p["flops"], p["val_loss"]) not in seen]
     one_x = [p for p in new if abs(p["flops"] / first["flops"] - 1) < 0.05]  # more 1x lrs: the sweep, not the frontier
-    larger = [p for p in stored + new if p not in one_x]
+    larger = [p for p in points + new if p not in one_x]
     fronts = {"1x-best lr": best_lr_frontier(first, [p for p in larger if p["lr"] == first["lr"]]),
               "best lr at each budget": best_lr_frontier(first, larger)}
     cand = ab["contenders"]["muon-full"]
     finals = {s: r["final"] for s, r in cand["runs"][f"{cand['best_lr']:g}"].items()}
-    rate = json.loads((R / f"steps_mlm_{size}.json").read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
+    rate = json.loads((stored.folder / stored.rates.format(size=size)).read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
     out = {"size": size, "rate_vs_adamw": rate, "adamw_points": [first, *larger], "adamw_1x_other_lrs": one_x, "frontiers": {}}
     for name, front in fronts.items():
-        per_seed = {s: on_front(front, c["flops"], c["val_loss"]) for s, c in finals.items()}
+        per_seed = {s: frontier_multiplier(front, c["flops"], c["val_loss"]) for s, c in finals.items()}
         median = statistics.median(m["multiplier"] for m in per_seed.values())
         out["frontiers"][name] = {
             "points": [{k: f.get(k) for k in ("flops", "val_loss", "lr", "source")} for f in front],
@@ -161,8 +172,8 @@ def table(results: list[dict]) -> str:
 
 
 def candidates(runs: list[dict], results: list[dict]) -> list[dict]:
-    """Of ``runs`` (screens on top of muon-full: any size of SIZES, any overrides), each read on its
-    size's frontier tuned at every budget: its final loss and multiplier."""
+    """Of ``runs`` (screens on top of muon-full: any size of the tables, any overrides), each read on
+    its size's frontier tuned at every budget: its final loss and multiplier."""
     fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results}
     rows = []
     for run in runs:
@@ -170,29 +181,29 @@ def candidates(runs: list[dict], results: list[dict]) -> list[dict]:
         if (size not in fronts or cfg["train"]["objective"] != "mlm" or cfg["arch"]["type"] != "crammed-bert"
                 or "shared-corpus" not in str(s.get("data"))):  # the ablations' model, objective and data only
             continue
-        m = on_front(fronts[size], s["flops"], s["val_loss"])
+        m = frontier_multiplier(fronts[size], s["flops"], s["val_loss"])
         rows.append({"run": run["folder"].name, "size": size, "seed": cfg.get("seed"), "flops": s["flops"], "steps": s["steps"],
                      "val_loss": s["val_loss"], "momentum": cfg["train"]["optim"].get("momentum"), **m})
     return rows
 
 
-def budget_rows(results: list[dict], runs: list[dict] = ()) -> list[dict]:
+def budget_rows(results: list[dict], stored: Stored, runs: list[dict] = ()) -> list[dict]:
     """The shipped recipe (muon-full at momentum 0.85, each size's own lr: runs named without an lr)
-    at each budget multiple it was trained at, committed (``screen-*-runs.json``) or in ``runs``
+    at each budget multiple it was trained at, committed (``stored.recipe_runs``) or in ``runs``
     (finished folders named alike), each seed read on its size's frontier tuned at every budget."""
     fronts = {r["size"]: r["frontiers"]["best lr at each budget"]["points"] for r in results if "size" in r}
-    cands = stored_runs("screen-*-runs.json", is_recipe)
+    cands = stored_runs(stored, stored.recipe_runs, is_recipe)
     for run in runs:
-        named = from_name(run["folder"].name)
+        named = from_name(run["folder"].name, fronts)
         if named and is_recipe(named):
             cands.append({**named, "seed": run["cfg"].get("seed", 0), **run["summary"]})
     rows = []
-    for size in (s for s in SHAPE if s in fronts):
+    for size in fronts:
         front = fronts[size]
         for times in sorted({c["times"] for c in cands if c["size"] == size}):
             seeds = {c["seed"]: c for c in cands if c["size"] == size and c["times"] == times}
             per_seed = {s: {"val_loss": c["val_loss"], "flops": c["flops"], "steps": c["steps"],
-                            **on_front(front, c["flops"], c["val_loss"])} for s, c in sorted(seeds.items())}
+                            **frontier_multiplier(front, c["flops"], c["val_loss"])} for s, c in sorted(seeds.items())}
             rows.append({"size": size, "times": times, "per_seed": per_seed,
                          "median": statistics.median(v["multiplier"] for v in per_seed.values()),
                          "frontier_ends_at": max(f["flops"] for f in front)})
@@ -214,13 +225,32 @@ def budget_table(rows: list[dict]) -> str:
 def main(argv: list[str]) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, help="a folder of finished AdamW cramlm runs (any size, budget, lr; seed 0)")
-    ap.add_argument("--sizes", nargs="+", default=list(SIZES))
+    ap.add_argument("--sizes", nargs="+", help="sizes of --ablation to read (default: all)")
+    ap.add_argument("--dir", type=Path, default=Stored.folder, help="where the committed files are (default: %(default)s)")
+    ap.add_argument("--ablation", nargs="+", action="append", metavar=("SIZE", "FILE"),
+                    help="a size's ablation JSON with muon-full's runs and AdamW's 1x/2x frontier, then further stored "
+                         "frontier JSONs (repeat per size; given, they replace the defaults: " + "; ".join(
+                             f"{k} {' '.join(v)}" for k, v in Stored().ablations.items()) + ")")
+    ap.add_argument("--rates", default=Stored.rates, help="the contenders' step rates, {size} filled in (default: %(default)s)")
+    ap.add_argument("--frontier-runs", default=Stored.frontier_runs, help="glob of AdamW run finals (default: %(default)s)")
+    ap.add_argument("--recipe-runs", default=Stored.recipe_runs, help="glob of the shipped recipe's run finals (default: %(default)s)")
     ap.add_argument("--candidate-runs", type=Path, help="a folder of finished screen runs: each read on its size's tuned frontier")
     ap.add_argument("--budget-rows", action="store_true", help="also the shipped recipe at each budget multiple on the tuned frontier")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if any(len(a) < 2 for a in args.ablation or []):
+        ap.error("--ablation takes a size and at least one file")
+    stored = Stored(args.dir, {a[0]: a[1:] for a in args.ablation} if args.ablation else Stored().ablations,
+                    args.rates, args.frontier_runs, args.recipe_runs)
+    if unknown := set(args.sizes or []) - set(stored.ablations):
+        ap.error(f"--sizes: no ablation for {', '.join(sorted(unknown))}")
+    sizes = args.sizes or list(stored.ablations)
+    for size in sizes:
+        for name, flag in [*((n, "--dir, --ablation") for n in stored.ablations[size]), (stored.rates.format(size=size), "--dir, --rates")]:
+            if not (stored.folder / name).is_file():
+                raise SystemExit(f"Error: {stored.folder / name}: not found ({flag})")
     adamw = finished(args.runs)  # read once, for every size
-    results = [check(size, adamw) for size in args.sizes]
+    results = [check(stored, size, adamw) for size in sizes]
     print(table(results))
     screens = finished(args.candidate_runs)  # read once, for both tables
     if args.candidate_runs:
@@ -231,7 +261,7 @@ def main(argv: list[str]) -> list[dict]:
                   f"{'>= ' if r['bound'] == 'lower' else ''}{r['multiplier']:.2f}x |")
         results = [*results, {"candidate_runs": rows}]
     if args.budget_rows:
-        rows = budget_rows(results, screens)
+        rows = budget_rows(results, stored, screens)
         print("\n" + budget_table(rows))
         results = [*results, {"budget_rows": rows}]
     if args.out:

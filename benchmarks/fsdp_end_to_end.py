@@ -47,8 +47,6 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
 FLOOR = 1.5 * 2**30  # a phase is killed when the machine has less memory available than this
 
 
@@ -280,8 +278,7 @@ def torchrun(procs: int, args: list[str], result: Path) -> list[str]:
 
 
 def child_env() -> dict:
-    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
 def launch(procs: int, args: list[str], result: Path, floor: float = FLOOR, **kill) -> tuple[list[dict], dict]:

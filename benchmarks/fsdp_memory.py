@@ -30,11 +30,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
-if str(SRC) not in sys.path:
-    sys.path.insert(0, str(SRC))
-
 VOCAB = 32768
 
 
@@ -122,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}",
                    "--master_addr=127.0.0.1", str(Path(__file__).resolve()), "--worker", "--result", str(result),
                    "--hidden", str(args.hidden), "--layers", str(args.layers)]
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+            env = dict(os.environ, OMP_NUM_THREADS="1")
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
             if proc.returncode:
                 raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

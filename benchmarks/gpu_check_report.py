@@ -62,8 +62,7 @@ def env(res: Path) -> None:
 def peak(res: Path) -> None:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from model_step import gemm_peak_flops
+    from cramlm.train.flops import gemm_peak_flops
 
     cuda = torch.cuda.is_available() and os.environ.get("GPU_CHECK_DRY") != "1"
     device = torch.device("cuda" if cuda else "cpu")

@@ -30,30 +30,11 @@ from cramlm.config.loader import load_preset
 from cramlm.models import build_model
 from cramlm.models.config import CrammedBertConfig
 from cramlm.models.crammed_bert import CrammedBert
-from cramlm.train.flops import cpu_peak_flops
+from cramlm.train.flops import gemm_peak_flops
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import autocast
 
 VOCAB = 32768
-
-
-def gemm_peak_flops(device: torch.device, dtype: torch.dtype | None, n: int = 8192, reps: int = 20) -> float:
-    """Measured dense matrix-product FLOP/s of the device: the median of ``reps`` n x n x n products
-    of random matrices (never zeros: they run faster), timed with CUDA events after a warm-up; on a
-    CPU, cramlm's fp32 GEMM probe. ``dtype`` None: fp32 (TF32 if torch allows it)."""
-    if device.type != "cuda":
-        return cpu_peak_flops()
-    a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        a @ b
-        end.record()
-    torch.cuda.synchronize(device)
-    ms = statistics.median(start.elapsed_time(end) for start, end in events)
-    return 2 * n**3 / (ms / 1e3)
 
 
 def hf_bert(cfg: CrammedBertConfig):

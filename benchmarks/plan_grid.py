@@ -1,6 +1,6 @@
 """The planner's pick against a grid: `cramlm plan` chooses a shape for a wall-clock budget, then
 every shape of the grid trains for that budget on this machine and the held-out losses say whether
-the pick was the best (the target: within 2% of the grid's best held-out loss). Issue 25, item 6.
+the pick was the best (the target: within 2% of the grid's best held-out loss).
 
 Phases, each pinned (``taskset``, one thread per run, two runs side by side, so that every run and
 the planner's measurement see one busy neighbour core, the condition the recipe's hour has):
@@ -31,11 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from recipe_vs_cramming import run_pinned  # noqa: E402  (two runs side by side, one core each)
-
-from cramlm.pipeline.scaling import size_overrides  # noqa: E402
-from cramlm.pipeline.sweep import budget_overrides  # noqa: E402
+from cramlm.pipeline.pinned import run_pinned  # two runs side by side, one core each
+from cramlm.pipeline.scaling import size_overrides
+from cramlm.pipeline.sweep import budget_overrides
 
 SIZES = "128x4,192x4,256x4,320x4,256x6,384x6"
 TARGET = 0.02  # the pick's held-out loss within 2% of the grid's best

@@ -3,8 +3,8 @@ two interleaved (so the load of a shared machine hits both alike). crammed-bert-
 sequences of 128 from a real packed file, 2 microbatches of 64 a step, 2 torch threads. Reports the
 median step time and the loop's host time per step (batches.LocalBatches.host_seconds) of each.
 
-    python benchmarks/prefetch_cpu.py               # JSON + table
-    python benchmarks/prefetch_cpu.py --steps 5
+    python -m benchmarks.prefetch_cpu               # JSON + table (from the repository root)
+    python -m benchmarks.prefetch_cpu --steps 5
 """
 
 from __future__ import annotations
@@ -12,27 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scaling import SEQ, VOCAB, make_data  # noqa: E402  (the same packed data)
-
-from cramlm.config.loader import load_preset  # noqa: E402
-from cramlm.config.registry import config_class  # noqa: E402
-from cramlm.data.collate import MLMCollator  # noqa: E402
-from cramlm.data.cramtok import read_packed  # noqa: E402
-from cramlm.data.dataset import BlockDataset  # noqa: E402
-from cramlm.models.base import build_model  # noqa: E402
-from cramlm.train.batches import StepData  # noqa: E402
-from cramlm.train.build import build_trainer  # noqa: E402
-from cramlm.train.config import TrainConfig  # noqa: E402
-from cramlm.train.impl import ImplConfig  # noqa: E402
-from cramlm.train.trainer import Trainer  # noqa: E402
+from benchmarks.scaling import SEQ, VOCAB, make_data  # the same packed data
+from cramlm.config.loader import load_preset
+from cramlm.config.registry import config_class
+from cramlm.data.collate import MLMCollator
+from cramlm.data.cramtok import read_packed
+from cramlm.data.dataset import BlockDataset
+from cramlm.models.base import build_model
+from cramlm.train.batches import StepData
+from cramlm.train.build import build_trainer
+from cramlm.train.config import TrainConfig
+from cramlm.train.impl import ImplConfig
+from cramlm.train.trainer import Trainer
 
 
 def trainer(dataset, prefetch: bool, run_dir: Path, micro: int) -> Trainer:

@@ -1,7 +1,8 @@
 """Recipe ablation: a baseline and candidates (each a list of cramlm overrides) trained on the same
 data, tokenizer and model shape at equal FLOPs (the optimizer's FLOPs counted: Muon's Newton-Schulz
 is in each run's ``flops``) or at equal wall-clock, with an lr sweep and seeds per contender; loss
-against FLOPs curves (PNG + JSON) and the **compute multiplier** of each candidate.
+against FLOPs curves (PNG + JSON) and the **compute multiplier** of each candidate
+(cramlm.pipeline.scaling.compute_multiplier, on the baseline's curve or its frontier).
 
 The multiplier of a candidate = FLOPs the baseline needs to reach the candidate's final held-out
 loss, read off the baseline's own validation curve (linear in log-FLOPs between its two points
@@ -27,7 +28,7 @@ Every run is ``cramlm run RECIPE stages=[data,pretrain]`` with the shared overri
 the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in
 ``OUT/<contender>-lr<LR>-s<S>``; finished runs (summary.json present) are not run again, so an
 interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to one core
-(taskset) with impl.threads=1 (recipe_vs_cramming.run_pinned).
+(taskset) with impl.threads=1 (cramlm.pipeline.pinned.run_pinned).
 
     python benchmarks/recipe_ablation.py --smoke --parallel            # about a minute (mostly set-up): the machinery
     CRAMLM_DATA_DIR=../shared/data python benchmarks/recipe_ablation.py --recipe cpu-1h-mlm --size 128x4 \\
@@ -40,59 +41,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from recipe_vs_cramming import run_pinned  # noqa: E402  (two runs side by side, one core each)
-
-from cramlm.pipeline.scaling import size_overrides  # noqa: E402
+from cramlm.pipeline.pinned import run_pinned  # two runs side by side, one core each
+from cramlm.pipeline.scaling import best_lr_frontier, compute_multiplier, size_overrides
 
 # the smoke mode: a tiny model on a slice of the shipped corpus, a few optimizer steps per run
 SMOKE = ["data.max_entries_in_raw_dataset=40", "data.tokenizer.vocab_size=512", "data.seq_length=32",
          "arch.max_seq_length=32", "train.batch_size=8", "impl.microbatch_size=8", "train.min_updates=0",
          "train.validate_sequences=16", "train.log_every=1", "impl.precision=fp32", "train.checkpoint_minutes=null"]
-
-
-# ---- the multiplier: a pure function of two curves -------------------------------------------------
-
-def compute_multiplier(base_x: list[float], base_loss: list[float], cand_x: float, cand_loss: float,
-                       extrapolate: bool = False) -> dict:
-    """How many times the candidate's compute ``cand_x`` the baseline needs to reach ``cand_loss``
-    on its curve (``base_x`` increasing, positive; ``base_loss`` at those points).
-
-    The baseline's compute at that loss: the first point of its curve at or below ``cand_loss``,
-    interpolated linearly in log x with the point before it. Outside the curve: below its last
-    point (the candidate ended better than the baseline did) the last segment is continued in log x
-    when ``extrapolate`` (flagged), else the multiplier is a lower bound (``bound: "lower"``: the
-    baseline's final x over the candidate's, it needs at least that); above its first point an
-    upper bound (``bound: "upper"``). Returns {multiplier, baseline_x, bound, extrapolated}."""
-    pts = sorted(zip(base_x, base_loss))
-    if not pts or any(x <= 0 for x, _ in pts) or cand_x <= 0:
-        raise ValueError("curves need positive compute values")
-    xs, ys = [math.log(x) for x, _ in pts], [y for _, y in pts]
-
-    def result(x: float, bound: str | None = None, extrapolated: bool = False) -> dict:
-        return {"multiplier": x / cand_x, "baseline_x": x, "bound": bound, "extrapolated": extrapolated}
-
-    def along(i: int) -> float:  # x where the segment (i - 1, i), a line in log x, meets cand_loss
-        (x0, x1), (y0, y1) = xs[i - 1 : i + 1], ys[i - 1 : i + 1]
-        return math.exp(x0 + (cand_loss - y0) * (x1 - x0) / (y1 - y0))
-
-    if ys[0] <= cand_loss:  # the baseline's first point is already as good
-        if ys[0] < cand_loss and extrapolate and len(ys) > 1 and ys[1] < ys[0]:
-            return result(along(1), extrapolated=True)  # the first segment, continued backwards
-        return result(pts[0][0], None if ys[0] == cand_loss else "upper")
-    i = next((j for j in range(1, len(ys)) if ys[j] <= cand_loss), None)
-    if i is not None:
-        return result(along(i))
-    if extrapolate and len(ys) > 1 and ys[-1] < ys[-2]:
-        return result(along(len(ys) - 1), extrapolated=True)  # the last segment, continued
-    return result(pts[-1][0], "lower")
 
 
 # ---- runs ----------------------------------------------------------------------------------------
@@ -149,18 +110,6 @@ def plan(args) -> list[dict]:
     return runs
 
 
-def best_lr_frontier(first: dict, larger: list[dict]) -> list[dict]:
-    """The baseline's frontier of one seed: its 1x final (``first``, at the sweep's best lr), then at
-    each larger budget the lowest final loss of the lrs trained there (the best lr at 1x is not the
-    best at 4x: a longer run takes a larger lr), each point with the lr it came from."""
-    by_times: dict[float, dict] = {}
-    for f in larger:
-        times = f.get("times") or round(f["flops"] / first["flops"], 1)  # stored points carry no multiple
-        if f.get("val_loss") is not None and (times not in by_times or f["val_loss"] < by_times[times]["val_loss"]):
-            by_times[times] = f
-    return [first, *(by_times[t] for t in sorted(by_times))]
-
-
 def run_all(args, runs: list[dict]) -> None:
     # the longest runs first, so that two lanes end together (a 2x run last would leave one idle)
     todo = [r["cmd"] for r in sorted(runs, key=lambda r: -r.get("times", 1)) if not (r["folder"] / "summary.json").is_file()
@@ -214,8 +163,8 @@ def trained(args, name: str) -> dict:
     return {key: value for key, value in tree.items() if key.rsplit(".", 1)[-1] not in NOT_TRAINING}
 
 
-# (stored name, today's name): recipes renamed since ablations were stored; cpu-1h trained MLM until
-# 2026-12-02 and took ELECTRA's objective then, its MLM recipe is cpu-1h-mlm since
+# (stored name, today's name) of a recipe whose stored ablations name it otherwise: the committed
+# MLM ablations say cpu-1h for today's cpu-1h-mlm (cpu-1h trains ELECTRA's objective; docs/results.md)
 RENAMED = {("cpu-1h", "cpu-1h-mlm")}
 
 

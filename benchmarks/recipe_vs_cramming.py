@@ -10,7 +10,7 @@ kinder than cramming's original), and the twin's evaluation (through the bert-o4
 ``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the
 recipe's twin too). Fine-tuning: the five shared tasks, 3 seeds, median. The held-out MLM loss is
 eval.json's (definition heldout-v1, data/heldout.py: the runs share the data config, so the same
-sequences and masks), and again by benchmarks/val_mlm_loss.py (the same function). Both runs get the same wall clock, and since they
+sequences and masks), and again by cramlm.eval.lm.run_heldout (the same function). Both runs get the same wall clock, and since they
 train the same model with the same implementation, also (within a fraction of a percent, printed)
 the same tokens and FLOPs: the comparison is at equal compute and at equal tokens at once.
 
@@ -34,8 +34,9 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from cramlm.pipeline.pinned import run_pinned  # two runs side by side, one core each
 
 TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
 BERT_O4 = ["train=bert-o4", "train.batch_size=8192", "train.batch_ramp=0.6", "train.min_updates=1000"]
@@ -61,24 +62,6 @@ def commands(out: Path, budget: str, parallel: bool, data_dir: str, against: lis
     }
 
 
-def run_pinned(cmds: list[list[str]], running: dict | None = None) -> None:
-    """Each command pinned to a free core of two (taskset), the next as soon as one is free;
-    ``running``: {core: Popen} already started there (waited for like the others)."""
-    pending, running = list(cmds), dict(running or {})
-    while pending or running:
-        for core in (0, 1):
-            if core not in running and pending:
-                cmd = ["taskset", "-c", str(core), *pending.pop(0)]
-                print("+", shlex.join(cmd), flush=True)
-                running[core] = subprocess.Popen(cmd)
-        time.sleep(2)
-        for core, proc in list(running.items()):
-            if proc.poll() is not None:
-                if proc.returncode:
-                    sys.exit(f"failed ({proc.returncode}): {shlex.join(proc.args)}")
-                del running[core]
-
-
 def run_all(out: Path, budget: str, parallel: bool, data_dir: str, against: list[str] | None = None,
             shared: list[str] = (), recipe: str = "cpu-1h-mlm") -> None:
     out.mkdir(parents=True, exist_ok=True)
@@ -98,8 +81,7 @@ def summarize(out: Path, against: str = "bert-o4", also: list[str] = ()) -> dict
     """The tables' figures; ``also``: more evaluated runs in ``out`` (e.g. an RTD pretraining), as
     columns of their own. The twin's scores: ``eval-untrained.json`` in the other contender's folder,
     else in the recipe's (the twin depends only on architecture, tokenizer and eval seed)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from val_mlm_loss import val_loss
+    from cramlm.eval.lm import run_heldout
 
     def load(path: Path):
         return json.loads(path.read_text()) if path.is_file() else None
@@ -113,7 +95,7 @@ def summarize(out: Path, against: str = "bert-o4", also: list[str] = ()) -> dict
         result["runs"][name] = {k: s.get(k) for k in ("steps", "tokens", "flops", "train_seconds", "tokens_per_second",
                                                       "mfu", "precision", "val_loss")}
         try:  # an RTD run exports its discriminator, which has no MLM head
-            result["runs"][name]["common_split"] = val_loss(str(folder))
+            result["runs"][name]["common_split"] = run_heldout(folder)
         except Exception as e:  # noqa: BLE001 (shown as '-', with the reason in the JSON)
             result["runs"][name]["common_split"] = {"error": f"{type(e).__name__}: {e}"}
     for name, ev in evals.items():
@@ -151,10 +133,10 @@ def table(result: dict) -> str:
     runs = result["runs"]
     def common(n: str) -> str:  # an RTD run is scored by its generator (a smaller MLM): said in the cell
         split = runs.get(n, {}).get("common_split", {})
-        if "val_mlm_loss" not in split:
+        if "loss" not in split:
             return "-"
-        return f"{split['val_mlm_loss']:.3f}" + (" (its generator)" if split.get("objective") == "rtd" else "")
-    lines.append("| held-out MLM loss, benchmarks/val_mlm_loss.py | " + " | ".join(common(n) for n in names) + " | |")
+        return f"{split['loss']:.3f}" + (" (its generator)" if split.get("objective") == "rtd" else "")
+    lines.append("| held-out MLM loss, cramlm.eval.lm.run_heldout | " + " | ".join(common(n) for n in names) + " | |")
     lines.append("| held-out MLM loss, eval.json | " + " | ".join(
         f"{result['lm'][n]:.3f}" if result["lm"].get(n) is not None else "-" for n in names) + " | |")
     lines.append("")

@@ -34,11 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "src"
-if str(SRC) not in sys.path:
-    sys.path.insert(0, str(SRC))
-
 SEQ, VOCAB = 128, 32768
 
 
@@ -55,7 +50,6 @@ def make_data(path: Path, sequences: int) -> None:
 
 
 def worker(args) -> None:
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -134,7 +128,7 @@ def launch(args, procs: int, path: str, data: Path, tmp: Path) -> dict:
            "--master_addr=127.0.0.1", str(Path(__file__).resolve()), "--worker", "--path", path, "--data", str(data),
            "--result", str(result), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--microbatch", str(args.microbatch), "--micro-per-process", str(args.micro_per_process), "--arch", args.arch]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -1,6 +1,6 @@
 """MFU of cramlm's training step measured in process CPU time on one thread: a figure that other
 work on a shared machine hardly moves (wall-clock MFU there measures the neighbours). The step is
-train_step.py's (Trainer.train_step: batch draw, masking, forward, backward, clipping, AdamW); the
+benchmarks/train_step.py's (Trainer.train_step: batch draw, masking, forward, backward, clipping, AdamW); the
 peak is the best GEMM rate of the same thread in the same CPU-time units, per precision.
 
 ``--unfused`` also times the loss as it was before the fused head + cross-entropy (MLM:
@@ -8,10 +8,12 @@ peak is the best GEMM rate of the same thread in the same CPU-time units, per pr
 logits, then a float copy of the shifted ones into ``F.cross_entropy``), steps of the two
 interleaved in the same process, so that one run shows before and after.
 
-    python benchmarks/step_cpu_time.py                                   # crammed-bert-tiny, microbatch 16, fp32 and bf16
-    python benchmarks/step_cpu_time.py --unfused                         # and before the fused loss, interleaved
-    python benchmarks/step_cpu_time.py --arch crammed-bert --microbatch 4 --precision fp32 bf16
-    python benchmarks/step_cpu_time.py --arch gpt2-tiny --microbatch 64 --precision bf16 --unfused   # the causal head
+    python -m benchmarks.step_cpu_time                                   # crammed-bert-tiny, microbatch 16, fp32 and bf16
+    python -m benchmarks.step_cpu_time --unfused                         # and before the fused loss, interleaved
+    python -m benchmarks.step_cpu_time --arch crammed-bert --microbatch 4 --precision fp32 bf16
+    python -m benchmarks.step_cpu_time --arch gpt2-tiny --microbatch 64 --precision bf16 --unfused   # the causal head
+
+(from the repository root: it imports benchmarks/train_step.py's step builder)
 """
 
 from __future__ import annotations
@@ -26,11 +28,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import train_step  # noqa: E402  (the benchmark's own step builder)
-
-from cramlm.config.loader import load_preset  # noqa: E402
-from cramlm.train.hardware import PRECISION_DTYPES  # noqa: E402
+from benchmarks import train_step  # the benchmark's own step builder
+from cramlm.config.loader import load_preset
+from cramlm.train.hardware import PRECISION_DTYPES
 
 
 def gemm_peak(dtype, sizes=(512, 1024), reps: int = 8) -> float:

@@ -27,7 +27,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +38,11 @@ from cramlm.data.collate import MLMCollator, causal_collate
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
 from cramlm.train.build import build_trainer
-from cramlm.train.flops import cpu_peak_flops, measure_flops_per_token
+from cramlm.train.flops import cpu_peak_flops, gemm_peak_flops, measure_flops_per_token, time_interleaved
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import ImplConfig, autocast
 from cramlm.train.config import TrainConfig
 from cramlm.train.batches import StepData
-
-sys.path.insert(0, str(Path(__file__).parent))
-from model_step import gemm_peak_flops  # noqa: E402  (the same GPU peak probe)
 
 SEQ = 128
 
@@ -144,22 +140,6 @@ def write(out: str, peaks: dict[str, float], rows: list[dict]) -> None:
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
 
 
-def interleaved(steps: dict, warmup: int, timed: int, device: torch.device) -> dict[str, list[float]]:
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(timed):
-        for name, step in steps.items():
-            sync()
-            start = time.perf_counter()
-            step()
-            sync()  # CUDA runs asynchronously: time the work, not the launches
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", default=["tiny", "base", "gpt"])
@@ -226,7 +206,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     print(f"{p} GEMM peak ({what}): {peaks[p] / 1e12:.3f} TFLOP/s", flush=True)
                 a, b = (torch.randn(n, n, device=device, dtype=PRECISION_DTYPES[p] or torch.float32) for _ in range(2))
                 contenders[f"gemm-{p}"] = lambda a=a, b=b: [torch.mm(a, b) for _ in range(16)]
-            times = interleaved(contenders, args.warmup, args.steps, device)
+            times = time_interleaved(contenders, args.warmup, args.steps, device)
             # the higher of before-the-run and in-run: MFU is never flattered by a busy moment
             peak_of = {p: args.peak_flops or max(peaks[p], 16 * 2 * n**3 / statistics.median(times.pop(f"gemm-{p}"))) for p in in_use}
             for p in in_use:

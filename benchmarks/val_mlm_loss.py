@@ -16,23 +16,15 @@ import time
 
 import torch
 
-from cramlm.data.cramtok import read_packed
-from cramlm.eval.checkpoints import load_checkpoint
-from cramlm.data.heldout import run_heldout_set
-from cramlm.eval.lm import heldout_eval
+from cramlm.eval.lm import run_heldout
 
 
 def val_loss(run_dir: str) -> dict:
-    """The held-out numbers of ``run_dir`` (a run folder; suffix -untrained for its twin)."""
+    """The held-out numbers of ``run_dir`` (a run folder; suffix -untrained for its twin): ``cramlm
+    eval``'s (an RTD run: its generator's loss, labelled so), its perplexity and the seconds taken."""
     start = time.perf_counter()
-    lm = load_checkpoint(run_dir, ".").lm
-    if lm is None or lm.val_path is None:
-        raise FileNotFoundError(f"{run_dir}: the run's val.cramtok was not found")
-    if lm.model is None:
-        raise FileNotFoundError(f"{run_dir}: an RTD run without a checkpoint: its generator (the held-out loss) is gone")
-    heldout = heldout_eval(lm.model, run_heldout_set(lm.config, read_packed(lm.val_path), lm.vocab_size, lm.val_path),
-                           progress=False, objective=lm.objective)  # rtd: the generator's loss, labelled so
-    return {"run": run_dir, **heldout, "val_mlm_loss": round(heldout["loss"], 4),  # (the old key, kept for readers)
+    heldout = run_heldout(run_dir)
+    return {**heldout, "val_mlm_loss": round(heldout["loss"], 4),  # (the old key, kept for readers)
             "perplexity": round(math.exp(heldout["loss"]), 2), "seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -1,12 +1,9 @@
-"""Helpers of the data tests (and benchmarks/adversarial.py): padded batches of whole documents (the
-padding and document-mask paths of the collator and the model, which BlockDataset never pads), and
-Modalities .pbin files for the converter."""
+"""Helpers of the data tests: padded batches of whole documents (the padding and document-mask paths
+of the collator and the model, which BlockDataset never pads)."""
 
 from __future__ import annotations
 
-import pickle
 from array import array
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,13 +59,3 @@ class DocumentPackedDataset:
         rows = [self[int(i)] for i in indices]
         return {k: torch.from_numpy(np.stack([r[k] for r in rows])) for k in rows[0]}
 
-
-def write_pbin(path: str | Path, documents: list, width: int = 2) -> Path:
-    """Write a ``.pbin`` the way Modalities does (its pickled index included), for the converter's tests."""
-    data = b"".join(np.asarray(d, f"<u{width}").tobytes() for d in documents)
-    index, pos = [], 0
-    for d in documents:
-        index.append((pos, len(d) * width))
-        pos += len(d) * width
-    Path(path).write_bytes(len(data).to_bytes(8, "little") + width.to_bytes(4, "little") + data + pickle.dumps(index))
-    return Path(path)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.helpers import write_pbin
+from cramlm.data.modalities import write_pbin
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "adversarial.py"
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from cramlm.cli import main
-from tests.data.helpers import write_pbin
+from cramlm.data.modalities import write_pbin
 
 from .conftest import document, write_jsonl
 

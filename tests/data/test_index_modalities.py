@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 
 from cramlm.data.index import IndexedJsonlDataset, build_index, load_index
-from cramlm.data.modalities import UnsafePickleError, convert_pbin, read_idx, read_pbin
+from cramlm.data.modalities import UnsafePickleError, convert_pbin, read_idx, read_pbin, write_pbin
 from cramlm.data.cramtok import PackedFormatError, read_packed
 from cramlm.data.sources import DataError
 from cramlm.data.tokenizer import SEP_ID, TokenizerConfig, train_tokenizer
-from tests.data.helpers import write_pbin
 
 from .conftest import document
 

@@ -114,8 +114,9 @@ def test_benchmark_and_eval_stage_agree_and_bits_per_byte_follow_from_the_bytes(
     spec = importlib.util.spec_from_file_location("val_mlm_loss", REPO / "benchmarks" / "val_mlm_loss.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    got = bench.val_loss(str(tiny_run))
+    got = bench.val_loss(str(tiny_run))  # through cramlm.eval.lm.run_heldout
     assert got["loss"] == pytest.approx(heldout["loss"], abs=1e-6) and got["bpb"] == pytest.approx(heldout["bpb"], abs=1e-6)
+    assert got["run"] == str(tiny_run) and got["val_mlm_loss"] == round(got["loss"], 4)
     assert heldout["definition"] == "heldout-v1" and heldout["tokenizer"].startswith("wordpiece, vocab 512")
     manifest = json.loads((Path(heldout["file"]).parent / "manifest.json").read_text())
     val = manifest["val"]

@@ -1,53 +1,13 @@
-"""The compute multiplier of benchmarks/recipe_ablation.py (a pure function of two curves)."""
+"""benchmarks/recipe_ablation.py (the multipliers of its ablations, its runs' plan, a stored
+baseline), contender_steps.py (the wall-clock multiplier) and frontier_lr_check.py (committed runs
+read on the tuned frontier). The compute multiplier itself: tests/pipeline/test_scaling.py."""
 
-import math
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from recipe_ablation import compute_multiplier  # noqa: E402
-
-# a baseline whose loss falls by 1 per factor 10 of compute: loss = 10 - log10(x)
-X = [1e3, 1e4, 1e5, 1e6]
-L = [7.0, 6.0, 5.0, 4.0]
-
-
-def test_interpolated_in_log_compute():
-    m = compute_multiplier(X, L, cand_x=1e4, cand_loss=5.5)  # the baseline reaches 5.5 at 10^4.5
-    assert m["baseline_x"] == pytest.approx(10**4.5) and m["multiplier"] == pytest.approx(10**0.5)
-    assert m["bound"] is None and not m["extrapolated"]
-    assert compute_multiplier(X, L, 1e5, 5.0)["multiplier"] == pytest.approx(1.0)  # on a point: equal
-    assert compute_multiplier(X, L, 1e6, 5.0)["multiplier"] == pytest.approx(0.1)  # a worse candidate: < 1
-    assert compute_multiplier(list(reversed(X)), list(reversed(L)), 1e4, 5.5)["multiplier"] == pytest.approx(10**0.5)
-
-
-def test_first_crossing_of_a_noisy_curve():
-    m = compute_multiplier([1, 10, 100, 1000], [5.0, 3.0, 3.5, 2.0], cand_x=10, cand_loss=3.2)
-    assert m["baseline_x"] == pytest.approx(10 ** (1.8 / 2.0))  # between 1 and 10, not after the bump
-
-
-def test_beyond_the_curve_is_a_bound_unless_extrapolated():
-    m = compute_multiplier(X, L, cand_x=1e5, cand_loss=3.5)  # better than the baseline's end
-    assert m["bound"] == "lower" and m["multiplier"] == pytest.approx(10.0) and not m["extrapolated"]
-    e = compute_multiplier(X, L, cand_x=1e5, cand_loss=3.5, extrapolate=True)
-    assert e["extrapolated"] and e["bound"] is None and e["multiplier"] == pytest.approx(10**1.5)
-    up = compute_multiplier(X, L, cand_x=1e4, cand_loss=8.0)  # worse than the baseline's start
-    assert up["bound"] == "upper" and up["multiplier"] == pytest.approx(0.1)
-    back = compute_multiplier(X, L, cand_x=1e4, cand_loss=8.0, extrapolate=True)
-    assert back["extrapolated"] and back["multiplier"] == pytest.approx(0.01)
-    flat = compute_multiplier([1, 10], [3.0, 3.0], cand_x=10, cand_loss=2.0, extrapolate=True)
-    assert flat["bound"] == "lower" and not flat["extrapolated"]  # a flat end says nothing about later
-
-
-def test_bad_curves_are_refused():
-    with pytest.raises(ValueError):
-        compute_multiplier([0, 10], [3.0, 2.0], 1, 2.5)
-    with pytest.raises(ValueError):
-        compute_multiplier([], [], 1, 2.5)
-    assert math.isfinite(compute_multiplier([5], [2.0], 5, 3.0)["multiplier"])
-
 
 def fake(tmp_path, name: str, objective: str, losses: list[float], times: float = 1, lr: float = 1e-3) -> dict:
     """A finished run folder: validation points every 1000 tokens, 10 FLOPs per token."""
@@ -220,7 +180,7 @@ def test_contender_steps_rates_and_the_wall_clock_multiplier(tmp_path):
     assert json.loads((tmp_path / "steps.json").read_text())["rows"].keys() == {"adamw", "muon"}
 
 
-def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_path, monkeypatch):
+def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_path):
     """frontier_lr_check reads committed runs files by their names (size, budget multiple, lr,
     momentum, seed) and reads the recipe at each budget multiple on the tuned frontier."""
     import json
@@ -236,12 +196,34 @@ def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_p
         "128x4-x2-mom0.85-s1": {**run, "flops": 4e13, "val_loss": 3.5},  # halfway from 4e13 to 8e13
         "128x4-mom0.85-lr0.008": {**run, "flops": 2e13, "val_loss": 9.0},  # an lr screen: not the recipe
         "999x1-mom0.85": {**run, "flops": 2e13, "val_loss": 1.0}}))  # not a size of the tables
-    monkeypatch.setattr(flc, "R", tmp_path)
-    adamw = {r["name"]: r for r in flc.stored_runs("frontier-*-runs.json")}
+    stored = flc.Stored(folder=tmp_path)
+    adamw = {r["name"]: r for r in flc.stored_runs(stored, stored.frontier_runs)}
     assert adamw["128x4-x2-lr0.032"]["lr"] == 0.032 and adamw["128x4-x2-lr0.032"]["times"] == 2
     assert adamw["128x4-x4-adamw"]["lr"] == 0.016 and adamw["128x4-x4-adamw"]["seed"] == 0  # explicit field wins
     front = {"128x4": {"frontiers": {"best lr at each budget": {"points": [
         {"flops": 2e13, "val_loss": 5.0}, {"flops": 4e13, "val_loss": 4.0}, {"flops": 8e13, "val_loss": 3.0}]}}}}
-    rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}])
+    rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}], stored)
     assert [(r["times"], list(r["per_seed"])) for r in rows] == [(1, [0]), (2, [1])]
     assert rows[0]["median"] == pytest.approx(2.0) and rows[1]["median"] == pytest.approx(2 ** 0.5)
+
+
+def test_the_default_files_give_the_committed_tables(capsys):
+    """frontier_lr_check's defaults name the committed files its tables were read from: read again,
+    they give frontier-lr-check.json's multipliers and budget-rows.json's rows; another folder is
+    read where --dir names it (there, none of the files: an Error line naming the missing one)."""
+    import json
+
+    import frontier_lr_check as flc
+
+    results = flc.main(["--budget-rows"])
+    folder = flc.Stored().folder
+    committed = json.loads((folder / "frontier-lr-check.json").read_text())
+    assert [r["size"] for r in results[:3]] == [r["size"] for r in committed] == ["128x4", "256x4", "384x6"]
+    for got, want in zip(results, committed):
+        for name, front in want["frontiers"].items():
+            assert got["frontiers"][name]["median"] == pytest.approx(front["median"])
+    rows = json.loads((folder / "budget-rows.json").read_text())[-1]["budget_rows"]
+    assert [(r["size"], r["times"], pytest.approx(r["median"])) for r in rows] == [
+        (r["size"], r["times"], r["median"]) for r in results[-1]["budget_rows"]]
+    with pytest.raises(SystemExit, match=r"^Error: .*results/128x4\.json: not found \(--dir, --ablation\)"):
+        flc.main(["--dir", str(folder.parent), "--sizes", "128x4"])

@@ -174,6 +174,21 @@ def test_cpu_peak_is_one_core_in_cpu_time_times_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_steps_are_timed_in_turn_after_untimed_rounds():
+    """time_interleaved: warm-up rounds untimed, then each timed round calls every step once, in
+    order (A B A B: the load of the machine hits all alike); the seconds are each call's own. The
+    CPU path takes the GEMM probe for the peak (gemm_peak_flops measures GPUs)."""
+    import time
+
+    from cramlm.train import flops
+
+    calls = []
+    steps = {"a": lambda: calls.append("a"), "b": lambda: (calls.append("b"), time.sleep(0.02))}
+    times = flops.time_interleaved(steps, warmup=1, timed=3, device=torch.device("cpu"))
+    assert calls == ["a", "b"] * 4 and {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert min(times["b"]) >= 0.02 > max(times["a"])
+    assert flops.gemm_peak_flops(torch.device("cpu"), None) == flops.cpu_peak_flops()  # cached probe: the same figure
+
 def test_unwritable_or_damaged_cache_still_decides(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "time_precisions", lambda device, h, i: (0.1, 0.5))
     blocked = tmp_path / "file"

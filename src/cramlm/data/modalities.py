@@ -1,4 +1,5 @@
-"""Read Modalities' packed ``.pbin`` files and raw ``.idx`` indexes without executing pickles.
+"""Read Modalities' packed ``.pbin`` files and raw ``.idx`` indexes without executing pickles (and
+write a ``.pbin`` as Modalities does, for the tests and benchmarks/adversarial.py).
 
 ``.pbin`` layout: [uint64 LE data-segment length][uint32 LE token width 1/2/4][tokens, little-endian]
 [pickled list of (byte offset, byte length) per document, offsets relative to the token segment].
@@ -83,6 +84,18 @@ def read_pbin(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
             raise PackedFormatError(f"{path}: document ({start}, {length}) does not follow the previous one")
         offsets.append(offsets[-1] + length // width)
     return tokens, np.array(offsets, np.uint64)
+
+
+def write_pbin(path: str | Path, documents: list, width: int = 2) -> Path:
+    """Write ``documents`` (token id lists) to a ``.pbin`` the way Modalities does, its pickled index
+    of (byte offset, byte length) per document included; ``width``: bytes per token (1, 2 or 4)."""
+    data = b"".join(np.asarray(d, f"<u{width}").tobytes() for d in documents)
+    index, pos = [], 0
+    for d in documents:
+        index.append((pos, len(d) * width))
+        pos += len(d) * width
+    Path(path).write_bytes(len(data).to_bytes(8, "little") + width.to_bytes(4, "little") + data + pickle.dumps(index))
+    return Path(path)
 
 
 def read_idx(path: str | Path) -> np.ndarray:

@@ -169,14 +169,10 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
         return None
     heldout = partial.heldout(val)
     if heldout is None:
-        from cramlm.data.cramtok import read_packed
-        from cramlm.data.heldout import run_heldout_set
-        from cramlm.eval.lm import heldout_eval
+        from cramlm.eval.lm import lm_heldout
 
-        # the held-out set of the data alone (data/heldout.py): the same for every recipe and machine
-        sequences = run_heldout_set(ckpt.lm.config, read_packed(val), ckpt.lm.vocab_size, val)
-        heldout = {**heldout_eval(ckpt.lm.model, sequences, device=device, progress=cfg.impl.progress,
-                                  objective=ckpt.lm.objective), "file": str(val), "tokenizer": ckpt.lm.tokenizer}
+        heldout = {**lm_heldout(ckpt.lm, val, device=device, progress=cfg.impl.progress),
+                   "file": str(val), "tokenizer": ckpt.lm.tokenizer}
         partial.set_heldout(heldout)
     print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
           + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")

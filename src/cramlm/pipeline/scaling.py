@@ -1,10 +1,14 @@
 """Scaling laws with an irreducible-loss term, fitted with scipy (used by ``cramlm sweep`` and the
-budget planner, ``cramlm plan``).
+budget planner, ``cramlm plan``), and the compute multiplier of one recipe over another.
 
 - compute law:    L(C) = E + A * C^-alpha                  (3 parameters)
 - Chinchilla law: L(N, D) = E + A / N^a + B / D^b          (5 parameters; Hoffmann et al. 2022)
 - multiplier law: log m = k + b log N + c log(D / N)       (a recipe's compute multiplier over a
   baseline against size and tokens per parameter; least squares, with a prediction interval)
+- compute multiplier m: the baseline needs m times the candidate's compute to reach the
+  candidate's held-out loss, read off the baseline's curve or its frontier of final losses at
+  several budgets (``compute_multiplier``, ``best_lr_frontier``, ``frontier_multiplier``; the
+  recipe ablations of benchmarks/ measure with them)
 
 C is training FLOPs, N non-embedding parameters, D training tokens. Fits are bounded least squares
 (E >= 0 and below the lowest observed loss, exponents in [0, 3]) from several starting points, in
@@ -160,6 +164,62 @@ def multiplier_law(fit: dict, params: float, tokens: float, level: float = 0.9) 
     q = float(t.ppf(0.5 + level / 2, fit["dof"]))
     return {"multiplier": math.exp(centre), "low": math.exp(centre - q * spread), "high": math.exp(centre + q * spread),
             "level": level}
+
+
+def compute_multiplier(base_x: Sequence[float], base_loss: Sequence[float], cand_x: float, cand_loss: float,
+                       extrapolate: bool = False) -> dict:
+    """How many times the candidate's compute ``cand_x`` the baseline needs to reach ``cand_loss``
+    on its curve (``base_x`` positive, in any order; ``base_loss`` at those points).
+
+    The baseline's compute at that loss: the first point of its curve (by compute) at or below
+    ``cand_loss``, interpolated linearly in log x with the point before it. Outside the curve: below
+    its last point (the candidate ended better than the baseline did) the last segment is continued
+    in log x when ``extrapolate`` (flagged), else the multiplier is a lower bound (``bound:
+    "lower"``: the baseline's final x over the candidate's, it needs at least that); above its first
+    point an upper bound (``bound: "upper"``). Returns {multiplier, baseline_x, bound, extrapolated}."""
+    pts = sorted(zip(base_x, base_loss))
+    if not pts or any(x <= 0 for x, _ in pts) or cand_x <= 0:
+        raise ValueError("curves need positive compute values")
+    xs, ys = [math.log(x) for x, _ in pts], [y for _, y in pts]
+
+    def result(x: float, bound: str | None = None, extrapolated: bool = False) -> dict:
+        return {"multiplier": x / cand_x, "baseline_x": x, "bound": bound, "extrapolated": extrapolated}
+
+    def along(i: int) -> float:  # x where the segment (i - 1, i), a line in log x, meets cand_loss
+        (x0, x1), (y0, y1) = xs[i - 1 : i + 1], ys[i - 1 : i + 1]
+        return math.exp(x0 + (cand_loss - y0) * (x1 - x0) / (y1 - y0))
+
+    if ys[0] <= cand_loss:  # the baseline's first point is already as good
+        if ys[0] < cand_loss and extrapolate and len(ys) > 1 and ys[1] < ys[0]:
+            return result(along(1), extrapolated=True)  # the first segment, continued backwards
+        return result(pts[0][0], None if ys[0] == cand_loss else "upper")
+    i = next((j for j in range(1, len(ys)) if ys[j] <= cand_loss), None)
+    if i is not None:
+        return result(along(i))
+    if extrapolate and len(ys) > 1 and ys[-1] < ys[-2]:
+        return result(along(len(ys) - 1), extrapolated=True)  # the last segment, continued
+    return result(pts[-1][0], "lower")
+
+
+def best_lr_frontier(first: dict, larger: Sequence[dict]) -> list[dict]:
+    """A baseline's frontier of final losses (one seed): ``first``, its final point at 1x the budget
+    (at its sweep's best lr), then at each larger budget the lowest final ``val_loss`` of the lrs
+    trained there (the best lr at 1x is not the best at 4x: a longer run takes a larger lr). Points
+    are dicts with ``flops`` and ``val_loss`` (and their ``lr``); a point's budget multiple is its
+    ``times``, else its FLOPs over ``first``'s, to one decimal."""
+    by_times: dict[float, dict] = {}
+    for f in larger:
+        times = f.get("times") or round(f["flops"] / first["flops"], 1)  # stored points carry no multiple
+        if f.get("val_loss") is not None and (times not in by_times or f["val_loss"] < by_times[times]["val_loss"]):
+            by_times[times] = f
+    return [first, *(by_times[t] for t in sorted(by_times))]
+
+
+def frontier_multiplier(frontier: Sequence[dict], x: float, loss: float, axis: str = "flops",
+                        extrapolate: bool = False) -> dict:
+    """``compute_multiplier`` of a candidate at ``x`` (its ``axis``: flops or seconds) and final
+    ``loss`` on a frontier's points (dicts with ``axis`` and ``val_loss``)."""
+    return compute_multiplier([f[axis] for f in frontier], [f["val_loss"] for f in frontier], x, loss, extrapolate)
 
 
 EMBEDDINGS = ("trunk.tokens.", "trunk.positions.", "trunk.token_types.", "trunk.value_embeds.")

@@ -1,10 +1,13 @@
 """FLOPs and MFU: FLOPs per token (the model's own count, or FlopCounterMode on one step), the
-device's peak (the GPU data-sheet table, or a GEMM probe on one CPU core), and so the model FLOP
-utilisation a run reports. The metric sinks are in metrics.py."""
+device's peak (the GPU data-sheet table, or a GEMM probe on one CPU core; ``gemm_peak_flops``
+measures a GPU's), and so the model FLOP utilisation a run reports; ``time_interleaved`` times
+contenders' steps side by side, the way the benchmarks compare them. The metric sinks are in
+metrics.py."""
 
 from __future__ import annotations
 
 import inspect
+import statistics
 import time
 from functools import lru_cache
 
@@ -72,6 +75,45 @@ def cpu_peak_flops(size: int = 1024, seconds: float = 0.5, dtype: torch.dtype | 
     scale linearly over cores: on an idle 2-core machine 2 x 98.7 against 197 GFLOP/s measured
     with both threads in wall time)."""
     return core_peak_flops(size, seconds, dtype) * torch.get_num_threads()
+
+
+def gemm_peak_flops(device: torch.device, dtype: torch.dtype | None, n: int = 8192, reps: int = 20) -> float:
+    """Measured dense matrix-product FLOP/s of the device: the median of ``reps`` n x n x n products
+    of random matrices (never zeros: they run faster), timed with CUDA events after a warm-up; on a
+    CPU, the fp32 GEMM probe (``cpu_peak_flops``). ``dtype`` None: fp32 (TF32 if torch allows it)."""
+    if device.type != "cuda":
+        return cpu_peak_flops()
+    a, b = (torch.randn(n, n, device=device, dtype=dtype or torch.float32) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        start.record()
+        a @ b
+        end.record()
+    torch.cuda.synchronize(device)
+    ms = statistics.median(start.elapsed_time(end) for start, end in events)
+    return 2 * n**3 / (ms / 1e3)
+
+
+def time_interleaved(steps: dict, warmup: int, timed: int, device: torch.device) -> dict[str, list[float]]:
+    """Wall-clock seconds of each of ``steps`` (name -> a callable doing one step), called in turn
+    (A B A B ...) so that the load of a shared machine hits all alike: ``warmup`` untimed rounds,
+    then ``timed`` rounds; {name: [seconds of each timed round]}. On CUDA each step is synchronised
+    before and after (the work is timed, not its launch)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    times = {name: [] for name in steps}
+    for _ in range(timed):
+        for name, step in steps.items():
+            sync()
+            start = time.perf_counter()
+            step()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype | None = None) -> tuple[float | None, str]:
