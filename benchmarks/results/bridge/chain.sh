@@ -8,5 +8,5 @@ line=$1 seed=$2; shift 2
 for k in "$@"; do
   python $bridge branch --line $line --seed $seed --k $k || exit 1
   python $bridge eval --line $line --seed $seed --k $k || exit 1
-  [ $k = 1 ] && { python $bridge eval --line $line --seed $seed --k 1 --twin || exit 1; }
+  if [ $k = 1 ]; then python $bridge eval --line $line --seed $seed --k 1 --twin || exit 1; fi
 done
