@@ -1,4 +1,4 @@
-"""Adversarial replay: classes of bad input against the real ``cramlm`` CLI (issue 12).
+"""Adversarial replay: classes of bad input against the real ``cramlm`` CLI.
 
     python benchmarks/adversarial.py                    # every class, full sample (8-20 min on 2 cores)
     python benchmarks/adversarial.py --quick            # a smaller sample (a few minutes on 2 cores)
@@ -18,25 +18,26 @@ outside it is touched; ``--keep`` keeps it) and is classified as
 - ``unclear``: exit != 0 without an ``Error:`` line (killed by a signal, click's bare "Aborted!"),
   or an Error line that lacks what it must name, or a hang.
 
-The expectations are issue 12's requirements, not what the current code does: bad overrides
-(items 1, 3, 10, 11, 13) must fail with a clear error; SIGINT / SIGTERM / SIGUSR1 during pretrain
+The expectations are what cramlm promises, not what the current code does: bad overrides (values
+out of range or not finite, a misspelt key, a run name escaping its folder, a device or extra that
+is not there) must fail with a clear error; SIGINT / SIGTERM / SIGUSR1 during pretrain
 must leave a checkpoint and exit with a distinct code (not 0, not 1); a second ``pretrain name=x``
 while one runs must refuse clearly; a full disk must say so (stderr names space or disk) and leave
 no partial checkpoint; ``--resume auto`` after SIGKILL, or with a truncated newest checkpoint, must
 finish with the same model as an uninterrupted run. A ``.pbin`` has no checksum over its tokens,
-so its bit flips go to the header and the index only. Class ``same-run`` (issue 20): a resume with a
+so its bit flips go to the header and the index only. Class ``same-run``: a resume with a
 changed config, a cache holding another tokenizer or other packed bytes, or a flipped weight byte
 must be refused (or the changed checkpoint set aside); a re-prepared cache and an allowed change resume. The disk-full class needs root (a small
 tmpfs); it is skipped, and says so, otherwise.
 
-Issue 20's classes (their own block near the end): YAML alias bombs, read-only ``base_dir`` /
+Files and signals (their own block near the end): YAML alias bombs, read-only ``base_dir`` /
 ``out_dir`` (a read-only tmpfs as root), signals during ``cramlm eval`` fine-tuning (75, then the
 same command continues without redoing finished seeds), SIGTERM to ``python -m cramlm.launch``
 (75 with a checkpoint), task files symlinked outside the task folder (their content must not be
 echoed), BOM / dangling symlink / truncated .gz corpora, sweep duplicates, and errors that blamed
 the wrong file.
 
-Issue 39's classes (their own block at the end): a fresh ``pretrain`` / ``run`` / ``eval`` over a
+Folders and digests (their own block at the end): a fresh ``pretrain`` / ``run`` / ``eval`` over a
 folder holding another run or results (refused, the folder byte for byte as it was; ``overwrite=true``
 replaces), a resume refused after the config check or at the load (nothing written), a digest entry
 removed, a NaN weight with its digest forged (eval, export, resume), every checkpoint damaged (exit 1,
@@ -495,7 +496,7 @@ class Replay:
                 res = cli(["pretrain", "name=bad-data", *TINY, f"impl.data_cache={cache}", "train.budget.steps=3"], self.runs)
                 self.record("corrupt", "truncated train.cramtok in the data cache, pretrain", "error", res, ("train.cramtok",))
 
-    # ------------------------------------------------------------ bad overrides (issue 12 items 1, 3, 10, 11, 13)
+    # ------------------------------------------------------------ bad overrides
 
     def overrides(self) -> None:
         import importlib.util
@@ -661,8 +662,8 @@ class Replay:
         methods = {"corpus": self.corpus, "data-cli": self.data_cli, "corrupt": self.corrupt, "overrides": self.overrides,
                    "kill": self.kill, "concurrent": self.concurrent, "disk-full": self.disk_full, "signals": self.signals,
                    "same-run": lambda: same_run(self)}
-        methods.update(getattr(self, "issue20_methods", dict)())  # issue 20 items 4-12: their own block below
-        methods.update(getattr(self, "issue39_methods", dict)())  # issue 39: its own block below
+        methods.update(getattr(self, "files_and_signals_methods", dict)())  # their own blocks below
+        methods.update(getattr(self, "folders_and_digests_methods", dict)())
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -673,7 +674,7 @@ class Replay:
                 "cases": [{**asdict(c), "expected": c.expected} for c in self.cases]}
 
 
-# ---------------------------------------------------------------- class same-run (issue 20, items 1-3)
+# ---------------------------------------------------------------- class same-run
 # A resume must be the run it claims to be: a changed config, another tokenizer or other packed data,
 # a changed weight byte. Kept in one block (other classes are added elsewhere in this file).
 
@@ -843,13 +844,13 @@ def wait_for_training(run: Path, proc: Proc, timeout: float) -> bool:
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
-# ================================================================ issue 20, items 4-12 (own block)
+# ================================================================ files and signals (own block)
 # alias bombs, read-only folders, signals during eval, torchrun's exit code, symlinked task files,
 # BOM / dangling symlink / truncated .gz, sweep duplicates, errors that blamed the wrong file
 
-ISSUE20_CLASSES = ("yaml-bomb", "read-only", "eval-signals", "torchrun-exit", "task-symlink", "corpus-20",
+FILES_AND_SIGNALS_CLASSES = ("yaml-bomb", "read-only", "eval-signals", "torchrun-exit", "task-symlink", "corpus-20",
                    "sweep-dupes", "wrong-blame")
-CLASSES = CLASSES + ISSUE20_CLASSES
+CLASSES = CLASSES + FILES_AND_SIGNALS_CLASSES
 EVAL_QUICK = ["eval.epochs=1", "eval.max_train_examples=100", "eval.batch_size=8", "eval.max_dev_examples=50",
               "eval.max_seq_length=32", "impl.progress=false", "impl.threads=1"]
 
@@ -894,8 +895,9 @@ class LaunchProc(Proc):
         self.start = time.monotonic()
 
 
-class Issue20(Replay):
-    """The classes of issue 20 items 4-12 (mixed into Replay below)."""
+class FilesAndSignals(Replay):
+    """Alias bombs, read-only folders, signals during eval and to the launcher, symlinked task files,
+    odd corpora, sweep duplicates, errors naming the right file (mixed into Replay below)."""
 
     def yaml_bomb(self) -> None:
         d = self.folder("yaml-bomb")
@@ -1158,18 +1160,18 @@ class Issue20(Replay):
         if marker.exists():
             case.outcome, case.detail = "silent", "the pickle payload ran"
 
-    def issue20_methods(self) -> dict[str, Callable[[], None]]:
+    def files_and_signals_methods(self) -> dict[str, Callable[[], None]]:
         return {"yaml-bomb": self.yaml_bomb, "read-only": self.read_only, "eval-signals": self.eval_signals,
                 "torchrun-exit": self.torchrun_exit, "task-symlink": self.task_symlink, "corpus-20": self.corpus_20,
                 "sweep-dupes": self.sweep_dupes, "wrong-blame": self.wrong_blame}
 
 
-# ================================================================ issue 39 (own block)
+# ================================================================ folders and digests (own block)
 # a run folder is never restarted over, a refused resume changes nothing, every recorded digest is
 # required, non-finite weights are refused, all checkpoints damaged fails, concurrent prepares agree
 
-ISSUE39_CLASSES = ("run-folder", "refused-resume", "digest-entry", "nan-weights", "all-damaged", "prepare-race")
-CLASSES = CLASSES + ISSUE39_CLASSES
+FOLDERS_AND_DIGESTS_CLASSES = ("run-folder", "refused-resume", "digest-entry", "nan-weights", "all-damaged", "prepare-race")
+CLASSES = CLASSES + FOLDERS_AND_DIGESTS_CLASSES
 
 
 def folder_state(folder: Path) -> dict[str, bytes]:
@@ -1204,8 +1206,9 @@ def put_nan(path: Path) -> None:
     write_digests(path.parent, [path.name])
 
 
-class Issue39(Issue20):
-    """The classes of issue 39 (mixed into Replay below)."""
+class FoldersAndDigests(FilesAndSignals):
+    """Run folders never restarted over, refused resumes that change nothing, required digests,
+    non-finite weights, every checkpoint damaged, concurrent prepares (mixed into Replay below)."""
 
     def refused(self, cls: str, name: str, args: list[str], folder: Path, must: tuple[str, ...], cwd: Path | None = None) -> None:
         before = folder_state(folder)
@@ -1303,12 +1306,12 @@ class Issue39(Issue20):
         for i, res in enumerate(results):
             self.record("prepare-race", f"two data prepare of one config at once: process {i}", "ok", res, check=one_entry)
 
-    def issue39_methods(self) -> dict[str, Callable[[], None]]:
+    def folders_and_digests_methods(self) -> dict[str, Callable[[], None]]:
         return {"run-folder": self.run_folder, "refused-resume": self.refused_resume, "digest-entry": self.digest_entry,
                 "nan-weights": self.nan_weights, "all-damaged": self.all_damaged, "prepare-race": self.prepare_race}
 
 
-Replay = Issue39  # the replay with the classes of every block (main() builds a Replay)
+Replay = FoldersAndDigests  # the replay with the classes of every block (main() builds a Replay)
 
 
 def table(report: dict) -> str:

@@ -1,5 +1,5 @@
-"""A llama whose DDP state does not fit a small device, end to end under FSDP2 (issues 23.4, 41.4),
-real torchrun (gloo, the CPU). Three scenarios:
+"""A llama whose DDP state does not fit a small device, end to end under FSDP2 with real torchrun
+(gloo, the CPU). Three scenarios:
 
 - default: `cramlm pretrain impl.distributed=fsdp` at 4 processes trains three steps with
   checkpoints; its step-2 checkpoint alone (as a kill after step 2 leaves it) is resumed in a run

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14: everything cramlm does on CUDA, proven and measured in one command of
+# The GPU check: everything cramlm does on CUDA, proven and measured in one command of
 # at most 8 minutes on one GPU (an H200 with no network: carried wheels, no downloads).
 #
 #   bash benchmarks/gpu_check.sh          # on a GPU machine (after `bash benchmarks/gpu_wheels.sh` here)

@@ -127,7 +127,7 @@ def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="cpu-1h-mlm")
     ap.add_argument("--budget", default="15m", help="the wall-clock budget of the plan and of every grid run")
-    ap.add_argument("--sizes", default=SIZES, help="the grid's shapes HIDDENxLAYERS, comma-separated (at least 6 for issue 25)")
+    ap.add_argument("--sizes", default=SIZES, help="the grid's shapes HIDDENxLAYERS, comma-separated (six or more: the target is judged against a grid)")
     ap.add_argument("--law", help="the planner's law (default: the shipped one)")
     ap.add_argument("--out", type=Path, default=Path("outputs/plan-grid"))
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only the table, from the finished grid in DIR")

@@ -1,10 +1,11 @@
 """Quality at equal compute: the `cpu-1h-mlm` recipe against cramming's recipe (`train=bert-o4`: its
 batch ramp to 8192 sequences, budget-keyed triangle schedule) on the same model, data, tokenizer,
 implementation and wall-clock budget, and both against their untrained twin (same architecture and
-tokenizer, random weights). Issue 13's check (a) and (b).
+tokenizer, random weights): does the recipe beat cramming's at equal compute, and does
+pretraining beat no pretraining?
 
 Three `cramlm run` pipelines into ``--out``: ``recipe`` (``--recipe``, default cpu-1h-mlm: cpu-1h with
-MLM, as cramming's; it was named cpu-1h until 2026-12-02, when cpu-1h took ELECTRA's objective), ``bert-o4`` (the same
+MLM, as cramming's; the committed results name it cpu-1h: docs/results.md), ``bert-o4`` (the same
 with ``train=bert-o4``; cramlm's bert-o4 caps the ramp so the budget gives at least 1,000 updates,
 kinder than cramming's original), and the twin's evaluation (through the bert-o4 run:
 ``eval-untrained``; the twin depends only on architecture, tokenizer and eval seed, so it is the

@@ -250,8 +250,9 @@ def measure_throughput(cfg, arch: dict, vocab: int, batch: int = BATCH_RANGE[0],
     the smallest batch the planner picks, in the run's microbatches (``impl.microbatch_size``): a
     step's fixed costs (Muon's Newton-Schulz, the optimizer, clipping) weigh as in the run, not twice
     as much as at a half batch; three warm-up steps (the first ones are slow: lazy state, caches).
-    The 15-minute grid of 2026-12-02 had 128x4 at 11,281 tokens/s where the previous probe (batch
-    16, one warm-up, median of two) measured 6,205 and steered the pick off the best shape."""
+    A probe of half a batch with one warm-up step measured 128x4 at 6,205 tokens/s where its
+    15-minute run trained at 11,281, and steered the pick off the best shape
+    (benchmarks/results/plan_grid_15m_muon.md)."""
     import torch
 
     device = torch.device(device or "cpu")
