@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (recipe_vs_cramming_m85.md)
+HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentum_085_vs_095_downstream.md)
 KS = (1, 2, 4, 8)
 WARMUP = 0.05  # of the 1x budget, in absolute terms at every budget
 DECAY = 0.2  # of each budget: the cooldown (Hagele et al.: 20% with 1 - sqrt matches cosine)
