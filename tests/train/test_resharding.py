@@ -16,13 +16,14 @@ from .helpers import CAUSAL, REPO, free_port, losses, overrides, records, run, r
 SETUP = ["budget=null", "train.budget.steps=4", "impl.microbatch_size=2", "train.checkpoint_every=2",
          "train.keep_checkpoints=5", "train.optim.lr=3e-3", "train.validate_every=0", *CAUSAL]
 FULL, SHARDED = "impl.checkpoint_format=full", "impl.checkpoint_format=sharded"
+LLAMA = ["arch=llama-tiny", "arch.num_kv_heads=1"]  # rotary positions: a non-persistent buffer
 
 
-def launch(runs: list[list[str]]) -> None:
-    """One torchrun launch (2 processes) running ``runs`` one after the other (dist_driver.py)."""
+def launch(runs: list[list[str]]) -> str:
+    """One torchrun launch (2 processes) running ``runs`` one after the other (dist_driver.py); its output."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(REPO / "tests" / "train" / "dist_driver.py"), json.dumps(runs)]
-    run(cmd, timeout=300)
+    return run(cmd, timeout=300).stdout
 
 
 def from_step_2(tmp_path, source: str, name: str) -> None:
@@ -54,19 +55,25 @@ def test_checkpoints_move_between_layouts_and_world_sizes(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path, "one").values(), weights(tmp_path, "one-sharded").values()))
     launch([overrides(tmp_path, "fsdp-full", *SETUP, "impl.distributed=fsdp", FULL),
             overrides(tmp_path, "ddp", *SETUP, "impl.distributed=ddp"),
-            overrides(tmp_path, "fsdp", *SETUP, "impl.distributed=fsdp")])  # sharded: FSDP2's default
+            overrides(tmp_path, "fsdp", *SETUP, "impl.distributed=fsdp"),  # sharded: FSDP2's default
+            overrides(tmp_path, "llama", *SETUP, *LLAMA, "impl.distributed=fsdp")])
     step2 = tmp_path / "fsdp" / "checkpoints" / "step-00000002"
     assert (step2 / ".metadata").is_file() and not (step2 / "model.safetensors").exists()
     assert sorted(p.name for p in step2.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     resumes = {"fsdp-full-to-one": "fsdp-full", "fsdp-full-to-ddp": "fsdp-full", "ddp-to-fsdp": "ddp",
-               "fsdp-again": "fsdp", "sharded-to-one": "fsdp", "sharded-to-ddp": "fsdp", "one-sharded-to-fsdp": "one-sharded"}
+               "fsdp-again": "fsdp", "sharded-to-one": "fsdp", "sharded-to-ddp": "fsdp", "one-sharded-to-fsdp": "one-sharded",
+               "llama-again": "llama"}
     for name, source in resumes.items():
         from_step_2(tmp_path, source, name)
-    launch([overrides(tmp_path, "fsdp-full-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
-            overrides(tmp_path, "ddp-to-fsdp", *SETUP, "impl.distributed=fsdp", FULL, "resume=auto"),
-            overrides(tmp_path, "fsdp-again", *SETUP, "impl.distributed=fsdp", "resume=auto"),
-            overrides(tmp_path, "sharded-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
-            overrides(tmp_path, "one-sharded-to-fsdp", *SETUP, "impl.distributed=fsdp", "resume=auto")])
+    out = launch([overrides(tmp_path, "fsdp-full-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
+                  overrides(tmp_path, "ddp-to-fsdp", *SETUP, "impl.distributed=fsdp", FULL, "resume=auto"),
+                  overrides(tmp_path, "fsdp-again", *SETUP, "impl.distributed=fsdp", "resume=auto"),
+                  overrides(tmp_path, "sharded-to-ddp", *SETUP, "impl.distributed=ddp", "resume=auto"),
+                  overrides(tmp_path, "one-sharded-to-fsdp", *SETUP, "impl.distributed=fsdp", "resume=auto"),
+                  overrides(tmp_path, "llama-again", *SETUP, *LLAMA, "impl.distributed=fsdp", "resume=auto")])
+    # resumed from shards under FSDP2 no process builds the whole model (rank 0 neither): a line each
+    # (fsdp-again, one-sharded-to-fsdp, llama-again), none for the full-format resume (ddp-to-fsdp)
+    assert out.count("every process builds its model on the meta device; its shards come from step-00000002") == 3, out
     run_inprocess(tmp_path, "fsdp-full-to-one", *SETUP, "resume=auto")
     run_inprocess(tmp_path, "sharded-to-one", *SETUP, "resume=auto")
     for name, world, written_by in (("fsdp-full-to-one", 1, 2), ("fsdp-full-to-ddp", 2, 2), ("ddp-to-fsdp", 2, 2),
@@ -76,6 +83,10 @@ def test_checkpoints_move_between_layouts_and_world_sizes(tmp_path):
     # the same world size: bit for bit the uninterrupted run (its final weights, assembled from shards)
     again, straight = weights(tmp_path, "fsdp-again"), weights(tmp_path, "fsdp")
     assert again.keys() == straight.keys() and all(torch.equal(again[k], straight[k]) for k in again)
+    # llama's rotary frequencies are no checkpoint's: computed again on the meta-built model, bit for bit
+    llama_again, llama = weights(tmp_path, "llama-again"), weights(tmp_path, "llama")
+    assert losses(tmp_path / "llama-again") == {s: v for s, v in losses(tmp_path / "llama").items() if s > 2}
+    assert llama_again.keys() == llama.keys() and all(torch.equal(llama_again[k], llama[k]) for k in llama)
     # the final model.safetensors assembled from shards is the one a full checkpoint gathers, bit for bit
     gathered = weights(tmp_path, "fsdp-full")
     assert gathered.keys() == straight.keys() and all(torch.equal(gathered[k], straight[k]) for k in straight)

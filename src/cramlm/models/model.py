@@ -122,6 +122,12 @@ class PositionEmbedding(nn.Module):
         else:
             raise ValueError(f"unknown positions '{kind}'")
 
+    def reset_buffers(self) -> None:
+        """The sinusoid table again, in place (after ``to_empty``: a model built on the meta device)."""
+        if self.kind != "learned":
+            with torch.no_grad():
+                self.table.copy_(sinusoidal_table(*self.table.shape))
+
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:  # (B or 1, T) -> (B or 1, T, H)
         table = F.embedding(position_ids, self.table)
         return table * self.scale if self.kind == "scaled-sinusoidal" else table
@@ -327,6 +333,11 @@ class Rotary(nn.Module):
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
         self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """The inverse frequencies again, in place (after ``to_empty``: a model built on the meta device)."""
+        with torch.no_grad():
+            self.inv_freq.copy_(self.inverse_frequencies())
 
     def inverse_frequencies(self) -> torch.Tensor:  # (D/2,)
         return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))

@@ -61,23 +61,28 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.train.batches import StepData
     from cramlm.train.build import build_trainer, dryrun_config
     from cramlm.train.distributed import barrier, broadcast_object
+    from cramlm.train.sharded import is_sharded
 
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)
     say = print if dist.main else (lambda *a, **k: None)
     data = load_data(cfg, dist)
     vocab_size = data.tokenizer.get_vocab_size()
+    # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
+    resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
     # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
-    # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights
-    with torch.device("meta") if dist.sharded and not dist.main else contextlib.nullcontext():
+    # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights;
+    # resumed from a sharded checkpoint, rank 0 too: no process holds the whole model
+    from_shards = dist.sharded and resume_from is not None and is_sharded(resume_from)
+    with torch.device("meta") if dist.sharded and (from_shards or not dist.main) else contextlib.nullcontext():
         model = run_model(cfg, vocab_size, device, move=dist.strategy != "fsdp")
     if dist.sharded:
         torch.set_rng_state(broadcast_object(torch.get_rng_state(), dist))
+    if from_shards:
+        say(f"cramlm: every process builds its model on the meta device; its shards come from {resume_from.name}")
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
-    # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
-    resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
     train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,

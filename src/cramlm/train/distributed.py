@@ -98,8 +98,11 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool
 
         mesh = init_device_mesh(device.type, (d.world,))
         # rank 0's weights are the run's (ranks > 0 may have built theirs on the meta device): kept
-        # on its host until each process has its shards of them
+        # on its host until each process has its shards of them; a resume from a sharded checkpoint
+        # builds every process on the meta device (the weights come from the shards)
         aliases = tied_aliases(model)  # a tied weight is loaded under its one canonical name
+        if from_rank0 and d.sharded:
+            from_rank0 = broadcast_object(not any(p.is_meta for p in model.parameters()) if d.main else None, d)
         full = ({k: v for k, v in model.state_dict().items() if k not in aliases} if d.main else {}) \
             if from_rank0 and d.sharded else None
         # fully_shard cannot shard 0-dim parameters (e.g. a learned scalar scale): they stay
@@ -121,6 +124,15 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool
             load_from_rank0(model, full, aliases)
             for b in model.buffers():  # non-persistent ones (rotary frequencies, sinusoid tables): not in a state dict
                 dist.broadcast(b.data, src=0)
+        elif d.sharded and any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+            model.to_empty(device=device)  # this process's shards, filled by the checkpoint's
+            for m in model.modules():  # non-persistent buffers, computed again where they live
+                if hasattr(m, "reset_buffers"):
+                    m.reset_buffers()
+                elif m._non_persistent_buffers_set:  # no checkpoint holds them: a model must say how
+                    raise RuntimeError(f"{type(m).__name__} has non-persistent buffers "
+                                       f"{sorted(m._non_persistent_buffers_set)} and no reset_buffers() to compute "
+                                       "them on a model built on the meta device (a resume from a sharded checkpoint)")
     return model
 
 
