@@ -36,6 +36,8 @@ class TinyCausal(nn.Module):
         H = cfg.hidden_size
         self.tokens = nn.Embedding(vocab_size, H)
         self.positions = nn.Parameter(torch.zeros(cfg.max_seq_length, H))
+        # a non-persistent buffer and no reset_buffers(), as many a plugin's (e.g. transformers' position_ids)
+        self.register_buffer("one", torch.ones(()), persistent=False)
         self.blocks = nn.ModuleList(
             nn.TransformerEncoderLayer(H, cfg.num_heads, cfg.intermediate_size, dropout=0.0, batch_first=True, norm_first=True)
             for _ in range(cfg.num_layers)
@@ -51,7 +53,7 @@ class TinyCausal(nn.Module):
             if self.calls > self.cfg.fail_after:
                 raise RuntimeError(f"injected failure on rank {self.cfg.fail_rank}")
         B, T = input_ids.shape
-        x = self.tokens(input_ids) + self.positions[:T]  # (B, T, H)
+        x = (self.tokens(input_ids) + self.positions[:T]) * self.one  # (B, T, H)
         mask = nn.Transformer.generate_square_subsequent_mask(T, device=x.device)
         for block in self.blocks:
             x = block(x, src_mask=mask, is_causal=True)

@@ -72,11 +72,14 @@ def test_a_resume_goes_on_at_the_flops_per_token_its_steps_were_booked_at(finish
     steps were booked at; an allowed change of the maths re-books them at today's count."""
     from cramlm.io import write_digests
 
-    def booked_at(run: Path, factor: float) -> float:
+    def booked_at(run: Path, factor: float, recorded: bool = True) -> float:
         newest = latest_checkpoint(run / "checkpoints")
         state = json.loads((newest / "state.json").read_text())
         usage = state["usage"]  # AdamW: no optimizer FLOPs, so flops = tokens x flops per token
         usage["flops"] *= factor
+        state["flops_per_token"] = usage["flops"] / usage["tokens"]  # as a cramlm counting otherwise wrote it
+        if not recorded:  # a checkpoint that does not record it: worked out from its usage
+            del state["flops_per_token"]
         (newest / "state.json").write_text(json.dumps(state))
         write_digests(newest, ["state.json"])
         return usage["flops"] / usage["tokens"]
@@ -89,6 +92,10 @@ def test_a_resume_goes_on_at_the_flops_per_token_its_steps_were_booked_at(finish
     assert f"FLOPs per token {kept:,.0f}, as the run booked its steps (this cramlm counts {counted:,.0f})" in result.output
     summary = json.loads((run / "summary.json").read_text())
     assert summary["flops_per_token"] == pytest.approx(kept) and summary["flops"] == pytest.approx(summary["tokens"] * kept)
+    derived = copy_run(finished, "booked-derived")
+    kept = booked_at(derived, 1.25, recorded=False)
+    result = resume(finished, "booked-derived")
+    assert result.exit_code == 0 and f"FLOPs per token {kept:,.0f}, as the run booked" in result.output, result.output
     # the run's own count: nothing to keep, nothing said
     plain = copy_run(finished, "plain")
     result = resume(finished, "plain")

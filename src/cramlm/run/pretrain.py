@@ -60,7 +60,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.train import checkpoint as ckpt
     from cramlm.train.batches import StepData
     from cramlm.train.build import build_trainer, dryrun_config
-    from cramlm.train.distributed import barrier, broadcast_object
+    from cramlm.train.distributed import barrier, broadcast_object, buffers_recomputable
     from cramlm.train.sharded import is_sharded
 
     torch.manual_seed(cfg.seed)
@@ -76,6 +76,10 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from_shards = dist.sharded and resume_from is not None and is_sharded(resume_from)
     with torch.device("meta") if dist.sharded and (from_shards or not dist.main) else contextlib.nullcontext():
         model = run_model(cfg, vocab_size, device, move=dist.strategy != "fsdp")
+    if from_shards and not buffers_recomputable(model):  # a module without reset_buffers(): rank 0's are broadcast
+        from_shards = False
+        if dist.main:
+            model = run_model(cfg, vocab_size, device, move=False)
     if dist.sharded:
         torch.set_rng_state(broadcast_object(torch.get_rng_state(), dist))
     if from_shards:
@@ -83,7 +87,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
-    changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say) if resume_from else {}
+    changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say, device) if resume_from else {}
     train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,
                             heldout=validation_set(cfg, data, vocab_size),

@@ -197,6 +197,7 @@ class Meter:
         self._clock: float | None = None
         self._base = self._excluded = 0.0
         self._first = True
+        self.booked_rate: float | None = None  # FLOPs per token the resumed checkpoint recorded
 
     def start(self) -> None:
         self._clock, self._base, self._excluded, self._first = time.perf_counter(), self.used.seconds, 0.0, True
@@ -260,11 +261,12 @@ class Meter:
         return flops / (self.costs.peak * self.world)
 
     def state_dict(self) -> dict:
-        return {"usage": self.used.state_dict(), "times": dict(self.times)}
+        return {"usage": self.used.state_dict(), "times": dict(self.times), "flops_per_token": self.costs.flops_per_token}
 
     def load_state_dict(self, state: dict) -> None:
         self.used = Usage(**state["usage"])
         self.times.update(state["times"])
+        self.booked_rate = state.get("flops_per_token")  # absent: worked out from usage (keep_booked_costs)
 
     def keep_booked_costs(self) -> tuple[float, float] | None:
         """A resumed run goes on at the FLOPs per token its steps were booked at (``used.flops`` =
@@ -274,7 +276,7 @@ class Meter:
         used, costs = self.used, self.costs
         if not used.tokens:
             return None
-        kept = (used.flops - used.steps * costs.optimizer_flops_per_step) / used.tokens
+        kept = self.booked_rate or (used.flops - used.steps * costs.optimizer_flops_per_step) / used.tokens
         if abs(kept - costs.flops_per_token) <= 1e-9 * costs.flops_per_token:  # the same count, up to rounding
             return None
         self.costs = replace(costs, flops_per_token=kept, flops_source=f"{costs.flops_source}, as the run booked it")

@@ -742,7 +742,7 @@ def check_precision(folder: Path, precision, allow: list[str], changes: dict) ->
     return {**changes, "impl.precision": [then, precision.precision]}
 
 
-def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say) -> dict:
+def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say, device: torch.device) -> dict:
     """Every check of a resume from ``folder`` that needs no Trainer (docs/training.md: "What a
     resume checks"), given the run's config ``cfg`` and prepared ``data``; the accepted config
     changes. impl.threads=auto then takes the checkpoint's thread count."""
@@ -753,6 +753,6 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say)
     check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
     check_same_data(folder, run["data"], data.identity())
     changes = resume_changes(run["config"], new, cfg.allow_change, str(folder), resume_policy(type(cfg)))
-    if next(model.parameters()).device.type == "cpu":  # before anything is measured with the thread count
+    if device.type == "cpu":  # the run's device (a model built on the meta device is on none yet); before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes

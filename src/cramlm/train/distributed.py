@@ -136,6 +136,12 @@ def wrap_model(model: nn.Module, d: Dist, device: torch.device, from_rank0: bool
     return model
 
 
+def buffers_recomputable(model: nn.Module) -> bool:
+    """Every module holding non-persistent buffers (which no checkpoint holds) can compute them again
+    (``reset_buffers()``), so the model may be built on the meta device and filled from a checkpoint."""
+    return all(hasattr(m, "reset_buffers") or not m._non_persistent_buffers_set for m in model.modules())
+
+
 def load_from_rank0(model: nn.Module, full: dict, aliases: dict[str, str]) -> None:
     """Every process's shards from rank 0's ``full`` state (the others pass {}), broadcast tensor by
     tensor, so that no process but rank 0 holds the whole model (a process that built its model on
