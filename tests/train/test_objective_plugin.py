@@ -135,3 +135,27 @@ def test_a_plugin_objective_evaluates(tmp_path, monkeypatch):
     assert 0 < got["heldout"]["loss"] < 20
     assert got["minimal_pairs"]["headline"] == "pll-word-l2r" and got["minimal_pairs"]["scores"]["pll-word-l2r"]["pairs"] == 8
     assert [r["task"] for r in got["results"]] == ["whales"] and 0 <= got["results"][0]["score"] <= 100
+
+
+def test_a_plugin_objectives_options_are_set_in_the_config_and_checked_by_its_class():
+    """train.objective_options: the plugin's own fields (its config class checks them: a typo names
+    the key); written to a run's config only when set; the built-in objectives keep their blocks."""
+    import pytest
+
+    from cramlm.config.loader import ConfigError, resolve
+    from cramlm.models.objectives.base import build_objective
+    from cramlm.run.config import PretrainConfig
+    from cramlm.run.pretrain import DEFAULTS
+
+    def config(*overrides: str):
+        return resolve(PretrainConfig, DEFAULTS, [*PLUGIN, *overrides])
+
+    assert build_objective(config("train.objective_options.aux_weight=2.0")).options.aux_weight == 2.0
+    assert build_objective(config()).options.aux_weight == 0.5
+    assert "objective_options" not in config().model_dump(mode="json")["train"]
+    assert config("train.objective_options.aux_weight=2.0").model_dump(mode="json")["train"]["objective_options"] == {
+        "aux_weight": 2.0}
+    with pytest.raises(ConfigError, match=r"train.objective_options.aux_wieght: Extra inputs are not permitted"):
+        config("train.objective_options.aux_wieght=2.0")
+    with pytest.raises(ConfigError, match=r"train.objective=rtd takes its options in train.rtd"):
+        resolve(PretrainConfig, DEFAULTS, ["train.objective=rtd", "train.objective_options.weight=2.0"])

@@ -6,7 +6,7 @@ declared here."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
@@ -141,6 +141,10 @@ class TrainConfig(Config):
     hybrid: HybridConfig = Field(
         HybridConfig(), description="train.objective=hybrid: the share of causal sequences (written to a run's "
         "config only when the objective is hybrid)")
+    objective_options: dict[str, Any] = Field(
+        {}, description="a plugin objective's options, checked by its config class (e.g. "
+        "train.objective_options.aux_weight=1.0); the built-in objectives take theirs in their own block "
+        "(train.rtd, train.hybrid). Written to a run's config only when set")
     log_every: PositiveInt = Field(10, description="optimizer steps between metric lines", json_schema_extra=RESUME_FREE)
     validate_every: UnitFloat = Field(
         0.25, description="validation loss (val_loss) every this fraction of t, and at the end (0: only at the end)", json_schema_extra=RESUME_FREE
@@ -177,12 +181,35 @@ class TrainConfig(Config):
             raise ValueError(f"train.hybrid is set but train.objective={self.objective}: it applies to train.objective=hybrid")
         return self
 
+    @model_validator(mode="after")
+    def _objective_options_fit(self):
+        """train.objective_options: the plugin objective's own fields, checked here (a typo names the key)."""
+        if not self.objective_options:
+            return self
+        from pydantic import ValidationError
+
+        from cramlm.config.registry import config_class
+
+        if self.objective in type(self).model_fields:  # a built-in objective with its own block
+            raise ValueError(f"train.objective_options is for a plugin's objective; train.objective={self.objective} "
+                             f"takes its options in train.{self.objective}")
+        try:
+            config_class("objective", self.objective).model_validate(self.objective_options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            key = ".".join(str(x) for x in err["loc"])
+            raise ValueError(f"train.objective_options.{key}: {err['msg']} (train.objective={self.objective})") from None
+        return self
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict:
-        """The fields, train.hybrid only when the objective is hybrid (other runs' configs stay as they were)."""
+        """The fields, train.hybrid only when the objective is hybrid and train.objective_options only when
+        set (other runs' configs stay as they were)."""
         out = handler(self)
         if self.objective != "hybrid":
             out.pop("hybrid", None)
+        if not self.objective_options:
+            out.pop("objective_options", None)
         return out
 
     def full_batch(self) -> int:

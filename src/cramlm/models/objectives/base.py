@@ -56,9 +56,12 @@ def run_objective_name(cfg: Any) -> str:
 
 
 def objective_options(name: str, train: Any) -> ObjectiveConfig:
-    """The options of objective ``name``: its block ``train.<name>``, else its config's defaults."""
+    """The options of objective ``name``: its block ``train.<name>`` (the built-in ones), else a plugin's
+    ``train.objective_options`` read by its config class (its defaults where unset)."""
     options = getattr(train, name, None)
-    return options if isinstance(options, ObjectiveConfig) else config_class("objective", name)()
+    if isinstance(options, ObjectiveConfig):
+        return options
+    return config_class("objective", name).model_validate(getattr(train, "objective_options", None) or {})
 
 
 def build_objective(cfg: Any) -> Objective:
