@@ -144,6 +144,41 @@ def test_pooling_setting_reaches_the_classifier(pooling, learns):
     assert (accuracy >= 0.9) if learns else (accuracy <= 0.7)  # first: the majority class at best
 
 
+class _Spy(torch.nn.Module):
+    """Records, at every forward, whether the encoder is in training mode and has trainable weights
+    (``calls`` is the class's: fine-tuning trains a deep copy)."""
+
+    calls: list[tuple[bool, bool]] = []
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder, self.hidden_size = encoder, encoder.hidden_size
+
+    def encode(self, input_ids, attention_mask=None, **kw):
+        _Spy.calls.append((self.training, any(p.requires_grad for p in self.parameters())))
+        return self.encoder.encode(input_ids, attention_mask, **kw)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_freeze_encoder_trains_the_head_on_the_pretrained_states(freeze):
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 160)
+    texts = [f"{WORDS[y]} {s} {WORDS[y]}" for s, y in zip(_sentences(rng, 160), labels)]
+    examples = [Example(t, None, int(y)) for t, y in zip(texts, labels)]
+    task = Task("colors", WORDS[:2], ["accuracy"], examples[:128], {"dev": examples[128:]})
+    ckpt = _tiny_checkpoint(texts)
+    ckpt.encoder = _Spy(ckpt.encoder)
+    _Spy.calls.clear()
+    hp = HP.model_copy(update={"freeze_encoder": freeze, "pooling": "mean", "dropout": 0.1})
+    accuracy = finetune(ckpt, task, hp, 0, IMPL, torch.device("cpu"))["epochs"][-1]["dev"]["accuracy"]
+    trained = {calls for calls in _Spy.calls}
+    if freeze:  # never a trainable encoder weight, never its dropout
+        assert trained == {(False, False)}
+    else:
+        assert (True, True) in trained
+    assert accuracy >= 0.9  # the colour word decides the class: the probe reads it from the states as they are
+
+
 def test_demo_and_cpu_presets_mean_pool_glue_keeps_crammings_first_token():
     from cramlm.cli.common import resolve_or_exit
 

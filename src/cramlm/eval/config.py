@@ -34,6 +34,9 @@ class Hparams(Config):
         "first", description="the sentence vector fed to the pooler (dense + tanh) and classifier: the first token "
         "([CLS]) or the mean over non-padding tokens")
     grad_clip: float | None = Field(None, description="max gradient norm (null: no clipping)")
+    freeze_encoder: bool = Field(
+        False, description="train only the pooler and classifier on the encoder's pretrained states (a probe of what "
+        "pretraining put in them: the encoder's weights and dropout stay as pretrained); false: fine-tune everything")
     max_train_examples: int | None = Field(
         None, description="fine-tune on a sample of this many training examples, drawn with a fixed seed (the same rows for every model and every eval.seeds), kept in file order; null: all")
     max_dev_examples: int | None = Field(None, description="score a sample of this many examples of each dev split, drawn with a fixed seed (the same rows for every model and seed), kept in file order; null: all")

@@ -100,6 +100,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     dev_y = {split: np.asarray([e.label for e in exs]) for split, exs in dev.items()}
 
     model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout, pooling=hp.pooling).to(device)
+    if hp.freeze_encoder:  # a probe: the optimizer gets the pooler and classifier only
+        model.encoder.requires_grad_(False)
     optimizer = build_optimizer(AdamWConfig(lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay), model)
     amp = autocast_dtype(impl, device, model.encoder)  # auto: the probe at the encoder's widths, as in pretraining
     update = OptimizerStep(optimizer, model, device, amp, hp.grad_clip)
@@ -111,6 +113,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     bar = progress_bar(total=total, desc=f"{task.name} seed {seed}", enabled=impl.progress, leave=False)
     for _ in range(hp.epochs):
         model.train()
+        if hp.freeze_encoder:
+            model.encoder.eval()  # the pretrained states, without the encoder's dropout
         for idx in length_grouped_batches(lengths, hp.batch_size, rng):
             if stop is not None and stop.signal:
                 bar.close()
