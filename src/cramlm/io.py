@@ -1,5 +1,5 @@
-"""Small torch-free helpers shared by every stage: atomic file writes, packaged resources and the
-"did you mean" hint of error messages.
+"""Small torch-free helpers shared by every stage: atomic file writes, packaged resources, the files
+of installed Python and npm packages, and the "did you mean" hint of error messages.
 
 Every file cramlm writes under its final name is written beside it first and renamed when complete
 (:func:`atomic_write`; a folder: :func:`atomic_dir`), so a crash, even a SIGKILL in the middle of a
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 PKG_SCHEME = "pkg://"  # pkg://<path>: a file or folder shipped in cramlm/resources
+PYTHON_SCHEME = "python://"  # python://<package>[==<version>]/<path>: inside an installed Python package
+NPM_SCHEME = "npm://"  # npm://<package>@<version>/<path>: inside an npm package installed under npm_prefix()
 
 
 def atomic_path(path: Path) -> Path:
@@ -209,6 +211,81 @@ def umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+class MissingPackage(FileNotFoundError):
+    """A python:// or npm:// path whose package, or the version it names, is not installed; the
+    message names the package and the command that installs it."""
+
+
+def npm_prefix() -> Path:
+    """Where npm:// paths look for packages: ``$CRAMLM_NPM_PREFIX``, else ``npm/`` in the per-user
+    cache (:func:`user_cache`); ``npm install --prefix <it> <package>@<version>`` puts a package in
+    its ``node_modules/``."""
+    if os.environ.get("CRAMLM_NPM_PREFIX"):
+        return Path(os.environ["CRAMLM_NPM_PREFIX"]).expanduser()
+    return user_cache() / "npm"
+
+
+def installed_package_path(spec: str) -> Path:
+    """The path a ``python://`` or ``npm://`` spec names inside an installed package (its inner
+    part may be a glob, left for the caller to expand); any other spec as a plain path.
+
+    ``python://<package>[==<version>]/<path>`` is found without importing the package (its own
+    dependencies need not be installed), ``npm://<package>@<version>/<path>`` under
+    ``npm_prefix()/node_modules``, where ``package.json`` must hold that version. Raises
+    :class:`MissingPackage` naming the install command when the package or version is absent."""
+    if spec.startswith(PYTHON_SCHEME):
+        return _python_package_path(spec)
+    if spec.startswith(NPM_SCHEME):
+        return _npm_package_path(spec)
+    return Path(spec).expanduser()
+
+
+def _python_package_path(spec: str) -> Path:
+    import importlib.metadata
+    import importlib.util
+
+    name, _, inner = spec[len(PYTHON_SCHEME) :].partition("/")
+    package, _, version = name.partition("==")
+    pip = f"pip install --no-deps {package}=={version}" if version else f"pip install {package}"
+    try:
+        found = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.submodule_search_locations:
+        raise MissingPackage(f"{spec}: the Python package '{package}' is not installed ({pip})")
+    if version:
+        try:
+            have = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            have = "unknown"
+        if have != version:
+            raise MissingPackage(f"{spec}: the Python package '{package}' is version {have}, not {version} ({pip})")
+    return Path(list(found.submodule_search_locations)[0]) / inner
+
+
+def _npm_package_path(spec: str) -> Path:
+    rest = spec[len(NPM_SCHEME) :]
+    scope = ""
+    if rest.startswith("@"):  # @scope/name@version/path
+        scope, _, rest = rest.partition("/")
+        scope += "/"
+    name, _, inner = rest.partition("/")
+    package, _, version = name.partition("@")
+    package = scope + package
+    if not version:
+        raise MissingPackage(f"{spec}: an npm:// path names the package's version (npm://{package}@<version>/...)")
+    prefix = npm_prefix()
+    npm = f"npm install --prefix {prefix} --ignore-scripts {package}@{version}"
+    root = prefix / "node_modules" / package
+    try:
+        have = json.loads((root / "package.json").read_text(encoding="utf-8")).get("version")
+    except (OSError, ValueError):
+        raise MissingPackage(f"{spec}: the npm package '{package}' is not installed under {prefix} ({npm})") from None
+    if have != version:
+        raise MissingPackage(f"{spec}: the npm package '{package}' under {prefix} is version {have}, not {version} ({npm})")
+    return root / inner
 
 
 def package_path(spec: str) -> Path:

@@ -2,8 +2,9 @@
 
 Types: ``jsonl`` (.jsonl, .jsonl.gz, .jsonl.zst), ``text`` (one document per file or per blank-line
 block), ``parquet``, ``auto`` (each file read by the format its name says: :func:`infer_format`),
-``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets`` extra and the hub). Paths may be local files, directories, globs, or ``pkg://<file>`` for the
-corpora shipped in ``cramlm/resources/``. The text is chosen by a dotted key path (``meta.body``).
+``hf`` (Hugging Face datasets, streaming by default; needs the ``hf-datasets`` extra and the hub). Paths may be local files, directories, globs, ``pkg://<file>`` for the
+corpora shipped in ``cramlm/resources/``, or files inside an installed package: ``python://<package>==<version>/<glob>``,
+``npm://<package>@<version>/<glob>`` (:func:`cramlm.io.installed_package_path`). The text is chosen by a dotted key path (``meta.body``).
 
 Every raw record goes through :meth:`SkipReport.claim`, which numbers it (the global record index
 that shards and merges order by), applies the ``max_entries_in_raw_dataset`` cap and tells a shard
@@ -27,7 +28,7 @@ from pydantic import Field
 
 from cramlm.config.base import ComponentConfig, NonNegativeFloat
 from cramlm.config.registry import register
-from cramlm.io import PKG_SCHEME, package_path
+from cramlm.io import PKG_SCHEME, MissingPackage, installed_package_path, package_path
 
 
 class DataError(ValueError):
@@ -92,8 +93,10 @@ class SourceConfig(ComponentConfig):
     kind: ClassVar[str] = "source"
     type: str = Field(description="the source's format: jsonl, text, parquet, auto (each file by its suffix), hf "
                       "(a Hugging Face dataset), or a plugin's registered name")
-    path: str = Field(description="a file, a folder (read recursively), a glob (`corpus/*.jsonl.gz`) or pkg://<name> for "
-                      "a file shipped with cramlm; for hf sources the dataset's hub name")
+    path: str = Field(description="a file, a folder (read recursively), a glob (`corpus/*.jsonl.gz`), pkg://<name> for "
+                      "a file shipped with cramlm, python://<package>==<version>/<glob> or npm://<package>@<version>/<glob> "
+                      "for files inside an installed package (npm: under $CRAMLM_NPM_PREFIX, default <user cache>/npm); "
+                      "for hf sources the dataset's hub name")
     on_error: Literal["raise", "skip"] = Field(
         "raise", description="a record with invalid JSON or UTF-8, or without the text field: raise stops with an error "
         "naming file:line; skip counts it in the manifest under its reason and goes on")
@@ -110,7 +113,10 @@ def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:
         if not path.exists():
             raise DataError(f"{pattern}: no such packaged resource")
         return [path]
-    path = Path(pattern).expanduser()
+    try:
+        path = installed_package_path(pattern)
+    except MissingPackage as e:
+        raise DataError(str(e)) from None
     if path.is_dir():
         found = [p for p in path.rglob("*") if not p.name.startswith(".")]
     elif any(ch in pattern for ch in "*?["):

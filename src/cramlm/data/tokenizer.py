@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -26,6 +25,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from pydantic import Field
 
 from cramlm.config.base import Config, NonNegativeInt, PositiveInt
+from cramlm.io import PYTHON_SCHEME, installed_package_path
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -257,16 +257,9 @@ def _from_folder(folder: Path) -> Tokenizer:
 
 
 def resolve_path(path: str | Path) -> Path:
-    """``python://<package>/<path>``: a file or folder inside an installed Python package."""
-    text = str(path)
-    if not text.startswith("python://"):
-        return Path(path)
-    package, _, inner = text[len("python://") :].partition("/")
-    try:
-        root = resources.files(package)
-    except ModuleNotFoundError:
-        raise FileNotFoundError(f"{text}: the Python package '{package}' is not installed") from None
-    return Path(str(root / inner))
+    """``python://<package>/<path>``: a file or folder inside an installed Python package
+    (:func:`cramlm.io.installed_package_path`; a FileNotFoundError naming the package when it is not)."""
+    return installed_package_path(str(path)) if str(path).startswith(PYTHON_SCHEME) else Path(path)
 
 
 def load_tokenizer(path: str | Path, strict: bool = True) -> Tokenizer:
