@@ -130,14 +130,18 @@ class _BlindFirstToken(torch.nn.Module):
         return torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, 1:]], dim=1)
 
 
-@pytest.mark.parametrize("pooling, learns", [("mean", True), ("first", False)])
-def test_pooling_setting_reaches_the_classifier(pooling, learns):
+def _two_colour_task() -> tuple[Task, Checkpoint]:
+    """A two-class task its colour word decides (128 train, 32 dev) and a tiny checkpoint for it."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 2, 160)
     texts = [f"{WORDS[y]} {s} {WORDS[y]}" for s, y in zip(_sentences(rng, 160), labels)]
     examples = [Example(t, None, int(y)) for t, y in zip(texts, labels)]
-    task = Task("colors", WORDS[:2], ["accuracy"], examples[:128], {"dev": examples[128:]})
-    ckpt = _tiny_checkpoint(texts)
+    return Task("colors", WORDS[:2], ["accuracy"], examples[:128], {"dev": examples[128:]}), _tiny_checkpoint(texts)
+
+
+@pytest.mark.parametrize("pooling, learns", [("mean", True), ("first", False)])
+def test_pooling_setting_reaches_the_classifier(pooling, learns):
+    task, ckpt = _two_colour_task()
     ckpt.encoder = _BlindFirstToken(ckpt.encoder)
     cfg = EvalConfig(**{**HP.model_dump(), "pooling": pooling})
     accuracy = finetune(ckpt, task, cfg.for_task("colors"), 0, IMPL, torch.device("cpu"))["epochs"][-1]["dev"]["accuracy"]
@@ -161,12 +165,7 @@ class _Spy(torch.nn.Module):
 
 @pytest.mark.parametrize("freeze", [True, False])
 def test_freeze_encoder_trains_the_head_on_the_pretrained_states(freeze):
-    rng = np.random.default_rng(0)
-    labels = rng.integers(0, 2, 160)
-    texts = [f"{WORDS[y]} {s} {WORDS[y]}" for s, y in zip(_sentences(rng, 160), labels)]
-    examples = [Example(t, None, int(y)) for t, y in zip(texts, labels)]
-    task = Task("colors", WORDS[:2], ["accuracy"], examples[:128], {"dev": examples[128:]})
-    ckpt = _tiny_checkpoint(texts)
+    task, ckpt = _two_colour_task()
     ckpt.encoder = _Spy(ckpt.encoder)
     _Spy.calls.clear()
     hp = HP.model_copy(update={"freeze_encoder": freeze, "pooling": "mean", "dropout": 0.1})
