@@ -18,6 +18,8 @@ shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and th
     python benchmarks/bridge.py own --line rtd --seed 0 --k 1  # the recipe's own schedule at 1x
     python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
     python benchmarks/bridge.py summarize                    # table (JSON + markdown) of what has finished
+    python benchmarks/bridge.py summarize --merge benchmarks/results/bridge/points.json \\
+        --json benchmarks/results/bridge/points.json           # ... with the committed rows kept beside
 
 Runs live in ``--out`` (default outputs/bridge); every command is idempotent: a finished run is
 skipped, an interrupted one continues from its newest checkpoint (``--resume auto``: a FLOP-budgeted
@@ -128,10 +130,13 @@ def done(out: Path, run_name: str) -> bool:
     return (out / run_name / "summary.json").is_file()
 
 
-def summarize(out: Path) -> dict:
+def summarize(out: Path, merge: Path | None = None) -> dict:
     """Each finished point: held-out loss (eval.json's, else the run's last validation), each task's
-    median and seeds; each line's twin."""
+    median and seeds; each line's twin. Every row names its code (``--out``'s COMMIT file, first word).
+    ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
+    made by other code (a row of the same name and code from the folders replaces its copy)."""
     result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
+    code = (out / "COMMIT").read_text().split()[0] if (out / "COMMIT").is_file() else None
 
     def scores(path: Path) -> dict | None:
         if not path.is_file():
@@ -150,9 +155,18 @@ def summarize(out: Path) -> dict:
         point = {k: s.get(k) for k in ("steps", "tokens", "flops", "val_loss", "objective", "train_seconds")}
         point["multiple"] = round(s["flops"] / HOUR, 3)
         point["eval"] = scores(folder / "eval.json")
+        point["code"] = code
         result["points"][folder.name] = point
         if (twin := scores(folder / "eval-untrained.json")) is not None:
-            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = twin
+            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = {**twin, "code": code}
+    for kind, rows in (json.loads(merge.read_text()) if merge else {}).items():
+        if kind not in ("points", "twins"):
+            continue
+        for key, row in rows.items():
+            row_code = row.get("code") or "earlier"
+            if "@" not in key and (result[kind].get(key) or {}).get("code") == row_code:
+                continue
+            result[kind].setdefault(key if "@" in key else f"{key}@{row_code}", {**row, "code": row_code})
     return result
 
 
@@ -201,6 +215,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--schedule", choices=["wsd", "own"], default="wsd", help="eval: which run of the point")
     ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
     ap.add_argument("--json", type=Path, help="summarize: also write the result here (and the table beside, .md)")
+    ap.add_argument("--merge", type=Path, help="summarize: an earlier summary (JSON) whose rows are kept beside")
     args = ap.parse_args(argv)
     out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
     out.mkdir(parents=True, exist_ok=True)
@@ -222,7 +237,7 @@ def main(argv: list[str]) -> None:
         if not (out / run_name / ("eval-untrained.json" if args.twin else "eval.json")).is_file():
             run(eval_cmd(out, run_name, data_dir, args.twin), log)
     elif args.what == "summarize":
-        result = summarize(out)
+        result = summarize(out, args.merge)
         text = table(result)
         print(json.dumps(result))
         print(text)

@@ -53,3 +53,21 @@ def test_summary_table_has_each_point_its_twin_and_zero_shot(tmp_path):
     text = bridge.table(result)
     assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector) |" in text
     assert "| untrained twin (rtd) | 0 | - | 90.0 | 70.0 | - |" in text
+
+
+def test_summary_keeps_an_earlier_summarys_rows_made_by_other_code_beside_and_replaces_its_own(tmp_path):
+    out = tmp_path / "bridge"
+    run = out / "wsd-rtd-s0-1x"
+    run.mkdir(parents=True)
+    (out / "COMMIT").write_text("70188c8 (git archive), fp32\n")
+    (run / "summary.json").write_text(json.dumps({"steps": 10, "tokens": 1, "flops": bridge.HOUR, "val_loss": 4.2}))
+    earlier = {"points": {"wsd-rtd-s0-1x": {"multiple": 1, "val_loss": 5.0, "eval": None, "code": "e58c713-bf16"},
+                          "wsd-rtd-s0-2x": {"multiple": 2, "val_loss": 4.9, "eval": None}},
+               "twins": {}}
+    (tmp_path / "points.json").write_text(json.dumps(earlier))
+    result = bridge.summarize(out, tmp_path / "points.json")
+    assert result["points"]["wsd-rtd-s0-1x"]["code"] == "70188c8"
+    assert set(result["points"]) == {"wsd-rtd-s0-1x", "wsd-rtd-s0-1x@e58c713-bf16", "wsd-rtd-s0-2x@earlier"}
+    (tmp_path / "points.json").write_text(json.dumps(result))
+    assert bridge.summarize(out, tmp_path / "points.json") == result  # merging its own summary changes nothing
+    assert "| wsd-rtd-s0-1x@e58c713-bf16 | 1 | 5.000 |" in bridge.table(result)
