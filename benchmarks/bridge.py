@@ -8,7 +8,8 @@ changes: it is bit for bit the WSD run trained at that budget from the start
 (tests/train/test_branch.py). Each recipe's own budgeted schedule (``own``; cpu-1h's: cramming's
 budget-triangle2) at 1x is the check that WSD costs nothing. The objective lines (issue 38: MLM at
 15/25/40% masking, GPT-2's causal LM, GPT-BERT's hybrid; cpu-1h is ``rtd``) have no long run: each is
-trained with its own schedule at 1x and 4x, two seeds, and evaluated as the points are. Every point is fine-tuned on the five shared tasks (median of 3
+trained with its own schedule at 1x and 4x, two seeds, and evaluated as the points are (``prose``:
+cpu-1h on the ``english-prose`` corpus, the single-sentence study's domain control, at 1x). Every point is fine-tuned on the five shared tasks (median of 3
 seeds), beside each line's untrained twin, and scored zero-shot on the first 300 pairs of each of the 36
 shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and their generator).
 
@@ -52,6 +53,8 @@ LINES = {
     "mlm40": ["cpu-1h-mlm", "train.mlm_probability=0.4"],
     "gpt2": ["gpt2-cpu-1h"],
     "hybrid": ["cpu-1h-hybrid"],
+    # the domain control of benchmarks/single_sentence.py: cpu-1h on English prose, no software docs
+    "prose": ["cpu-1h", "data=english-prose"],
 }
 LONG = ("rtd", "adamw")  # the lines with a long run and branches
 
@@ -132,7 +135,8 @@ def done(out: Path, run_name: str) -> bool:
 
 def summarize(out: Path, merge: Path | None = None) -> dict:
     """Each finished point: held-out loss (eval.json's, else the run's last validation), each task's
-    median and seeds; each line's twin. Every row names its code (``--out``'s COMMIT file, first word).
+    median and seeds; each line's twin. Every row names its code: the first word of ``--out``'s
+    ``COMMIT.<run>`` file where a run was made by other code than the rest, else of its ``COMMIT``.
     ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
     made by other code (a row of the same name and code from the folders replaces its copy)."""
     result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
@@ -155,10 +159,11 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
         point = {k: s.get(k) for k in ("steps", "tokens", "flops", "val_loss", "objective", "train_seconds")}
         point["multiple"] = round(s["flops"] / HOUR, 3)
         point["eval"] = scores(folder / "eval.json")
-        point["code"] = code
+        own = out / f"COMMIT.{folder.name}"
+        point["code"] = own.read_text().split()[0] if own.is_file() else code
         result["points"][folder.name] = point
         if (twin := scores(folder / "eval-untrained.json")) is not None:
-            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = {**twin, "code": code}
+            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = {**twin, "code": point["code"]}
     for kind, rows in (json.loads(merge.read_text()) if merge else {}).items():
         if kind not in ("points", "twins"):
             continue
@@ -199,7 +204,7 @@ def plan(out: Path, data_dir: str) -> list[str]:
                 cmds.append(shlex.join(long_cmd(out, line, seed)) + ("" if seed == 0 else "   # seed 1: stopped past 1.6x"))
                 for k in KS[:-1] if seed == 0 else (1, 2):
                     cmds.append(f"python benchmarks/bridge.py branch --line {line} --seed {seed} --k {k}")
-            for k in (1,) if line == "adamw" else (1, 4):
+            for k in (1,) if line in ("adamw", "prose") else (1, 4):
                 cmds.append(f"python benchmarks/bridge.py own --line {line} --seed {seed} --k {k}")
     cmds.append("python benchmarks/bridge.py eval ...   # each point; --twin once per line")
     return cmds

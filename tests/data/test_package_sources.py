@@ -117,6 +117,14 @@ def test_preset_names_pinned_package_files():
     assert PRESET.name == "public-domain-books" and all(s.split == "blank-line" for s in PRESET.sources)
 
 
+def test_english_prose_is_the_shared_corpus_prose_and_these_books():
+    prose = DataConfig(**load_preset("data", "english-prose"))
+    shared = [Path(s.path).name for s in prose.sources if s.type == "jsonl"]
+    assert shared == ["sotu.jsonl.gz", "moby_dick.jsonl.gz"]  # no software documentation
+    assert [s for s in prose.sources if s.type != "jsonl"] == PRESET.sources
+    assert (prose.tokenizer, prose.seq_length) == (PRESET.tokenizer, PRESET.seq_length)
+
+
 def test_preset_reads_the_documented_books(preset_packages):
     files = []
     for source in PRESET.sources:

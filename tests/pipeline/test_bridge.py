@@ -70,4 +70,9 @@ def test_summary_keeps_an_earlier_summarys_rows_made_by_other_code_beside_and_re
     assert set(result["points"]) == {"wsd-rtd-s0-1x", "wsd-rtd-s0-1x@e58c713-bf16", "wsd-rtd-s0-2x@earlier"}
     (tmp_path / "points.json").write_text(json.dumps(result))
     assert bridge.summarize(out, tmp_path / "points.json") == result  # merging its own summary changes nothing
+    other = out / "own-prose-s0-1x"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({"steps": 10, "tokens": 1, "flops": bridge.HOUR, "val_loss": 4.0}))
+    (out / "COMMIT.own-prose-s0-1x").write_text("abc1234\n")
+    assert bridge.summarize(out)["points"]["own-prose-s0-1x"]["code"] == "abc1234"
     assert "| wsd-rtd-s0-1x@e58c713-bf16 | 1 | 5.000 |" in bridge.table(result)
