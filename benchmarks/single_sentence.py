@@ -15,9 +15,10 @@ the pair task epistemic_nli as the control where pretraining does pay):
    used to choose.
 2. **The states.** The probe's dev score against the twin's: what pretraining put in the encoder's
    states, before fine-tuning can learn the task into the encoder (or wash it out).
-3. **Domain and tokenizer.** Per task: word tokens never seen in the pretraining corpus (share of
-   the task's training text), tokens per word (the run's tokenizer), beside the same for the
-   corpus's own held-back text.
+3. **Domain and tokenizer.** Per task: word tokens never seen in the pretraining corpus (the run's
+   own data sources; the shared corpus for a checkpoint that is not a cramlm run) as a share of the
+   task's training text, tokens per word (the run's tokenizer), beside the same for a sample of the
+   corpus's own documents (every 50th).
 
     python benchmarks/single_sentence.py --model rtd=outputs/bridge/own-rtd-s0-1x --twin \\
         --out benchmarks/results/single_sentence.json
@@ -73,17 +74,27 @@ def split_for_selection(task):
     return Task(task.name, task.labels, task.metrics, [train[i] for i in keep], {"select": [train[i] for i in select]})
 
 
-def corpus_words(data_dir: Path) -> tuple[set[str], list[str]]:
-    """The pretraining corpus's word types (lowercased letters), and a sample of its documents' text."""
+def corpus_words(ckpt, data_dir: Path) -> tuple[set[str], list[str], str]:
+    """The pretraining corpus's word types (lowercased letters), a sample of its documents' text and
+    what it is: the run's own data sources where the checkpoint is a cramlm run, else the shared corpus."""
+    from cramlm.config.registry import build
+    from cramlm.data.sources import SkipReport
+
+    config = getattr(ckpt.lm, "config", None) if ckpt.lm is not None else None
+    if config is not None:
+        texts, name = (t for s in config.data.sources for t in build("source", s, SkipReport())), config.data.name
+    else:
+        def shared():
+            for path in sorted((data_dir / "corpus").glob("*.jsonl.gz")):
+                with gzip.open(path, "rt", encoding="utf-8") as f:
+                    yield from (json.loads(line)["text"] for line in f)
+        texts, name = shared(), f"{data_dir}/corpus"
     words, sample_docs = set(), []
-    for path in sorted((data_dir / "corpus").glob("*.jsonl.gz")):
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                text = json.loads(line)["text"]
-                words.update(WORD.findall(text.lower()))
-                if i % 50 == 0:
-                    sample_docs.append(text[:4000])
-    return words, sample_docs
+    for i, text in enumerate(texts):
+        words.update(WORD.findall(text.lower()))
+        if i % 50 == 0:
+            sample_docs.append(text[:4000])
+    return words, sample_docs, name
 
 
 WORD = re.compile(r"[a-z]+")
@@ -146,10 +157,11 @@ def main(argv: list[str]) -> None:
         specs.append((label, path, False))
         if args.twin and (Path(path) / "config.yaml").is_file():
             specs.append((f"{label}-twin", path, True))
-    corpus, corpus_docs = corpus_words(args.data_dir)
     for label, path, untrained in specs:
         ckpt = load_checkpoint(path, ".", untrained=untrained)
+        corpus, corpus_docs, corpus_name = corpus_words(ckpt, args.data_dir)
         entry = models.setdefault(label, {"checkpoint": path, "untrained": untrained, "tasks": {}})
+        entry["corpus"] = corpus_name
         entry["corpus_text"] = text_stats(corpus_docs, ckpt.tokenizer, corpus)
         for task in tasks:
             t = entry["tasks"].setdefault(task.name, {"select": {}, "dev": {}})
