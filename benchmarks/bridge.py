@@ -18,7 +18,7 @@ shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and th
     python benchmarks/bridge.py branch --line rtd --seed 0 --k 1   # waits for its checkpoint, then the cooldown
     python benchmarks/bridge.py own --line rtd --seed 0 --k 1  # the recipe's own schedule at 1x
     python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
-    python benchmarks/bridge.py summarize                    # table (JSON + markdown) of what has finished
+    python benchmarks/bridge.py summarize                    # table (JSON + markdown + plot) of what has finished
     python benchmarks/bridge.py summarize --merge benchmarks/results/bridge/points.json \\
         --json benchmarks/results/bridge/points.json           # ... with the committed rows kept beside
 
@@ -196,6 +196,65 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def parse(key: str) -> dict:
+    """A point's key, ``{schedule}-{line}-s{seed}[-{k}x][@code]``, in parts."""
+    run_name, _, code = key.partition("@")
+    schedule, line, rest = run_name.split("-", 2)
+    return {"schedule": schedule, "line": line, "seed": int(rest.split("-")[0][1:]), "code": code or None}
+
+
+def plot(result: dict, path: Path) -> None:
+    """Downstream against compute: one panel per task and one for zero-shot (each point's headline
+    scorer), x the multiple of the hour's FLOPs (log 2), a line per (schedule, line, code) with each
+    seed a marker, and each line's untrained twin dashed in its colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = {k: p for k, p in result["points"].items() if p.get("eval")}
+    tasks = sorted({t for p in points.values() for t in p["eval"]["tasks"]}) + ["zero-shot"]
+
+    def score(ev: dict, task: str):
+        if task == "zero-shot":
+            acc = ev.get("zero_shot", {}).get(ev.get("zero_shot_headline"))
+            return None if acc is None else 100 * acc
+        return 100 * ev["tasks"][task]["median"] if task in ev["tasks"] else None
+
+    groups: dict[tuple, list] = {}
+    for key, p in points.items():
+        k = parse(key)
+        groups.setdefault((k["schedule"], k["line"], k["code"] or p.get("code")), []).append((p["multiple"], k["seed"], p["eval"]))
+    colors = dict(zip(sorted({g[1] for g in groups} | {t.partition("@")[0] for t in result["twins"]}),
+                      plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
+    cols = 3
+    fig, axes = plt.subplots((len(tasks) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.4 * ((len(tasks) + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        for (schedule, line, code), rows in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+            style = "o-" if schedule == "wsd" else "s:"
+            for seed in sorted({r[1] for r in rows}):
+                pts = sorted((m, score(ev, task)) for m, s_, ev in rows if s_ == seed and score(ev, task) is not None)
+                if pts:
+                    ax.plot(*zip(*pts), style, color=colors[line], alpha=1 if seed == 0 else 0.5,
+                            label=f"{line} ({schedule}, {code})" if seed == min(r[1] for r in rows) else None)
+        for twin_key, ev in result["twins"].items():
+            line, _, code = twin_key.partition("@")
+            if (y := score(ev, task)) is not None:
+                ax.axhline(y, color=colors[line], ls="--", lw=1, label=f"twin {line}" + (f" ({code})" if code else ""))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(KS, [f"{k}x" for k in KS])
+        ax.set_title(task)
+        ax.set_xlabel("x the hour's FLOPs (1.49e14)")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plan(out: Path, data_dir: str) -> list[str]:
     cmds = []
     for line in LINES:
@@ -219,7 +278,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--k", type=int, choices=KS, default=max(KS), help="the point, in multiples of the hour's FLOPs")
     ap.add_argument("--schedule", choices=["wsd", "own"], default="wsd", help="eval: which run of the point")
     ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
-    ap.add_argument("--json", type=Path, help="summarize: also write the result here (and the table beside, .md)")
+    ap.add_argument("--json", type=Path, help="summarize: also write the result here (the table beside, .md, and the plot, .png)")
     ap.add_argument("--merge", type=Path, help="summarize: an earlier summary (JSON) whose rows are kept beside")
     args = ap.parse_args(argv)
     out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
@@ -250,6 +309,8 @@ def main(argv: list[str]) -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=1) + "\n")
             args.json.with_suffix(".md").write_text(text + "\n")
+            if result["points"]:
+                plot(result, args.json.with_suffix(".png"))
 
 
 if __name__ == "__main__":

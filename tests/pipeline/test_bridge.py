@@ -76,3 +76,14 @@ def test_summary_keeps_an_earlier_summarys_rows_made_by_other_code_beside_and_re
     (out / "COMMIT.own-prose-s0-1x").write_text("abc1234\n")
     assert bridge.summarize(out)["points"]["own-prose-s0-1x"]["code"] == "abc1234"
     assert "| wsd-rtd-s0-1x@e58c713-bf16 | 1 | 5.000 |" in bridge.table(result)
+
+
+def test_the_plot_has_a_panel_per_task_and_zero_shot(tmp_path):
+    ev = {"tasks": {"spam": {"median": 0.9}}, "mean": 0.9, "zero_shot": {"detector": 0.52}, "zero_shot_headline": "detector"}
+    result = {"points": {"wsd-rtd-s0-1x": {"multiple": 1, "eval": ev, "code": "a"},
+                         "wsd-rtd-s0-2x@b": {"multiple": 2, "eval": ev, "code": "b"},
+                         "own-hybrid-s1-4x": {"multiple": 4, "eval": None}},
+              "twins": {"rtd": ev, "adamw@b": ev}}
+    assert bridge.parse("wsd-rtd-s0-2x@b") == {"schedule": "wsd", "line": "rtd", "seed": 0, "code": "b"}
+    bridge.plot(result, tmp_path / "points.png")
+    assert (tmp_path / "points.png").read_bytes()[:4] == b"\x89PNG"
