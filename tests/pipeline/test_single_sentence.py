@@ -37,3 +37,11 @@ def test_the_corpus_is_the_runs_own_sources_else_the_shared_corpus(tmp_path):
         f.write(json.dumps({"text": "Ships sail"}) + "\n")
     words, docs, name = ss.corpus_words(SimpleNamespace(lm=None), tmp_path)
     assert (words, docs, name) == ({"ships", "sail"}, ["Ships sail"], f"{tmp_path}/corpus")
+
+
+def test_the_bag_of_words_reference_learns_lexical_cues_and_chooses_c_on_the_select_split():
+    words = ["good", "fine", "great", "bad", "awful", "poor"]
+    train = [Example(f"the film was {words[i % 6]} and long {i}", None, int(i % 6 < 3)) for i in range(600)]
+    dev = [Example(f"a {words[i % 6]} day", None, int(i % 6 < 3)) for i in range(60)]
+    result = ss.bag_of_words(Task("t", ["0", "1"], ["accuracy"], train, {"dev": dev}))
+    assert result["C"] in (0.3, 1.0, 3.0, 10.0, 30.0) and result["select"] == 1.0 and result["dev"] == 1.0
