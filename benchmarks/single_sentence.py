@@ -19,8 +19,8 @@ the pair task epistemic_nli as the control where pretraining does pay):
    its C chosen on the same 20%), what lexical cues alone give on the capped split.
 4. **Domain and tokenizer.** Per task: word tokens never seen in the pretraining corpus (the run's
    own data sources; the shared corpus for a checkpoint that is not a cramlm run) as a share of the
-   task's training text, tokens per word (the run's tokenizer), beside the same for a sample of the
-   corpus's own documents (every 50th).
+   task's training text, tokens per word (the run's tokenizer), beside the same for the corpus's
+   every 50th document, left out of the word list for this (in-domain text the list has not seen).
 
     python benchmarks/single_sentence.py --model rtd=outputs/bridge/own-rtd-s0-1x --twin \\
         --out benchmarks/results/single_sentence.json
@@ -77,8 +77,9 @@ def split_for_selection(task):
 
 
 def corpus_words(ckpt, data_dir: Path) -> tuple[set[str], list[str], str]:
-    """The pretraining corpus's word types (lowercased letters), a sample of its documents' text and
-    what it is: the run's own data sources where the checkpoint is a cramlm run, else the shared corpus."""
+    """The pretraining corpus's word types (lowercased letters) without every 50th document, those
+    documents' text (an in-domain sample whose words are counted as a task's are) and what the
+    corpus is: the run's own data sources where the checkpoint is a cramlm run, else the shared corpus."""
     from cramlm.config.registry import build
     from cramlm.data.sources import SkipReport
 
@@ -93,9 +94,10 @@ def corpus_words(ckpt, data_dir: Path) -> tuple[set[str], list[str], str]:
         texts, name = shared(), f"{data_dir}/corpus"
     words, sample_docs = set(), []
     for i, text in enumerate(texts):
-        words.update(WORD.findall(text.lower()))
         if i % 50 == 0:
             sample_docs.append(text[:4000])
+        else:
+            words.update(WORD.findall(text.lower()))
     return words, sample_docs, name
 
 

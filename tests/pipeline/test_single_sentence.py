@@ -30,13 +30,13 @@ def test_the_corpus_is_the_runs_own_sources_else_the_shared_corpus(tmp_path):
     (tmp_path / "own.txt").write_text("Zebras graze.\n\nQuietly zebras sleep.\n")
     data = DataConfig(name="own", sources=[{"type": "text", "split": "blank-line", "path": str(tmp_path / "own.txt")}])
     run = SimpleNamespace(lm=SimpleNamespace(config=SimpleNamespace(data=data)))
-    words, docs, name = ss.corpus_words(run, tmp_path)
-    assert (words, docs, name) == ({"zebras", "graze", "quietly", "sleep"}, ["Zebras graze."], "own")
+    words, docs, name = ss.corpus_words(run, tmp_path)  # the first document is the sample, not in the words
+    assert (words, docs, name) == ({"zebras", "quietly", "sleep"}, ["Zebras graze."], "own")
     (tmp_path / "corpus").mkdir()
     with gzip.open(tmp_path / "corpus" / "a.jsonl.gz", "wt") as f:
-        f.write(json.dumps({"text": "Ships sail"}) + "\n")
+        f.write(json.dumps({"text": "Ships sail"}) + "\n" + json.dumps({"text": "Boats sail"}) + "\n")
     words, docs, name = ss.corpus_words(SimpleNamespace(lm=None), tmp_path)
-    assert (words, docs, name) == ({"ships", "sail"}, ["Ships sail"], f"{tmp_path}/corpus")
+    assert (words, docs, name) == ({"boats", "sail"}, ["Ships sail"], f"{tmp_path}/corpus")
 
 
 def test_the_bag_of_words_reference_learns_lexical_cues_and_chooses_c_on_the_select_split():
