@@ -140,7 +140,10 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
     ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
     made by other code (a row of the same name and code from the folders replaces its copy)."""
     result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
-    code = (out / "COMMIT").read_text().split()[0] if (out / "COMMIT").is_file() else None
+    def code_of(path: Path) -> str | None:
+        return path.read_text().split()[0] if path.is_file() else None
+
+    code = code_of(out / "COMMIT")
 
     def scores(path: Path) -> dict | None:
         if not path.is_file():
@@ -159,8 +162,7 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
         point = {k: s.get(k) for k in ("steps", "tokens", "flops", "val_loss", "objective", "train_seconds")}
         point["multiple"] = round(s["flops"] / HOUR, 3)
         point["eval"] = scores(folder / "eval.json")
-        own = out / f"COMMIT.{folder.name}"
-        point["code"] = own.read_text().split()[0] if own.is_file() else code
+        point["code"] = code_of(out / f"COMMIT.{folder.name}") or code
         result["points"][folder.name] = point
         if (twin := scores(folder / "eval-untrained.json")) is not None:
             result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = {**twin, "code": point["code"]}
@@ -234,7 +236,7 @@ def plot(result: dict, path: Path) -> None:
         for (schedule, line, code), rows in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
             style = "o-" if schedule == "wsd" else "s:"
             for seed in sorted({r[1] for r in rows}):
-                pts = sorted((m, score(ev, task)) for m, s_, ev in rows if s_ == seed and score(ev, task) is not None)
+                pts = sorted((m, y) for m, s_, ev in rows if s_ == seed and (y := score(ev, task)) is not None)
                 if pts:
                     ax.plot(*zip(*pts), style, color=colors[line], alpha=1 if seed == 0 else 0.5,
                             label=f"{line} ({schedule}, {code})" if seed == min(r[1] for r in rows) else None)
