@@ -31,3 +31,38 @@ def test_model_compiles_and_matches_eager(name):
     for n, p in model.named_parameters():
         if p.grad is not None:
             torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def _masked_batch(count: int, B: int = 2, T: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs with [MASK] = 4 at the first ``count`` positions, labels there): each count a new M."""
+    ids = random_ids(B, T, seed=count)
+    labels = torch.full_like(ids, -100)
+    labels.view(-1)[:count] = ids.view(-1)[:count]
+    inputs = ids.clone()
+    inputs.view(-1)[:count] = 4
+    return inputs, labels
+
+
+@pytest.mark.parametrize("objective", ["mlm", "rtd"])
+def test_a_new_number_of_masked_tokens_does_not_recompile(objective):
+    """The number of masked tokens (M, the rows of the sparse MLM head) changes every batch. A traced
+    graph that specialises on it recompiles each batch until torch's recompile_limit, as the first
+    GPU run showed (one optimizer step in two minutes): after one recompilation M must be symbolic."""
+    from torch._dynamo.testing import CompileCounter
+
+    from cramlm.models.objectives.config import RTDConfig
+    from cramlm.models.objectives.rtd import build_rtd
+
+    torch._dynamo.reset()
+    model = tiny_model("crammed-bert").train()
+    if objective == "rtd":
+        model = build_rtd(model, RTDConfig(generator_size=0.5), 5).train()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter)
+    frames = []
+    for count in (5, 9, 13, 17, 21, 26):
+        inputs, labels = _masked_batch(count)
+        extra = {"sample_noise": torch.rand(inputs.shape, generator=torch.Generator().manual_seed(count))} if objective == "rtd" else {}
+        compiled(inputs, labels=labels, **extra)["loss"].backward()
+        frames.append(counter.frame_count)
+    assert frames[2] == frames[-1], f"frames compiled after each batch: {frames}"

@@ -213,3 +213,22 @@ def test_resume_keeps_the_thread_count_the_checkpoint_was_written_with():
     assert resume_threads("auto", written, now=1, world=2, usable=2) is None  # written by another number of processes
     assert resume_threads(1, written, now=1, world=1, usable=2) is None  # a number in the config is kept
     assert resume_threads("auto", {}, now=2, world=1, usable=2) is None  # an older checkpoint without the count
+
+
+def test_bare_cuda_resolves_to_the_current_device_index(monkeypatch):
+    """impl.device=cuda (and auto on a GPU): torch.cuda.set_device rejects a device without an index
+    (torch 2.11: "Expected a torch.device with a specified index"), which stopped every run of the
+    first GPU check. The CUDA calls are faked here (no GPU in CI); tests/gpu runs the real ones."""
+    from cramlm.train.impl import setup_device
+
+    chosen = []
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # setup_device sets both
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(torch.device(d) if not isinstance(d, int) else d))
+    for name in ("cuda", "auto"):
+        device = setup_device(ImplConfig(device=name, threads=None))
+        assert device == torch.device("cuda", 1) and chosen[-1] == torch.device("cuda", 1)
+    assert setup_device(ImplConfig(device="cuda", threads=None), local_rank=0) == torch.device("cuda", 0)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

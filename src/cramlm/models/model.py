@@ -450,6 +450,11 @@ def linear_cross_entropy(
     model (hidden 128, vocab 32768) about a third of its head time; the matmuls are the same three
     (FLOPs unchanged). Under autocast the matmuls run in the autocast dtype and the softmax in fp32,
     as F.linear + logits.float() would."""
+    if torch.compiler.is_compiling():
+        # traced, the chunk loop below would specialise on M (the number of masked tokens, new each
+        # batch): one recompilation per count. Plain ops keep M symbolic, and inductor fuses them.
+        logits = soft_cap(F.linear(hidden, weight, bias).float(), softcap)  # (M, V)
+        return F.cross_entropy(logits, targets)
     V = weight.shape[0]
     rows = rows or max(16, min(1024, (1 << 22) // V))  # a chunk of logits is about 16 MB in fp32
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))

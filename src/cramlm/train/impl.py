@@ -105,6 +105,8 @@ def setup_device(impl: ImplConfig, local_rank: int | None = None) -> torch.devic
     device = torch.device(name)
     check_available(device, impl.device)
     if device.type == "cuda":
+        if device.index is None:  # torch.cuda.set_device needs an index: bare "cuda" is the current device
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = impl.tf32
         torch.backends.cudnn.allow_tf32 = impl.tf32
