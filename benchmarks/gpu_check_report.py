@@ -160,7 +160,8 @@ def table(res: Path) -> int:
             text = ", ".join(f"{k} GEMM {v / 1e12:.3g} TFLOP/s" for k, v in r["gemm_flops"].items())
         elif name.startswith("model_step") and r:
             text = "; ".join(f"{x['size']}: {x['speedup']:.2f}x HF (median {x['speedup_median']:.2f}x), MFU {_pct(x['mfu'].get('crammed-bert'))}"
-                             + (f", docs flex/dense {x['flex_vs_dense']:.2f}x" if "flex_vs_dense" in x else "") for x in r)
+                             + (f", docs flex/dense {x['flex_vs_dense']:.2f}x" if "flex_vs_dense" in x else "")
+                             + (f", loss chunks GPU/CPU {x['gpu_vs_cpu_chunks']:.2f}x" if "gpu_vs_cpu_chunks" in x else "") for x in r)
         elif name.startswith("train_step") and r:
             text = "; ".join(f"{x['size']} {x['engine']}: {x['tokens_per_second']:,.0f} tok/s, MFU {_pct(x['mfu_vs_gemm_peak'])}"
                              for x in r.get("rows", []) if "skipped" not in x)

@@ -10,7 +10,8 @@ The device defaults to CUDA when there is one (timed with synchronisation); `--p
 runs both under the same autocast (cramming trains in fp16 autocast). MFU is against the measured
 dense GEMM rate of the device in that precision (`--peak-flops` to give it instead).
 `--documents N` also times crammed-bert on the same batch cut into N documents per row, through
-FlexAttention's block mask and through the dense (B, 1, T, T) SDPA mask. Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
+FlexAttention's block mask and through the dense (B, 1, T, T) SDPA mask. On CUDA (eager), crammed-bert
+is also timed with its fused MLM loss in the small chunks sized for a CPU (`gpu_vs_cpu_chunks`). Steps of the two models are interleaved (ours, theirs, ours, ...) so that load from other
 processes hits both alike; tokens/s come from the best step of each (the least disturbed), the
 median is reported beside it. Both run without dropout
 (cramming pretrains without it); both get 25% of positions scored (cramming's masking rate), which
@@ -72,6 +73,25 @@ class DocumentAttention(torch.nn.Module):
         return self.model(**batch)
 
 
+class CpuChunks(torch.nn.Module):
+    """crammed-bert with the fused MLM loss in the chunks sized for a CPU's cache (models/model.py
+    CHUNK_FLOATS), on CUDA: what the GPU chunk size buys. The gradient is formed in the forward."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **batch):
+        from cramlm.models import model as layers
+
+        gpu = layers.CHUNK_FLOATS["cuda"]
+        layers.CHUNK_FLOATS["cuda"] = layers.CHUNK_FLOATS["cpu"]
+        try:
+            return self.model(**batch)
+        finally:
+            layers.CHUNK_FLOATS["cuda"] = gpu
+
+
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -99,6 +119,8 @@ def bench_size(size: str, args) -> dict:
     full = {k: v.to(device) for k, v in make_batch(args.batch, args.seq, args.mask_rate, documents=args.documents).items()}
     batch = {k: v for k, v in full.items() if k != "document_ids"}
     contenders = {"crammed-bert": (ours, batch), "hf-bert": (theirs, batch)}
+    if device.type == "cuda" and not args.compile and cfg.sparse_prediction:  # compiled, the loss takes plain ops
+        contenders["crammed-bert-cpu-chunks"] = (CpuChunks(ours), batch)
     if args.documents and device.type == "cuda":  # packed documents: FlexAttention's block mask against the dense mask
         contenders["crammed-bert-docs-flex"] = (DocumentAttention(ours, "flex"), full)
         contenders["crammed-bert-docs-dense"] = (DocumentAttention(ours, "dense"), full)
@@ -141,6 +163,8 @@ def bench_size(size: str, args) -> dict:
         "mfu": {k: round(tps[k] * flops[k] / args.peak_flops, 4) for k in tps},
         "step_seconds": {k: [round(t, 4) for t in v] for k, v in times.items()},
     }
+    if "crammed-bert-cpu-chunks" in tps:  # > 1: the GPU chunk size is faster
+        result["gpu_vs_cpu_chunks"] = round(tps["crammed-bert"] / tps["crammed-bert-cpu-chunks"], 3)
     if "crammed-bert-docs-flex" in tps:
         result["documents_per_row"] = args.documents
         result["flex_vs_dense"] = round(tps["crammed-bert-docs-flex"] / tps["crammed-bert-docs-dense"], 3)
@@ -191,6 +215,9 @@ def main() -> None:
         print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | "
               f"{r['speedup_median']:.2f}x | {r['flop_ratio']:.2f} | {100 * m['crammed-bert']:.1f}% / {100 * m['hf-bert']:.1f}% |")
     for r in results:
+        if "gpu_vs_cpu_chunks" in r:
+            print(f"{r['size']}: fused MLM loss in GPU-sized chunks {r['tokens_per_s']['crammed-bert']:.0f} tokens/s, in CPU-sized "
+                  f"chunks {r['tokens_per_s']['crammed-bert-cpu-chunks']:.0f} ({r['gpu_vs_cpu_chunks']:.2f}x)")
         if "flex_vs_dense" in r:
             t = r["tokens_per_s"]
             print(f"{r['size']}, {r['documents_per_row']} documents per row: FlexAttention {t['crammed-bert-docs-flex']:.0f} tokens/s, "
