@@ -456,9 +456,21 @@ def linear_cross_entropy(
         logits = soft_cap(F.linear(hidden, weight, bias).float(), softcap)  # (M, V)
         return F.cross_entropy(logits, targets)
     V = weight.shape[0]
-    rows = rows or max(16, min(1024, (1 << 22) // V))  # a chunk of logits is about 16 MB in fp32
+    rows = rows or chunk_rows(V, hidden.device.type)
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
     return _LinearCrossEntropy.apply(hidden, weight, bias, targets, rows, wants_grad, softcap)
+
+
+# logits per chunk of linear_cross_entropy: on a CPU about 16 MB in fp32, which stays in cache; on a
+# GPU about 1 GiB, so that a batch's masked tokens are one chunk (a 16 MB chunk is 128 rows of a
+# 32768 vocabulary: dozens of small kernels per chunk, launch-bound). benchmarks/model_step.py times both on CUDA.
+CHUNK_FLOATS = {"cpu": 1 << 22, "cuda": 1 << 28}
+
+
+def chunk_rows(vocab_size: int, device_type: str) -> int:
+    if device_type == "cuda":
+        return max(16, CHUNK_FLOATS["cuda"] // vocab_size)
+    return max(16, min(1024, CHUNK_FLOATS["cpu"] // vocab_size))
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
