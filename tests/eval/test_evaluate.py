@@ -67,10 +67,13 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert not [line for line in result.output.splitlines() if line.startswith("|")] and '"harmonic"' not in result.output
     assert re.search(r"^arithmetic mean +-?\d+\.\d\d +-?\d+\.\d\d$", result.output, re.M), result.output
 
-    base = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[{task}]", *QUICK)
+    base = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[{task}]", *QUICK, "eval.select.epochs=[1,2]")
     assert base.exit_code == 0, base.output
     untrained = json.loads((in_tmp / "outputs" / "tiny" / "eval-untrained.json").read_text())
     assert untrained["untrained"] and untrained["checkpoint"] == "tiny-untrained"
+    chosen = untrained["results"][0]["selected"]  # eval.select: chosen on 5 of the 24 training rows
+    assert [g["epochs"] for g in chosen["grid"]] == [1, 2] and (chosen["held_out"], chosen["trained_on"]) == (5, 19)
+    assert untrained["results"][0]["hparams"]["epochs"] == chosen["epochs"] and "whales: selected lr" in base.output
     assert untrained["heldout"]["loss"] != data["heldout"]["loss"]
 
 

@@ -225,3 +225,34 @@ def test_dev_and_train_samples_are_the_same_for_every_model_and_seed_and_not_the
     result = task_rows(task, [run], majority_scores(task, 10))
     result[0]["hparams"] = hp.model_dump()
     assert "colors train 20, colors dev 10 examples" in sample_note(result) and "fixed seed 0" in sample_note(result)
+
+
+def test_select_chooses_on_held_out_training_examples_never_on_dev(tmp_path, monkeypatch):
+    """eval.select: lr chosen per task on a share of the training split. Dev's labels are inverted
+    here, so a choice made on dev would take the lr that does not learn; the grid runs are kept in
+    the partial file and not redone."""
+    from types import SimpleNamespace
+
+    from cramlm.eval.evaluate import select_hparams
+    from cramlm.eval.partial import Partial
+
+    task, ckpt = _two_colour_task()
+    task.dev = {"dev": [Example(e.text_a, None, 1 - e.label) for e in task.dev["dev"]]}
+    ev = EvalConfig(**{**HP.model_dump(), "select": {"lr": [1e-6, 1e-2], "fraction": 0.25}})
+    cfg = SimpleNamespace(eval=ev, impl=IMPL)
+    partial = Partial(tmp_path / "eval.partial.json", {"checkpoint": "tiny"})
+    hp, record = select_hparams(cfg, ckpt, task, ev.for_task("colors"), torch.device("cpu"), None, partial, None)
+    assert hp.lr == 1e-2 and hp.epochs == HP.epochs and record["lr"] == 1e-2
+    assert (record["held_out"], record["trained_on"]) == (32, 96)
+    scores = {s["lr"]: s["score"] for s in record["grid"]}
+    assert scores[1e-2] > 0.9 and scores[1e-6] < 0.75
+    assert len(partial.data["tasks"]) == 2  # one entry per configuration
+    import cramlm.eval.finetune as ft
+
+    def never(*a, **k):
+        raise AssertionError("a finished grid run was trained again")
+
+    monkeypatch.setattr(ft, "finetune", never)
+    again, _ = select_hparams(cfg, ckpt, task, ev.for_task("colors"), torch.device("cpu"), None,
+                              Partial(tmp_path / "eval.partial.json", {"checkpoint": "tiny"}), None)
+    assert again.lr == 1e-2

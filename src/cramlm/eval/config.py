@@ -55,6 +55,25 @@ def _partial(cls: type[Config]) -> type[Config]:
 HparamsOverride = _partial(Hparams)
 
 
+class SelectConfig(Config):
+    """Hyperparameters chosen per task and model on a part of the training split, never on dev."""
+
+    lr: list[float] = Field(
+        [], description="learning rates to choose from (empty: the protocol's lr, not chosen)")
+    epochs: list[int] = Field(
+        [], description="epoch counts to choose from (empty: the protocol's epochs, not chosen)")
+    fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of the (capped) training split held out to choose on; each grid "
+        "configuration trains once (the first seed) on the rest, and the one scoring best on the held-out share "
+        "(the task's headline metric, last epoch; the first in grid order on a tie) is then trained on the whole "
+        "split with every seed and scored on dev")
+    seed: int = Field(1234, description="seed of the held-out share's draw (the same rows for every model)")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.lr or self.epochs)
+
+
 class EvalConfig(Hparams):
     """The ``eval`` group: tasks, the protocol (hyperparameters), seeds, per-task overrides."""
 
@@ -74,6 +93,9 @@ class EvalConfig(Hparams):
         "(data/heldout.py, definition heldout-v1: the same for every recipe, microbatch, precision and process count)")
     lm_data: str | None = Field(
         None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
+    select: SelectConfig = Field(
+        SelectConfig(), description="choose lr and epochs per task on a share of the training split (never dev): "
+        "e.g. select.lr=[3e-4,1e-3,3e-3] select.epochs=[3,10]; the choice is in eval.json's rows (selected)")
     minimal_pairs: PairsConfig = Field(
         PairsConfig(), description="zero-shot minimal pairs (BLiMP-style JSONL), scored by the pretrained heads without "
         "fine-tuning: accuracy per paradigm, per phenomenon, macro average (eval/pairs.py)")

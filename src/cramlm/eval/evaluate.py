@@ -190,6 +190,9 @@ def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=Non
 
     ev = cfg.eval
     hp = ev.for_task(task.name)
+    selected = None
+    if ev.select.active:
+        hp, selected = select_hparams(cfg, ckpt, task, hp, device, stop, partial, stopped)
     runs = []
     for seed in range(ev.seed, ev.seed + ev.seeds):
         if stopped:
@@ -206,9 +209,57 @@ def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=Non
     rows = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
     for r in rows:
         r["hparams"] = hp.model_dump(mode="json")
+        if selected:
+            r["selected"] = selected
         r["skipped_rows"] = task.skipped
         print(f"{r['task']}: {r['metric']} last {100 * r['score']:.2f}, best {100 * r['best']:.2f} ({r['seconds']}s)")
     return rows
+
+
+def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, stopped) -> tuple:
+    """``eval.select``: (the task's hyperparameters with the chosen lr and epochs, the record of the
+    choice). The capped training split is cut once into a held-out share and the rest; each grid
+    configuration fine-tunes on the rest with the first seed and is scored on the share."""
+    import itertools
+
+    import numpy as np
+
+    from cramlm.eval.finetune import Abandoned, finetune
+    from cramlm.eval.partial import stop_exit
+    from cramlm.eval.tasks import Task, sample
+
+    ev, sel = cfg.eval, cfg.eval.select
+    train = sample(task.train, hp.max_train_examples)
+    order = np.random.default_rng(sel.seed).permutation(len(train))
+    n_held = round(sel.fraction * len(train))
+    if n_held < 1 or n_held >= len(train):
+        raise ValueError(f"eval.select.fraction={sel.fraction}: {task.name} has {len(train)} training examples, "
+                         "too few to hold a share out and train on the rest")
+    held, rest = sorted(order[:n_held]), sorted(order[n_held:])
+    rest_examples, held_examples = [train[i] for i in rest], [train[i] for i in held]
+    scores = []
+    for lr, epochs in itertools.product(sel.lr or [hp.lr], sel.epochs or [hp.epochs]):
+        trial = hp.model_copy(update={"lr": lr, "epochs": epochs, "max_train_examples": None, "max_dev_examples": None})
+        # each configuration its own task name: its own entry in the partial file
+        split = Task(f"{task.name} [select lr={lr:g} epochs={epochs}]", task.labels, task.metrics, rest_examples,
+                     {"select": held_examples})
+        if stopped:
+            stopped(f"before {split.name}")
+        done = partial.run(split, trial, ev.seed) if partial else None
+        if done is None:
+            try:
+                done = finetune(ckpt, split, trial, ev.seed, cfg.impl, device, stop=stop)
+            except Abandoned as e:
+                stop_exit(stop.signal, str(e), partial, len(ev.tasks) * ev.seeds)
+            if partial:
+                partial.add_run(split, trial, ev.seed, done)
+        scores.append({"lr": lr, "epochs": epochs, "score": done["epochs"][-1]["select"][task.metric]})
+    best = max(scores, key=lambda s: s["score"])  # the first of equals
+    print(f"{task.name}: selected lr {best['lr']:g}, {best['epochs']} epochs ({task.metric} {100 * best['score']:.2f} on "
+          f"{n_held} held-out training examples; " + ", ".join(f"{s['lr']:g}/{s['epochs']}: {100 * s['score']:.2f}" for s in scores) + ")")
+    chosen = hp.model_copy(update={"lr": best["lr"], "epochs": best["epochs"]})
+    return chosen, {"lr": best["lr"], "epochs": best["epochs"], "metric": task.metric, "held_out": n_held,
+                    "trained_on": len(rest), "grid": scores}
 
 
 def source_of(ckpt) -> str | None:
