@@ -184,8 +184,6 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
 def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=None, stopped=None) -> list[dict]:
     """Fine-tune ``ckpt`` on ``task`` with ``eval.seeds`` seeds (those ``partial`` holds already are
     not redone): its result rows (median over seeds, one per dev split), printed as they come."""
-    from cramlm.eval.finetune import Abandoned, finetune
-    from cramlm.eval.partial import stop_exit
     from cramlm.eval.tables import majority_scores, task_rows
 
     ev = cfg.eval
@@ -197,15 +195,7 @@ def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=Non
     for seed in range(ev.seed, ev.seed + ev.seeds):
         if stopped:
             stopped(f"before {task.name} seed {seed}")
-        done = partial.run(task, hp, seed) if partial else None
-        if done is None:
-            try:
-                done = finetune(ckpt, task, hp, seed, cfg.impl, device, stop=stop)
-            except Abandoned as e:
-                stop_exit(stop.signal, str(e), partial, len(ev.tasks) * ev.seeds)
-            if partial:
-                partial.add_run(task, hp, seed, done)
-        runs.append(done)
+        runs.append(finetune_once(cfg, ckpt, task, hp, seed, device, stop, partial))
     rows = task_rows(task, runs, majority_scores(task, hp.max_dev_examples))
     for r in rows:
         r["hparams"] = hp.model_dump(mode="json")
@@ -216,6 +206,22 @@ def finetune_task(cfg: EvalRunConfig, ckpt, task, device, stop=None, partial=Non
     return rows
 
 
+def finetune_once(cfg: EvalRunConfig, ckpt, task, hp, seed: int, device, stop, partial) -> dict:
+    """One fine-tuning's result: from ``partial`` when it finished before, else trained and added there."""
+    from cramlm.eval.finetune import Abandoned, finetune
+    from cramlm.eval.partial import stop_exit
+
+    done = partial.run(task, hp, seed) if partial else None
+    if done is None:
+        try:
+            done = finetune(ckpt, task, hp, seed, cfg.impl, device, stop=stop)
+        except Abandoned as e:
+            stop_exit(stop.signal, str(e), partial, len(cfg.eval.tasks) * cfg.eval.seeds)
+        if partial:
+            partial.add_run(task, hp, seed, done)
+    return done
+
+
 def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, stopped) -> tuple:
     """``eval.select``: (the task's hyperparameters with the chosen lr and epochs, the record of the
     choice). The capped training split is cut once into a held-out share and the rest; each grid
@@ -224,8 +230,6 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
 
     import numpy as np
 
-    from cramlm.eval.finetune import Abandoned, finetune
-    from cramlm.eval.partial import stop_exit
     from cramlm.eval.tasks import Task, sample
 
     ev, sel = cfg.eval, cfg.eval.select
@@ -245,14 +249,7 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
                      {"select": held_examples})
         if stopped:
             stopped(f"before {split.name}")
-        done = partial.run(split, trial, ev.seed) if partial else None
-        if done is None:
-            try:
-                done = finetune(ckpt, split, trial, ev.seed, cfg.impl, device, stop=stop)
-            except Abandoned as e:
-                stop_exit(stop.signal, str(e), partial, len(ev.tasks) * ev.seeds)
-            if partial:
-                partial.add_run(split, trial, ev.seed, done)
+        done = finetune_once(cfg, ckpt, split, trial, ev.seed, device, stop, partial)
         scores.append({"lr": lr, "epochs": epochs, "score": done["epochs"][-1]["select"][task.metric]})
     best = max(scores, key=lambda s: s["score"])  # the first of equals
     print(f"{task.name}: selected lr {best['lr']:g}, {best['epochs']} epochs ({task.metric} {100 * best['score']:.2f} on "
