@@ -184,3 +184,31 @@ def test_dangling_symlink_and_truncated_gz_are_skipped_sources(tmp_path):
     prepared = prepare_data(tiny_data([{"type": "auto", "path": str(folder), "on_error": "skip"}],
                                       tokenizer={"path": str(tmp_path / "tok.json")}), tmp_path / "cache", progress=False)
     assert [Path(s["path"]).name for s in prepared.manifest["skipped_sources"]] == ["cut.jsonl.gz", "gone.jsonl"]
+
+
+def test_train_subset_thins_training_documents_only(tmp_path):
+    """data.train_subset (the repetition study: the same FLOPs on less text): a hash-chosen share of the
+    training documents, each skipped one counted; validation and the tokenizer as without it."""
+    a = write_jsonl(tmp_path / "a.jsonl", [{"text": document(i)} for i in range(200)])
+    whole = prepare_data(tiny_data([{"type": "jsonl", "path": str(a)}], validation_fraction=0.2), tmp_path / "cache", progress=False)
+    half = prepare_data(tiny_data([{"type": "jsonl", "path": str(a)}], validation_fraction=0.2, train_subset=0.5),
+                        tmp_path / "cache", progress=False)
+    w, h = whole.manifest, half.manifest
+    dropped = h["skipped"]["train_subset"]
+    assert 0.35 < dropped / w["train"]["documents"] < 0.65 and h["train"]["documents"] == w["train"]["documents"] - dropped
+    assert h["documents"]["read"] == h["documents"]["packed"] + h["documents"]["skipped"]  # nothing lost
+    assert half.identity()["val.cramtok"] == whole.identity()["val.cramtok"]  # the same held-out set
+    assert half.identity()["tokenizer"] == whole.identity()["tokenizer"]
+    again = prepare_data(tiny_data([{"type": "jsonl", "path": str(a)}], validation_fraction=0.2, train_subset=0.5),
+                         tmp_path / "cache2", progress=False)
+    assert again.identity() == half.identity()  # the same documents: a hash draw, not a random one
+    # the whole split keeps the cache key that data prepared before the field existed had
+    import hashlib
+    import json
+
+    from cramlm.data.prepare import PIPELINE_VERSION
+
+    cfg = tiny_data([{"type": "jsonl", "path": str(a)}])
+    before = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "train_subset"}
+    old_key = hashlib.sha256(json.dumps([PIPELINE_VERSION, before], sort_keys=True).encode()).hexdigest()[:12]
+    assert cfg.cache_key() == old_key != cfg.model_copy(update={"train_subset": 0.5}).cache_key()

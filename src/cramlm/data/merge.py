@@ -19,6 +19,9 @@ from cramlm.data.cramtok import PackedFormatError, PackedTokens, PackedWriter, r
 from cramlm.data.permute import Permutation, uniform
 
 
+SUBSET_SALT = np.uint64(0x5EED5B5E7)  # data.train_subset's draw, apart from the mixture weights'
+
+
 def mixture_copies(numbers: np.ndarray, weights: np.ndarray, seed: int) -> np.ndarray:
     """How many times each document is packed: floor(w), plus one with probability frac(w)."""
     u = uniform(numbers.astype(np.uint64) ^ np.uint64(seed))
@@ -98,6 +101,8 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
         near = np.zeros(len(docs), bool)
         near[kept] = near_duplicates(sigs[kept], cfg.dedup)
         drop(near, "near_duplicate")
+    if split == "train" and cfg.train_subset < 1:  # its own draw: independent of the mixture weights' below
+        drop(uniform(docs["number"].astype(np.uint64) ^ np.uint64(cfg.seed) ^ SUBSET_SALT) >= cfg.train_subset, "train_subset")
     weights = np.array([s.weight for s in cfg.sources], np.float64)[docs["source"]]
     copies = np.where(keep, mixture_copies(docs["number"], weights, cfg.seed), 0)
     drop(keep & (copies == 0), "subsampled")
