@@ -9,7 +9,8 @@ changes: it is bit for bit the WSD run trained at that budget from the start
 budget-triangle2) at 1x is the check that WSD costs nothing. The objective lines (issue 38: MLM at
 15/25/40% masking, GPT-2's causal LM, GPT-BERT's hybrid; cpu-1h is ``rtd``) have no long run: each is
 trained with its own schedule at 1x and 4x, two seeds, and evaluated as the points are (``prose``:
-cpu-1h on the ``english-prose`` corpus, the single-sentence study's domain control, at 1x). Every point is fine-tuned on the five shared tasks (median of 3
+cpu-1h on the ``english-prose`` corpus, the single-sentence study's domain control, at 1x; ``half``: cpu-1h on
+half the training documents, what repetition costs). Every point is fine-tuned on the five shared tasks (median of 3
 seeds), beside each line's untrained twin, and scored zero-shot on the first 300 pairs of each of the 36
 shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and their generator).
 
@@ -55,6 +56,10 @@ LINES = {
     "hybrid": ["cpu-1h-hybrid"],
     # the domain control of benchmarks/single_sentence.py: cpu-1h on English prose, no software docs
     "prose": ["cpu-1h", "data=english-prose"],
+    # what repetition costs: cpu-1h at the same FLOPs on a hash-chosen half of the training documents
+    # (validation and tokenizer unchanged), so 1x repeats the text ~3.8 times instead of ~1.9, and 4x
+    # ~15 times, as 8x on the whole corpus does; against own-rtd at the same k
+    "half": ["cpu-1h", "data.train_subset=0.5"],
 }
 LONG = ("rtd", "adamw")  # the lines with a long run and branches
 
