@@ -92,6 +92,17 @@ class CpuChunks(torch.nn.Module):
             layers.CHUNK_FLOATS["cuda"] = gpu
 
 
+def count_ops(model, batch, device: torch.device, dtype) -> int:
+    """The aten ops one training step issues (forward and backward), counted at the top level (an op
+    called from inside another aten op is part of it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(model, batch, device, dtype)
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+
+
 def step(model, batch, device: torch.device, dtype: torch.dtype | None) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -168,6 +179,8 @@ def bench_size(size: str, args) -> dict:
     if "crammed-bert-docs-flex" in tps:
         result["documents_per_row"] = args.documents
         result["flex_vs_dense"] = round(tps["crammed-bert-docs-flex"] / tps["crammed-bert-docs-dense"], 3)
+    if args.count_ops:  # each top-level aten op is about one kernel launch on a GPU: what an eager step pays per launch
+        result["ops_per_step"] = {name: count_ops(m, b, device, dtype) for name, (m, b) in contenders.items()}
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -195,6 +208,8 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=0, help="also time packed rows of this many documents (flex vs dense mask)")
     parser.add_argument("--peak-flops", type=float, help="the device's peak FLOP/s for MFU (default: measured GEMM rate)")
     parser.add_argument("--profile", action="store_true", help="print a torch.profiler table per model")
+    parser.add_argument("--count-ops", action="store_true", help="also count the aten ops of one step per contender "
+                        "(about one kernel launch each on a GPU: ops_per_step)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     if args.peak_flops is None:
@@ -215,6 +230,8 @@ def main() -> None:
         print(f"| {r['size']} | {r['hidden']} x {r['layers']} | {t['crammed-bert']:.0f} | {t['hf-bert']:.0f} | {r['speedup']:.2f}x | "
               f"{r['speedup_median']:.2f}x | {r['flop_ratio']:.2f} | {100 * m['crammed-bert']:.1f}% / {100 * m['hf-bert']:.1f}% |")
     for r in results:
+        if "ops_per_step" in r:
+            print(f"{r['size']}: aten ops per step " + ", ".join(f"{k} {v}" for k, v in r["ops_per_step"].items()))
         if "gpu_vs_cpu_chunks" in r:
             print(f"{r['size']}: fused MLM loss in GPU-sized chunks {r['tokens_per_s']['crammed-bert']:.0f} tokens/s, in CPU-sized "
                   f"chunks {r['tokens_per_s']['crammed-bert-cpu-chunks']:.0f} ({r['gpu_vs_cpu_chunks']:.2f}x)")
