@@ -60,6 +60,9 @@ def test_every_query_sees_a_key():
 def test_when_the_block_mask_is_used():
     docs = torch.zeros(2, 8, dtype=torch.long)
     assert not modeling.use_block_mask(docs, 16, 0.0)  # auto: on CUDA only (here: the dense mask)
+    # auto on CUDA: only past one block, where the block mask can skip the blocks between documents
+    assert [modeling.flex_pays("cuda", T) for T in (64, 128, 129, 512)] == [False, False, True, True]
+    assert not modeling.flex_pays("cpu", 512)
     assert modeling.use_block_mask(docs, 16, 0.0, "flex") and modeling.use_block_mask(docs, 64, 0.0, "flex")
     assert not modeling.use_block_mask(None, 16, 0.0, "flex")
     assert not modeling.use_block_mask(docs, 8, 0.0, "flex") and not modeling.use_block_mask(docs, 24, 0.0, "flex")  # torch 2.5's head dims

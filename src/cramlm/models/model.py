@@ -43,9 +43,9 @@ class Trunk(nn.Module):
         self.cfg, self.causal = cfg, causal
         # How attention keeps packed documents apart (``document_ids``), set from outside
         # (impl.document_attention_kernel, train/parallelize.py). "auto": FlexAttention with a block mask on
-        # CUDA (a dense boolean mask forfeits SDPA's flash kernel; the block mask skips the blocks
-        # between documents), the dense SDPA mask elsewhere; "flex" / "dense" force one ("flex" on a
-        # CPU runs torch's unfused reference: for tests, not for speed).
+        # CUDA past one 128-token block (a dense boolean mask forfeits SDPA's flash kernel; the block mask
+        # skips the blocks between documents; see flex_pays), the dense SDPA mask elsewhere; "flex" /
+        # "dense" force one ("flex" on a CPU runs torch's unfused reference: for tests, not for speed).
         self.document_kernel = "auto"
         H = cfg.hidden_size
         self.tokens = nn.Embedding(vocab_size, H)
@@ -201,7 +201,18 @@ def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: fl
         return False
     if head_dim < 16 or head_dim & (head_dim - 1):
         return False
-    return kernel == "flex" or document_ids.device.type == "cuda"
+    return kernel == "flex" or flex_pays(document_ids.device.type, document_ids.shape[-1])
+
+
+FLEX_BLOCK = 128  # FlexAttention's default block (query and key tiles of a BlockMask)
+
+
+def flex_pays(device_type: str, T: int) -> bool:
+    """``auto``'s choice: FlexAttention on CUDA when the block mask can skip anything, i.e. the sequence
+    spans more than one block. At T = 128 the whole score matrix is one block, so flex saves nothing
+    and costs its mask: on an H200 (crammed-bert base, bf16, eager, 4 documents a row) it ran at 0.80x
+    the dense SDPA mask (benchmarks/results/gpu/README.md)."""
+    return device_type == "cuda" and T > FLEX_BLOCK
 
 
 def document_block_mask(

@@ -49,7 +49,8 @@ class ImplConfig(Config):
     )
     document_attention_kernel: Literal["auto", "flex", "dense"] = Field(
         "auto", description="how attention keeps packed documents apart (train.document_attention=true): auto = "
-        "FlexAttention's block mask on CUDA, the dense SDPA mask elsewhere; flex / dense force one (same results)")
+        "FlexAttention's block mask on CUDA for sequences longer than its 128-token block (shorter: nothing to skip), "
+        "the dense SDPA mask elsewhere; flex / dense force one (same results)")
     activation_checkpointing: bool = Field(
         False, description="recompute each block (every child of an nn.ModuleList) in backward"
     )
