@@ -228,19 +228,14 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
     configuration fine-tunes on the rest with the first seed and is scored on the share."""
     import itertools
 
-    import numpy as np
-
-    from cramlm.eval.tasks import Task, sample
+    from cramlm.eval.tasks import Task, hold_out, sample
 
     ev, sel = cfg.eval, cfg.eval.select
     train = sample(task.train, hp.max_train_examples)
-    order = np.random.default_rng(sel.seed).permutation(len(train))
-    n_held = round(sel.fraction * len(train))
-    if n_held < 1 or n_held >= len(train):
+    rest_examples, held_examples = hold_out(train, sel.fraction, sel.seed)
+    if not rest_examples or not held_examples:
         raise ValueError(f"eval.select.fraction={sel.fraction}: {task.name} has {len(train)} training examples, "
                          "too few to hold a share out and train on the rest")
-    held, rest = sorted(order[:n_held]), sorted(order[n_held:])
-    rest_examples, held_examples = [train[i] for i in rest], [train[i] for i in held]
     scores = []
     for lr, epochs in itertools.product(sel.lr or [hp.lr], sel.epochs or [hp.epochs]):
         trial = hp.model_copy(update={"lr": lr, "epochs": epochs, "max_train_examples": None, "max_dev_examples": None})
@@ -253,10 +248,10 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
         scores.append({"lr": lr, "epochs": epochs, "score": done["epochs"][-1]["select"][task.metric]})
     best = max(scores, key=lambda s: s["score"])  # the first of equals
     print(f"{task.name}: selected lr {best['lr']:g}, {best['epochs']} epochs ({task.metric} {100 * best['score']:.2f} on "
-          f"{n_held} held-out training examples; " + ", ".join(f"{s['lr']:g}/{s['epochs']}: {100 * s['score']:.2f}" for s in scores) + ")")
+          f"{len(held_examples)} held-out training examples; " + ", ".join(f"{s['lr']:g}/{s['epochs']}: {100 * s['score']:.2f}" for s in scores) + ")")
     chosen = hp.model_copy(update={"lr": best["lr"], "epochs": best["epochs"]})
-    return chosen, {"lr": best["lr"], "epochs": best["epochs"], "metric": task.metric, "held_out": n_held,
-                    "trained_on": len(rest), "grid": scores}
+    return chosen, {"lr": best["lr"], "epochs": best["epochs"], "metric": task.metric, "held_out": len(held_examples),
+                    "trained_on": len(rest_examples), "grid": scores}
 
 
 def source_of(ckpt) -> str | None:

@@ -78,6 +78,15 @@ class Task:
 SAMPLE_SEED = 0  # eval.max_train_examples / max_dev_examples: one sample for every model and seed
 
 
+def hold_out(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(the rest, a held-out share of ``fraction``): drawn with ``seed``, each kept in file order."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(examples))
+    n = round(fraction * len(examples))
+    return [examples[i] for i in sorted(order[n:])], [examples[i] for i in sorted(order[:n])]
+
+
 def sample(examples: list[Example], n: int | None) -> list[Example]:
     """At most ``n`` of ``examples``: a random sample drawn with the fixed SAMPLE_SEED (not
     ``eval.seed``), so every model and every fine-tuning seed sees the same rows, kept in file order
