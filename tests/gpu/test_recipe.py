@@ -1,6 +1,7 @@
-"""The GPU-day recipe (`gpu-24h`: Muon with split fused rows, QK-norm, zero-init, ELECTRA) trains
-compiled in bf16 on the device, as the A/B (benchmarks/gpu_ab.py) runs it, at tiny widths: a
-failure here shows in gpu_check's first step, before the A/B spends its minutes."""
+"""The GPU-day recipe (`gpu-24h`: Muon with split fused rows, QK-norm, zero-init, ELECTRA) trains in
+bf16 on the device as the A/B (benchmarks/gpu_ab.py) runs it, eager, at tiny widths: a failure here
+shows in gpu_check's first step, before the A/B spends its minutes. (Its compiled graphs are checked
+on a CPU: tests/train/test_compile_trainer.py and the model tests.)"""
 
 from __future__ import annotations
 
@@ -11,31 +12,20 @@ import torch
 from click.testing import CliRunner
 
 from cramlm.cli import main
-from cramlm.train import parallelize
 from tests.gpu.helpers import run_overrides
 from tests.train.helpers import TINY
 
 pytestmark = pytest.mark.cuda
 
 
-def test_the_gpu_day_recipe_trains_compiled_on_the_device(device, tmp_path, monkeypatch):
-    compiled = []
-    compile_model = parallelize.compile_model
-
-    def recording(model, impl):
-        out = compile_model(model, impl)
-        compiled.append(out is not model)
-        return out
-
-    monkeypatch.setattr(parallelize, "compile_model", recording)
+def test_the_gpu_day_recipe_trains_on_the_device(device, tmp_path):
     precision = "bf16" if device.type == "cuda" else "fp32"
     args = ["run", "gpu-24h", "name=g", "stages=[data,pretrain]", "data=default", f"base_dir={tmp_path}",
-            f"impl.data_cache={tmp_path / 'data'}", *TINY, *run_overrides(device), "impl.compile=auto",
-            f"impl.precision={precision}", "budget=null", "train.budget.steps=4", "train.batch_size=16",
-            "train.batch_ramp=0", "train.optim.lr=3e-3"]
+            f"impl.data_cache={tmp_path / 'data'}", *TINY, *run_overrides(device), f"impl.precision={precision}",
+            "budget=null", "train.budget.steps=4", "train.batch_size=16", "train.batch_ramp=0", "train.optim.lr=3e-3"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert compiled == [device.type == "cuda"]  # compile=auto: on one GPU, never on a CPU
+    assert f"device {device.type}" in result.output
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["objective"] == "rtd"
     rows = [json.loads(line) for line in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
