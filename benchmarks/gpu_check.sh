@@ -119,7 +119,7 @@ else
   want model_step && run model_step 75 "$RES/model_step.json" "$PY" benchmarks/model_step.py --sizes tiny base --batch 128 --steps 10 --count-ops \
     --warmup 3 --precision bf16 --peak-flops "$PEAK" --json "$RES/model_step.json"
   want train_step && run train_step 60 "$RES/train_step.json" "$PY" benchmarks/train_step.py --sizes tiny base --microbatch 128 128 \
-    --steps 5 --warmup 2 --precision bf16 --peak-flops "$PEAK" --out "$RES/train_step.json"
+    --steps 5 --warmup 2 --precision bf16 --profile --peak-flops "$PEAK" --out "$RES/train_step.json"
 fi
 
 # --- pretrain: crammed-bert on the shipped corpus, the 24 h recipe's batch (8192 = 64 x 128, no ramp)

@@ -91,6 +91,25 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
     return step, trainer.meter.costs.flops_per_token, params
 
 
+def profile_steps(contenders: dict, size: str, device: torch.device) -> None:
+    """One step of each contender under torch.profiler: the ops by host (self CPU) time, and on a GPU
+    by device time; the host side is where a step's time beyond its kernels goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    for name, step in contenders.items():
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            step()
+            if cuda:
+                torch.cuda.synchronize(device)
+        table = prof.key_averages()
+        print(f"--- {size} {name}: one step, by self CPU time ---")
+        print(table.table(sort_by="self_cpu_time_total", row_limit=15))
+        if cuda:
+            print(f"--- {size} {name}: one step, by self CUDA time ---")
+            print(table.table(sort_by="self_cuda_time_total", row_limit=10))
+
+
 def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str, accumulate: int = 1) -> tuple:
     from transformers import BertConfig, BertForMaskedLM
 
@@ -159,6 +178,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="cramlm's impl.precision; several: one interleaved contender each (default: bf16 on a GPU, auto on a CPU)")
     ap.add_argument("--peak-flops", type=float, help="peak FLOP/s for MFU (default: the GEMM rate measured here)")
     ap.add_argument("--out", default="benchmarks/results/train_step.json")
+    ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one step per contender")
     args = ap.parse_args(argv)
     if args.accumulate < 1:
         ap.error("--accumulate must be >= 1")
@@ -212,6 +232,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for p in in_use:
                 contenders.pop(f"gemm-{p}")
                 times.pop(f"gemm-{p}", None)
+            if args.profile:
+                profile_steps(contenders, size, device)
         tokens = micro * args.accumulate * SEQ
         for name in contenders:
             seconds = statistics.median(times[name])
