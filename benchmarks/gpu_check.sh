@@ -118,7 +118,7 @@ if [ $DRY = 1 ]; then
 else
   want model_step && run model_step 75 "$RES/model_step.json" "$PY" benchmarks/model_step.py --sizes tiny base --batch 128 --steps 10 --count-ops \
     --warmup 3 --precision bf16 --peak-flops "$PEAK" --json "$RES/model_step.json"
-  want train_step && run train_step 60 "$RES/train_step.json" "$PY" benchmarks/train_step.py --sizes tiny base --microbatch 128 128 \
+  want train_step && run train_step 80 "$RES/train_step.json" "$PY" benchmarks/train_step.py --sizes tiny base --microbatch 128 128 \
     --steps 5 --warmup 2 --precision bf16 --profile --peak-flops "$PEAK" --out "$RES/train_step.json"
 fi
 

@@ -256,3 +256,24 @@ def test_select_chooses_on_held_out_training_examples_never_on_dev(tmp_path, mon
     again, _ = select_hparams(cfg, ckpt, task, ev.for_task("colors"), torch.device("cpu"), None,
                               Partial(tmp_path / "eval.partial.json", {"checkpoint": "tiny"}), None)
     assert again.lr == 1e-2
+
+
+def test_partial_file_digests_each_task_object_of_its_own(tmp_path):
+    """eval.select makes a short-lived task per grid configuration: a digest cached by id() alone
+    would be handed to a later task that reuses a dropped one's id (same name, other data)."""
+    from cramlm.eval.partial import Partial, task_digest
+
+    partial = Partial(tmp_path / "eval.partial.json", {"checkpoint": "tiny"})
+    rows = [Example(f"text {i}", None, i % 2) for i in range(8)]
+    for i in range(20):  # each task dropped before the next is made: CPython reuses the memory
+        task = Task(f"t{i}", ["a", "b"], ["accuracy"], rows[: 1 + i % 7], {"dev": rows})
+        assert partial._key(task, HP)["data"] == task_digest(task), i
+        del task
+
+
+def test_select_grid_values_are_checked_before_any_training():
+    from pydantic import ValidationError
+
+    for bad in ({"epochs": [3, 0]}, {"lr": [1e-3, -1e-4]}):
+        with pytest.raises(ValidationError):
+            EvalConfig(select=bad)

@@ -227,8 +227,10 @@ def test_bare_cuda_resolves_to_the_current_device_index(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: chosen.append(torch.device(d) if not isinstance(d, int) else d))
-    for name in ("cuda", "auto"):
-        device = setup_device(ImplConfig(device=name, threads=None))
-        assert device == torch.device("cuda", 1) and chosen[-1] == torch.device("cuda", 1)
-    assert setup_device(ImplConfig(device="cuda", threads=None), local_rank=0) == torch.device("cuda", 0)
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    try:
+        for name in ("cuda", "auto"):
+            device = setup_device(ImplConfig(device=name, threads=None))
+            assert device == torch.device("cuda", 1) and chosen[-1] == torch.device("cuda", 1)
+        assert setup_device(ImplConfig(device="cuda", threads=None), local_rank=0) == torch.device("cuda", 0)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32

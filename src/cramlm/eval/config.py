@@ -5,7 +5,7 @@ fine-tunes with them."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -58,9 +58,9 @@ HparamsOverride = _partial(Hparams)
 class SelectConfig(Config):
     """Hyperparameters chosen per task and model on a part of the training split, never on dev."""
 
-    lr: list[float] = Field(
+    lr: list[Annotated[float, Field(gt=0)]] = Field(
         [], description="learning rates to choose from (empty: the protocol's lr, not chosen)")
-    epochs: list[int] = Field(
+    epochs: list[Annotated[int, Field(ge=1)]] = Field(
         [], description="epoch counts to choose from (empty: the protocol's epochs, not chosen)")
     fraction: float = Field(
         0.2, gt=0, lt=1, description="share of the (capped) training split held out to choose on; each grid "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,7 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
             stopped(f"before {split.name}")
         done = finetune_once(cfg, ckpt, split, trial, ev.seed, device, stop, partial)
         scores.append({"lr": lr, "epochs": epochs, "score": done["epochs"][-1]["select"][task.metric]})
-    best = max(scores, key=lambda s: s["score"])  # the first of equals
+    best = max(scores, key=lambda s: s["score"] if s["score"] == s["score"] else -math.inf)  # the first of equals; NaN last
     print(f"{task.name}: selected lr {best['lr']:g}, {best['epochs']} epochs ({task.metric} {100 * best['score']:.2f} on "
           f"{len(held_examples)} held-out training examples; " + ", ".join(f"{s['lr']:g}/{s['epochs']}: {100 * s['score']:.2f}" for s in scores) + ")")
     chosen = hp.model_copy(update={"lr": best["lr"], "epochs": best["epochs"]})

@@ -53,7 +53,7 @@ class Partial:
             self.reused = self.finished
         elif old is not None:
             print(f"cramlm eval: {path} holds results of another checkpoint or protocol; starting afresh", file=sys.stderr)
-        self._digests: dict[int, str] = {}
+        self._digests: dict[int, tuple] = {}  # id(task) -> (task, digest): the task kept, so its id is not reused
 
     def _read(self) -> dict | None:
         try:
@@ -75,9 +75,10 @@ class Partial:
         write_json(self.path, self.data)
 
     def _key(self, task, hp) -> dict:
-        if id(task) not in self._digests:  # hashed once per task object
-            self._digests[id(task)] = task_digest(task)
-        return {"data": self._digests[id(task)], "hparams": hp.model_dump(mode="json")}
+        cached = self._digests.get(id(task))
+        if cached is None or cached[0] is not task:  # hashed once per task object
+            cached = self._digests[id(task)] = (task, task_digest(task))
+        return {"data": cached[1], "hparams": hp.model_dump(mode="json")}
 
     def run(self, task, hp, seed: int) -> dict | None:
         entry = self.data["tasks"].get(task.name)

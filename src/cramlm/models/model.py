@@ -443,15 +443,17 @@ class MLMHead(nn.Module):
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of (M, H) hidden states against (M,) targets (no ignored ones), the
-        decoder and the loss fused: the (M, V) logits never exist at once (linear_cross_entropy)."""
+        decoder and the loss fused: eager, the (M, V) logits never exist at once (linear_cross_entropy;
+        M, the masked tokens, changes every batch, so a compiled graph takes plain ops)."""
         if self.transform:
             hidden = self.norm(self.act(self.dense(hidden)))
-        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets, softcap=self.softcap)
+        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets, softcap=self.softcap,
+                                    rows_vary=True)
 
 
 def linear_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, rows: int | None = None,
-    softcap: float | None = None,
+    softcap: float | None = None, rows_vary: bool = False,
 ) -> torch.Tensor:
     """``F.cross_entropy(soft_cap(hidden @ weight.T + bias, softcap), targets)`` (mean; every target scored), computed
     ``rows`` rows at a time. When gradients are wanted they are computed in the same pass, while a
@@ -461,9 +463,10 @@ def linear_cross_entropy(
     model (hidden 128, vocab 32768) about a third of its head time; the matmuls are the same three
     (FLOPs unchanged). Under autocast the matmuls run in the autocast dtype and the softmax in fp32,
     as F.linear + logits.float() would."""
-    if torch.compiler.is_compiling():
-        # traced, the chunk loop below would specialise on M (the number of masked tokens, new each
-        # batch): one recompilation per count. Plain ops keep M symbolic, and inductor fuses them.
+    if rows_vary and torch.compiler.is_compiling():
+        # ``rows_vary``: M changes from call to call (the masked tokens of a batch). Traced, the chunk
+        # loop below would specialise on M: one recompilation per count. Plain ops keep M symbolic
+        # (inductor fuses them; the (M, V) logits then exist). A causal LM's M is fixed: chunked.
         logits = soft_cap(F.linear(hidden, weight, bias).float(), softcap)  # (M, V)
         return F.cross_entropy(logits, targets)
     V = weight.shape[0]
@@ -473,9 +476,10 @@ def linear_cross_entropy(
 
 
 # logits per chunk of linear_cross_entropy: on a CPU about 16 MB in fp32, which stays in cache; on a
-# GPU about 1 GiB, so that a batch's masked tokens are one chunk (a 16 MB chunk is 128 rows of a
-# 32768 vocabulary: dozens of small kernels per chunk, launch-bound). benchmarks/model_step.py times both on CUDA.
-CHUNK_FLOATS = {"cpu": 1 << 22, "cuda": 1 << 28}
+# GPU about 256 MB, a few chunks for a batch's masked tokens (2,048 rows of a 32768 vocabulary; a 16 MB
+# chunk is 128 rows: dozens of small kernels per chunk, launch-bound), with the softmax's temporaries
+# well inside a small GPU's memory. benchmarks/model_step.py times both on CUDA.
+CHUNK_FLOATS = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
 def chunk_rows(vocab_size: int, device_type: str) -> int:
