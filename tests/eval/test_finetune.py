@@ -277,3 +277,11 @@ def test_select_grid_values_are_checked_before_any_training():
     for bad in ({"epochs": [3, 0]}, {"lr": [1e-3, -1e-4]}):
         with pytest.raises(ValidationError):
             EvalConfig(select=bad)
+
+
+def test_fine_tunings_count_the_selection_grid():
+    """A stop's "N of M fine-tunings finished" counts what the partial file will hold: seeds and grid runs."""
+    two = ["pkg://tasks/rotten_tomatoes_small", "pkg://tasks/rotten_tomatoes_small"]
+    assert EvalConfig(tasks=two, seeds=3).fine_tunings == 6
+    assert EvalConfig(tasks=two, seeds=3, select={"lr": [1e-4, 1e-3, 1e-2], "epochs": [3, 10]}).fine_tunings == 18
+    assert EvalConfig(tasks=two, seeds=1, select={"epochs": [3, 10]}).fine_tunings == 6

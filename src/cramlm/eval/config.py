@@ -73,6 +73,11 @@ class SelectConfig(Config):
     def active(self) -> bool:
         return bool(self.lr or self.epochs)
 
+    @property
+    def trials(self) -> int:
+        """Grid fine-tunings per task (0 when nothing is chosen)."""
+        return max(len(self.lr), 1) * max(len(self.epochs), 1) if self.active else 0
+
 
 class EvalConfig(Hparams):
     """The ``eval`` group: tasks, the protocol (hyperparameters), seeds, per-task overrides."""
@@ -99,6 +104,11 @@ class EvalConfig(Hparams):
     minimal_pairs: PairsConfig = Field(
         PairsConfig(), description="zero-shot minimal pairs (BLiMP-style JSONL), scored by the pretrained heads without "
         "fine-tuning: accuracy per paradigm, per phenomenon, macro average (eval/pairs.py)")
+
+    @property
+    def fine_tunings(self) -> int:
+        """Fine-tunings in the whole evaluation: every task's seeds and its selection grid."""
+        return len(self.tasks) * (self.seeds + self.select.trials)
 
     def for_task(self, name: str) -> Hparams:
         """This task's hyperparameters: the protocol's, with ``overrides.<name>`` on top."""

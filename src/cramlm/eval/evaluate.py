@@ -92,7 +92,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     def stopped(doing: str) -> None:
         if stop.signal:
-            stop_exit(stop.signal, doing, partial, len(tasks) * ev.seeds)
+            stop_exit(stop.signal, doing, partial, ev.fine_tunings)
 
     stopped("before the held-out LM loss")
     heldout = heldout_result(cfg, ckpt, device, partial)
@@ -217,7 +217,7 @@ def finetune_once(cfg: EvalRunConfig, ckpt, task, hp, seed: int, device, stop, p
         try:
             done = finetune(ckpt, task, hp, seed, cfg.impl, device, stop=stop)
         except Abandoned as e:
-            stop_exit(stop.signal, str(e), partial, len(cfg.eval.tasks) * cfg.eval.seeds)
+            stop_exit(stop.signal, str(e), partial, cfg.eval.fine_tunings)
         if partial:
             partial.add_run(task, hp, seed, done)
     return done
