@@ -161,3 +161,39 @@ def test_a_dry_run_is_small_in_every_stage(tmp_path):
     ev = cfg.eval_config().eval
     assert (ev.epochs, ev.max_train_examples, ev.max_dev_examples) == (1, 64, 64)
     assert full.eval_config().eval.max_dev_examples is None  # a real run keeps its settings
+
+
+def test_fields_added_later_leave_keys_unchanged_at_their_default():
+    """data.train_subset and eval.select at their defaults are left out of the data, pretrain and eval
+    keys (KEYLESS_DEFAULT), so runs recorded before those fields existed are found again; any other
+    value keys a new stage."""
+    import hashlib
+
+    from cramlm.data.prepare import PIPELINE_VERSION
+    from cramlm.pipeline.recipe import _hash
+
+    cfg = resolve_recipe("default", TINY_RUN)
+    pre = cfg.pretrain_config().model_dump(mode="json")
+    del pre["data"]["train_subset"]
+    assert "train_subset" not in json.dumps(pre)
+    data = cfg.data.model_dump(mode="json")
+    del data["train_subset"]
+    assert cfg.data.cache_key() == hashlib.sha256(json.dumps([PIPELINE_VERSION, data], sort_keys=True).encode()).hexdigest()[:12]
+    pre.pop("overwrite", None)
+    pre["impl"].pop("progress", None)
+    if pre["train"]["objective"] == "mlm":  # (stage_keys' rule for the default objective)
+        pre["train"].pop("objective")
+        pre["train"].pop("rtd")
+    keys = stage_keys(cfg)
+    assert keys["pretrain"] == _hash(pre)
+    ev = cfg.eval_config().model_dump(mode="json")
+    assert "select" in ev["eval"]
+    del ev["eval"]["select"]
+    ev["impl"].pop("progress", None)
+    from cramlm.data.heldout import DEFINITION
+
+    assert keys["eval"] == _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
+    half = stage_keys(resolve_recipe("default", [*TINY_RUN, "data.train_subset=0.5"]))
+    chosen = stage_keys(resolve_recipe("default", [*TINY_RUN, "eval.select.lr=[1e-3,3e-3]"]))
+    assert half["data"] != keys["data"] and half["pretrain"] != keys["pretrain"]
+    assert chosen["pretrain"] == keys["pretrain"] and chosen["eval"] != keys["eval"]

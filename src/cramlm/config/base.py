@@ -34,6 +34,25 @@ RESUME_FREE = {"resume": "free"}  # changes no maths: where the run lives, how i
 RESUME_GROW = {"resume": "grow"}  # a budget: a resume may let the run go on at least as long (null: no limit)
 
 
+# A field added after results were recorded: at its default it is left out of every key a stage or
+# data cache is found by (``key_dump``), so what was made before it existed is found again
+KEYLESS_DEFAULT = {"key": "omit-default"}
+
+
+def key_dump(cfg: BaseModel) -> dict:
+    """``cfg.model_dump(mode="json")`` without the ``KEYLESS_DEFAULT`` fields that hold their default,
+    through nested configs: what stage and cache keys hash."""
+    dump = cfg.model_dump(mode="json")
+    for name, field in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("key") == KEYLESS_DEFAULT["key"] and value == field.get_default(call_default_factory=True):
+            del dump[name]
+        elif isinstance(value, BaseModel):
+            dump[name] = key_dump(value)
+    return dump
+
+
 def resume_policy(cls: type[BaseModel], prefix: str = "") -> dict[str, str]:
     """{dotted key: 'free' | 'grow'} for each field of ``cls``, through its nested configs, that
     carries a resume policy (a policy on a nested config's field covers all of it: ``impl``)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Iterator, Literal
 from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
-from cramlm.config.base import RESUME_FREE, Config, PositiveInt, SafeName
+from cramlm.config.base import KEYLESS_DEFAULT, RESUME_FREE, Config, PositiveInt, SafeName, key_dump
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
@@ -67,13 +67,10 @@ class DataConfig(Config):
         1.0, description="share of the training split's documents kept, chosen by a hash of each document's number "
         "and the seed (skipped as train_subset); validation stays whole, and the tokenizer is trained as without it: "
         "the same held-out set and tokens for a run on less text (what repetition costs at equal FLOPs). Mixture "
-        "weights apply to the documents kept")
+        "weights apply to the documents kept", json_schema_extra=KEYLESS_DEFAULT)
 
     def cache_key(self) -> str:
-        dump = self.model_dump(mode="json")
-        if dump["train_subset"] == 1.0:  # the whole split: the key data prepared before the field existed had
-            del dump["train_subset"]
-        blob = json.dumps([PIPELINE_VERSION, dump], sort_keys=True)
+        blob = json.dumps([PIPELINE_VERSION, key_dump(self)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def resolve_tokenizer(self, objective: str) -> None:

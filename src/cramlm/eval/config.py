@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from cramlm.config.base import Config
+from cramlm.config.base import KEYLESS_DEFAULT, Config
 from cramlm.eval.pairs import PairsConfig
 from cramlm.eval.tasks import TaskSpec
 
@@ -100,7 +100,8 @@ class EvalConfig(Hparams):
         None, description="a .cramtok file to score instead of the run's own val.cramtok (same procedure); null: the run's")
     select: SelectConfig = Field(
         SelectConfig(), description="choose lr and epochs per task on a share of the training split (never dev): "
-        "e.g. select.lr=[3e-4,1e-3,3e-3] select.epochs=[3,10]; the choice is in eval.json's rows (selected)")
+        "e.g. select.lr=[3e-4,1e-3,3e-3] select.epochs=[3,10]; the choice is in eval.json's rows (selected)",
+        json_schema_extra=KEYLESS_DEFAULT)
     minimal_pairs: PairsConfig = Field(
         PairsConfig(), description="zero-shot minimal pairs (BLiMP-style JSONL), scored by the pretrained heads without "
         "fine-tuning: accuracy per paradigm, per phenomenon, macro average (eval/pairs.py)")

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from cramlm.config.base import key_dump
 from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
 from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
@@ -191,13 +192,13 @@ def _hash(obj: Any) -> str:
 
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
-    pre = cfg.pretrain_config().model_dump(mode="json")
+    pre = key_dump(cfg.pretrain_config())
     pre.pop("overwrite", None)
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
         pre["train"].pop("rtd", None)
-    ev = cfg.eval_config().model_dump(mode="json")
+    ev = key_dump(cfg.eval_config())
     ev["impl"].pop("progress", None)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
