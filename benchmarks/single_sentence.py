@@ -43,8 +43,10 @@ import sys
 import time
 from pathlib import Path
 
+from cramlm.eval.config import SelectConfig
+
 TASKS = ["rotten_tomatoes", "spam", "epistemic_nli"]
-SELECT_FRACTION, SELECT_SEED = 0.2, 1234  # eval.select's defaults: the same rows
+SELECT_FRACTION, SELECT_SEED = SelectConfig().fraction, SelectConfig().seed  # eval.select's: the same rows
 SEEDS = (0, 1, 2)
 # the recipe's own fine-tuning (eval preset `default`, GLUE-sane's optimizer at lr 1e-3), capped as the bridge evaluates
 BASE = {"lr": 1e-3, "epochs": 3, "pooling": "mean", "max_train_examples": 4000, "max_dev_examples": None}

@@ -61,6 +61,17 @@ def shared_data() -> Path:
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches emptied before and after: a test's compiled frames neither meet earlier
+    ones nor stay behind for later tests in the same process."""
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def in_tmp(tmp_path, monkeypatch) -> Path:
     """Run in a fresh temporary working directory (outputs/ lands there)."""
     monkeypatch.chdir(tmp_path)

@@ -75,6 +75,11 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
     assert [g["epochs"] for g in chosen["grid"]] == [1, 2] and (chosen["held_out"], chosen["trained_on"]) == (5, 19)
     assert untrained["results"][0]["hparams"]["epochs"] == chosen["epochs"] and "whales: selected lr" in base.output
     assert untrained["heldout"]["loss"] != data["heldout"]["loss"]
+    # a task too small to hold a share out fails before any fine-tuning, even when it comes last
+    small = _cli("eval", "checkpoint=tiny-untrained", f"eval.tasks=[glue:mnli,{task}]", f"eval.glue_dir={glue}", *QUICK,
+                 "eval.select.epochs=[1,2]", "eval.overrides.whales.max_train_examples=2", "overwrite=true")
+    assert small.exit_code != 0 and "Error: eval.select.fraction=0.2: whales has 2 training examples" in small.output, small.output
+    assert "mnli" not in small.output.replace("glue:mnli", ""), small.output
 
 
 def test_eval_config_and_checkpoint_errors(in_tmp, tmp_path):

@@ -265,6 +265,12 @@ def test_partial_file_digests_each_task_object_of_its_own(tmp_path):
 
     partial = Partial(tmp_path / "eval.partial.json", {"checkpoint": "tiny"})
     rows = [Example(f"text {i}", None, i % 2) for i in range(8)]
+    ids = set()
+    for i in range(20):  # the premise: without a reference kept, a dropped task's id is reused
+        task = Task(f"t{i}", ["a", "b"], ["accuracy"], rows, {"dev": rows})
+        ids.add(id(task))
+        del task
+    assert len(ids) < 20
     for i in range(20):  # each task dropped before the next is made: CPython reuses the memory
         task = Task(f"t{i}", ["a", "b"], ["accuracy"], rows[: 1 + i % 7], {"dev": rows})
         assert partial._key(task, HP)["data"] == task_digest(task), i

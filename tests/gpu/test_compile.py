@@ -16,8 +16,7 @@ pytestmark = pytest.mark.cuda
 
 
 @pytest.mark.parametrize("name", ["crammed-bert-tiny", "gpt2-tiny", "llama-tiny"])  # one per registered type
-def test_inductor_matches_eager(name, cuda):
-    torch._dynamo.reset()
+def test_inductor_matches_eager(name, cuda, fresh_dynamo):
     model = tiny_model(name, **WIDE).train().to(cuda)
     ids = random_ids(4, 64).to(cuda)
     labels = ids.clone()

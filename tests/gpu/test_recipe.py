@@ -1,7 +1,7 @@
 """The GPU-day recipe (`gpu-24h`: Muon with split fused rows, QK-norm, zero-init, ELECTRA) trains in
 bf16 on the device as the A/B (benchmarks/gpu_ab.py) runs it, eager, at tiny widths: a failure here
-shows in gpu_check's first step, before the A/B spends its minutes. (Its compiled graphs are checked
-on a CPU: tests/train/test_compile_trainer.py and the model tests.)"""
+shows in gpu_check's first step, before the A/B spends its minutes. (Its compiled graphs, ELECTRA with
+QK-norm and zero-init, are checked for recompilation on a CPU: tests/models/test_compile.py.)"""
 
 from __future__ import annotations
 

@@ -217,8 +217,8 @@ def test_resume_keeps_the_thread_count_the_checkpoint_was_written_with():
 
 def test_bare_cuda_resolves_to_the_current_device_index(monkeypatch):
     """impl.device=cuda (and auto on a GPU): torch.cuda.set_device rejects a device without an index
-    (torch 2.11: "Expected a torch.device with a specified index"), which stopped every run of the
-    first GPU check. The CUDA calls are faked here (no GPU in CI); tests/gpu runs the real ones."""
+    (torch 2.11: "Expected a torch.device with a specified index"), so a run on a GPU would stop
+    before its first step. The CUDA calls are faked here (no GPU in CI); tests/gpu runs the real ones."""
     from cramlm.train.impl import setup_device
 
     chosen = []

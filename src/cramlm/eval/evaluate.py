@@ -70,6 +70,9 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     ev = cfg.eval
     tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task
+    if ev.select.active:
+        for task in tasks:
+            select_split(task, ev.for_task(task.name), ev.select)
     pairs = load_pairs(ev.minimal_pairs)  # (empty without eval.minimal_pairs.paths)
     device = setup_device(cfg.impl)
     ckpt = load_checkpoint(cfg.checkpoint or cfg.name, cfg.base_dir, cfg.untrained, ev.seed, cfg.trust_remote_code)
@@ -229,14 +232,10 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
     configuration fine-tunes on the rest with the first seed and is scored on the share."""
     import itertools
 
-    from cramlm.eval.tasks import Task, hold_out, sample
+    from cramlm.eval.tasks import Task
 
     ev, sel = cfg.eval, cfg.eval.select
-    train = sample(task.train, hp.max_train_examples)
-    rest_examples, held_examples = hold_out(train, sel.fraction, sel.seed)
-    if not rest_examples or not held_examples:
-        raise ValueError(f"eval.select.fraction={sel.fraction}: {task.name} has {len(train)} training examples, "
-                         "too few to hold a share out and train on the rest")
+    rest_examples, held_examples = select_split(task, hp, sel)
     scores = []
     for lr, epochs in itertools.product(sel.lr or [hp.lr], sel.epochs or [hp.epochs]):
         trial = hp.model_copy(update={"lr": lr, "epochs": epochs, "max_train_examples": None, "max_dev_examples": None})
@@ -253,6 +252,18 @@ def select_hparams(cfg: EvalRunConfig, ckpt, task, hp, device, stop, partial, st
     chosen = hp.model_copy(update={"lr": best["lr"], "epochs": best["epochs"]})
     return chosen, {"lr": best["lr"], "epochs": best["epochs"], "metric": task.metric, "held_out": len(held_examples),
                     "trained_on": len(rest_examples), "grid": scores}
+
+
+def select_split(task, hp, sel) -> tuple[list, list]:
+    """``eval.select``'s cut of the task's capped training split: (the rest, the held-out share)."""
+    from cramlm.eval.tasks import hold_out, sample
+
+    train = sample(task.train, hp.max_train_examples)
+    rest_examples, held_examples = hold_out(train, sel.fraction, sel.seed)
+    if not rest_examples or not held_examples:
+        raise ValueError(f"eval.select.fraction={sel.fraction}: {task.name} has {len(train)} training examples, "
+                         "too few to hold a share out and train on the rest")
+    return rest_examples, held_examples
 
 
 def source_of(ckpt) -> str | None:

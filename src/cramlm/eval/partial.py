@@ -76,7 +76,7 @@ class Partial:
 
     def _key(self, task, hp) -> dict:
         cached = self._digests.get(id(task))
-        if cached is None or cached[0] is not task:  # hashed once per task object
+        if cached is None:  # hashed once per task object
             cached = self._digests[id(task)] = (task, task_digest(task))
         return {"data": cached[1], "hparams": hp.model_dump(mode="json")}
 

@@ -42,7 +42,8 @@ class CrammedBert(TransformerLM):
         loss: mean cross-entropy over the scored positions (labels != -100); None without labels.
         logits: (B, T, V); None when sparse prediction computed the loss (labels given and
         ``cfg.sparse_prediction``): then only the scored positions go through the head, and the
-        decoder and loss are fused (model.linear_cross_entropy), so eager no logits ever exist."""
+        decoder and loss are fused (model.linear_cross_entropy), so outside torch.compile the (M, V) logits never
+        exist at once."""
         hidden = self.encode(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         if labels is not None and self.cfg.sparse_prediction:
             targets = labels.reshape(-1)  # (B*T,)

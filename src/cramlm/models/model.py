@@ -204,7 +204,7 @@ def use_block_mask(document_ids: torch.Tensor | None, head_dim: int, dropout: fl
     return kernel == "flex" or flex_pays(document_ids.device.type, document_ids.shape[-1])
 
 
-FLEX_BLOCK = 128  # FlexAttention's default block (query and key tiles of a BlockMask)
+FLEX_BLOCK = 128  # the query and key tiles of the BlockMask (document_block_mask)
 
 
 def flex_pays(device_type: str, T: int) -> bool:
@@ -232,7 +232,7 @@ def document_block_mask(
             allowed = allowed & (q >= kv)
         return allowed | (q == kv)  # as the dense mask: no query without a key
 
-    return create_block_mask(mask_mod, docs.shape[0], None, T, T, device=docs.device)
+    return create_block_mask(mask_mod, docs.shape[0], None, T, T, device=docs.device, BLOCK_SIZE=FLEX_BLOCK)
 
 
 # ---- block ---------------------------------------------------------------------------------------
@@ -466,7 +466,8 @@ def linear_cross_entropy(
     if rows_vary and torch.compiler.is_compiling():
         # ``rows_vary``: M changes from call to call (the masked tokens of a batch). Traced, the chunk
         # loop below would specialise on M: one recompilation per count. Plain ops keep M symbolic
-        # (inductor fuses them; the (M, V) logits then exist). A causal LM's M is fixed: chunked.
+        # (inductor fuses them; the (M, V) logits then exist). Callers whose M is fixed per shape leave
+        # rows_vary False and stay chunked (gpt.py).
         logits = soft_cap(F.linear(hidden, weight, bias).float(), softcap)  # (M, V)
         return F.cross_entropy(logits, targets)
     V = weight.shape[0]
