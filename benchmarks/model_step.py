@@ -31,7 +31,7 @@ from cramlm.config.loader import load_preset
 from cramlm.models import build_model
 from cramlm.models.config import CrammedBertConfig
 from cramlm.models.crammed_bert import CrammedBert
-from cramlm.train.flops import gemm_peak_flops
+from cramlm.train.flops import gemm_peak_flops, profile_steps
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import autocast
 
@@ -75,21 +75,21 @@ class DocumentAttention(torch.nn.Module):
 
 class CpuChunks(torch.nn.Module):
     """crammed-bert with the fused MLM loss in the chunks sized for a CPU's cache (models/model.py
-    CHUNK_FLOATS), on CUDA: what the GPU chunk size buys. The gradient is formed in the forward."""
+    chunk_rows), on CUDA: what the GPU chunk size buys."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
     def forward(self, **batch):
-        from cramlm.models import model as layers
+        from cramlm.models.model import chunk_rows
 
-        gpu = layers.CHUNK_FLOATS["cuda"]
-        layers.CHUNK_FLOATS["cuda"] = layers.CHUNK_FLOATS["cpu"]
+        head = self.model.head
+        head.loss_rows = chunk_rows(head.decoder.weight.shape[0], "cpu")
         try:
             return self.model(**batch)
         finally:
-            layers.CHUNK_FLOATS["cuda"] = gpu
+            head.loss_rows = None
 
 
 def count_ops(model, batch, device: torch.device, dtype) -> int:
@@ -182,15 +182,8 @@ def bench_size(size: str, args) -> dict:
     if args.count_ops:  # each top-level aten op is about one kernel launch on a GPU: what an eager step pays per launch
         result["ops_per_step"] = {name: count_ops(m, b, device, dtype) for name, (m, b) in contenders.items()}
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        for name, m in (("crammed-bert", ours), ("hf-bert", theirs)):
-            with profile(activities=activities) as prof:
-                step(m, batch, device, dtype)
-            print(f"--- {name} ({size}) ---")
-            print(prof.key_averages().table(sort_by=sort, row_limit=12))
+        profile_steps({name: (lambda m=m: step(m, batch, device, dtype)) for name, m in (("crammed-bert", ours), ("hf-bert", theirs))},
+                      size, device)
     return result
 
 

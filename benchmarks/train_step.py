@@ -38,7 +38,7 @@ from cramlm.data.collate import MLMCollator, causal_collate
 from cramlm.data.tokenizer import MASK_ID, SPECIAL_TOKENS
 from cramlm.models.base import build_model
 from cramlm.train.build import build_trainer
-from cramlm.train.flops import cpu_peak_flops, gemm_peak_flops, measure_flops_per_token, time_interleaved
+from cramlm.train.flops import cpu_peak_flops, gemm_peak_flops, measure_flops_per_token, profile_steps, time_interleaved
 from cramlm.train.hardware import PRECISION_DTYPES
 from cramlm.train.impl import ImplConfig, autocast
 from cramlm.train.config import TrainConfig
@@ -89,25 +89,6 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
 
     step.precision = trainer.precision  # what impl.precision resolved to, and why
     return step, trainer.meter.costs.flops_per_token, params
-
-
-def profile_steps(contenders: dict, size: str, device: torch.device) -> None:
-    """One step of each contender under torch.profiler: the ops by host (self CPU) time, and on a GPU
-    by device time; the host side is where a step's time beyond its kernels goes."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.type == "cuda"
-    for name, step in contenders.items():
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-            step()
-            if cuda:
-                torch.cuda.synchronize(device)
-        table = prof.key_averages()
-        print(f"--- {size} {name}: one step, by self CPU time ---")
-        print(table.table(sort_by="self_cpu_time_total", row_limit=15))
-        if cuda:
-            print(f"--- {size} {name}: one step, by self CUDA time ---")
-            print(table.table(sort_by="self_cuda_time_total", row_limit=10))
 
 
 def hf_bert(arch: dict, vocab: int, micro: int, device: torch.device, precision: str, accumulate: int = 1) -> tuple:

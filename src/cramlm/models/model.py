@@ -435,6 +435,7 @@ class MLMHead(nn.Module):
             self.norm = make_norm(cfg.norm, cfg.hidden_size, cfg.norm_eps, cfg.norm_bias)
         self.decoder = nn.Linear(cfg.hidden_size, vocab_size, bias=cfg.bias)
         self.softcap = getattr(cfg, "logit_softcap", None)
+        self.loss_rows: int | None = None  # rows of the fused loss's chunks (None: chunk_rows, by device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
         if self.transform:
@@ -447,8 +448,8 @@ class MLMHead(nn.Module):
         M, the masked tokens, changes every batch, so a compiled graph takes plain ops)."""
         if self.transform:
             hidden = self.norm(self.act(self.dense(hidden)))
-        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets, softcap=self.softcap,
-                                    rows_vary=True)
+        return linear_cross_entropy(hidden, self.decoder.weight, self.decoder.bias, targets, rows=self.loss_rows,
+                                    softcap=self.softcap, rows_vary=True)
 
 
 def linear_cross_entropy(

@@ -1,7 +1,8 @@
 """FLOPs and MFU: FLOPs per token (the model's own count, or FlopCounterMode on one step), the
 device's peak (the GPU data-sheet table, or a GEMM probe on one CPU core; ``gemm_peak_flops``
 measures a GPU's), and so the model FLOP utilisation a run reports; ``time_interleaved`` times
-contenders' steps side by side, the way the benchmarks compare them. The metric sinks are in
+contenders' steps side by side, the way the benchmarks compare them, and ``profile_steps`` shows
+where one step of each spends its time. The metric sinks are in
 metrics.py."""
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ def time_interleaved(steps: dict, warmup: int, timed: int, device: torch.device)
             sync()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def profile_steps(contenders: dict, size: str, device: torch.device) -> None:
+    """One step of each contender under torch.profiler: the ops by host (self CPU) time, and on a GPU
+    by device time; the host side is where a step's time beyond its kernels goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    for name, step in contenders.items():
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            step()
+            if cuda:
+                torch.cuda.synchronize(device)
+        table = prof.key_averages()
+        print(f"--- {size} {name}: one step, by self CPU time ---")
+        print(table.table(sort_by="self_cpu_time_total", row_limit=15))
+        if cuda:
+            print(f"--- {size} {name}: one step, by self CUDA time ---")
+            print(table.table(sort_by="self_cuda_time_total", row_limit=10))
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype | None = None) -> tuple[float | None, str]:
