@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,19 @@ def test_ties_count_half_and_the_tie_rate_is_reported():
     assert got["phenomena"] == {"phen-a": (0.5 + 0.5) / 2, "phen-b": 0.5}  # the mean of its paradigms
     assert got["accuracy"] == pytest.approx((0.5 + 0.5 + 0.5) / 3)  # macro over paradigms
     assert got["tie_rate"] == 4 / 8
+    assert got["off_chance"] == {"above": 0, "below": 0}
+
+
+def test_paradigms_off_chance_are_counted_both_ways():
+    """Macro 50% from two paradigms passed and failed outright is not a model at chance: the table says so."""
+    pairs = pairs_of({"pass": 30, "fail": 30, "coin": 30})
+    good = [-1.0] * 30 + [-2.0] * 30 + [-1.0, -2.0] * 15
+    bad = [-2.0] * 30 + [-1.0] * 30 + [-2.0, -1.0] * 15  # the coin: right on every other pair
+    got = accuracy(pairs, good, bad)
+    assert got["accuracy"] == pytest.approx(0.5) and got["paradigms"]["coin"]["accuracy"] == 0.5
+    assert got["off_chance"] == {"above": 1, "below": 1}
+    text = pairs_text({"headline": "log-probability", "scores": {"log-probability": got}})
+    assert re.search(r"paradigms off chance \(above / below\) +1 / 1$", text, re.M), text
 
 
 def test_a_model_that_scores_every_sentence_alike_is_at_chance_not_100():

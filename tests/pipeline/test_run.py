@@ -34,6 +34,7 @@ def test_default_recipe_end_to_end(tiny_run):
     html = (tiny_run / "report.html").read_text()
     assert "rotten_tomatoes_small" in html and html.count('data-plot="') == 6
     assert "<th>untrained twin</th><th>margin</th>" in html
+    assert "<td>paradigms off chance (above / below)</td>" in html  # the zero-shot table: passed and failed, not only the mean
     assert re.search(r"<td>report</td><td>done</td>", html)  # the page is the report stage's output: done
     for name in ("loss_vs_tokens", "loss_vs_time", "bpb", "schedule", "throughput", "eval"):
         assert (tiny_run / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -159,9 +159,21 @@ def outcome(good: float, bad: float) -> float:
     return 1.0 if good > bad else 0.0
 
 
+def off_chance(paradigms: dict) -> dict[str, int]:
+    """Paradigms whose accuracy is above or below 50% by more than two binomial standard errors of a
+    coin over its pairs. A macro average near 50% may be a model at chance on every paradigm, or one
+    with systematic preferences that pass some paradigms and fail others (as an n-gram model's do)."""
+    off = {"above": 0, "below": 0}
+    for r in paradigms.values():
+        if abs(r["accuracy"] - 0.5) > 2 * (0.25 / r["pairs"]) ** 0.5:
+            off["above" if r["accuracy"] > 0.5 else "below"] += 1
+    return off
+
+
 def accuracy(pairs: list[Pair], good: list[float], bad: list[float]) -> dict:
     """Accuracy per paradigm, per phenomenon (mean of its paradigms) and macro over paradigms,
-    as fractions, and the tie rate: the record eval.json keeps per scorer."""
+    as fractions, the tie rate, and the paradigms off chance (``off_chance``): the record eval.json
+    keeps per scorer."""
     by_paradigm: dict[str, list[float]] = {}
     phenomenon: dict[str, str] = {}
     for p, g, b in zip(pairs, good, bad):
@@ -174,7 +186,7 @@ def accuracy(pairs: list[Pair], good: list[float], bad: list[float]) -> dict:
         phenomena.setdefault(r["phenomenon"], []).append(r["accuracy"])
     ties = sum(r["ties"] * r["pairs"] for r in paradigms.values())
     return {"accuracy": statistics.fmean(r["accuracy"] for r in paradigms.values()),
-            "tie_rate": ties / len(pairs), "pairs": len(pairs),
+            "tie_rate": ties / len(pairs), "pairs": len(pairs), "off_chance": off_chance(paradigms),
             "phenomena": {k: statistics.fmean(v) for k, v in sorted(phenomena.items())},
             "paradigms": paradigms}
 
@@ -193,7 +205,7 @@ def _pct(x: float | None) -> str:
 
 def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list[list[str]]]:
     """(header, rows): per phenomenon each scorer's accuracy in % (and the twin's headline), then the
-    macro average over paradigms and the tie rate."""
+    macro average over paradigms, the tie rate and the paradigms off chance (above / below)."""
     scorers = list(result["scores"])
     header = ["phenomenon", *scorers] + (["untrained twin"] if twin else [])
     head, twin_head = result["scores"][result["headline"]], (twin or {}).get("scores", {}).get((twin or {}).get("headline"))
@@ -205,7 +217,17 @@ def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list
                 + ([_pct((twin_head or {}).get("accuracy"))] if twin else []))
     rows.append(["tie rate", *(_pct(result["scores"][s]["tie_rate"]) for s in scorers)]
                 + ([_pct((twin_head or {}).get("tie_rate"))] if twin else []))
+    rows.append(["paradigms off chance (above / below)", *(off_chance_cell(result["scores"][s]) for s in scorers)]
+                + ([off_chance_cell(twin_head)] if twin else []))
     return header, rows
+
+
+def off_chance_cell(score: dict | None) -> str:
+    """'above / below' of ``off_chance``, counted from the paradigms for records made before it."""
+    if not score or "paradigms" not in score:
+        return "-"
+    off = score.get("off_chance") or off_chance(score["paradigms"])
+    return f"{off['above']} / {off['below']}"
 
 
 def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:

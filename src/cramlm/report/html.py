@@ -328,9 +328,9 @@ def _col_mean(values: list[float | None], kind: str) -> float | str:
 
 def pairs_table(runs: list[RunData]) -> str:
     """Zero-shot minimal-pair accuracy in % per phenomenon: each run's headline scorer, its untrained
-    twin and the margin; the macro average over paradigms, the tie rate, and BLiMP's published
-    figures where the paradigms are the shared 36 (eval/pairs.py)."""
-    from cramlm.eval.pairs import reference
+    twin and the margin; the macro average over paradigms, the tie rate, the paradigms off chance,
+    and BLiMP's published figures where the paradigms are the shared 36 (eval/pairs.py)."""
+    from cramlm.eval.pairs import off_chance_cell, reference
 
     scored = [r for r in runs if r.pairs]
     heads = {r.name: r.pairs["scores"][r.pairs["headline"]] for r in scored}
@@ -356,11 +356,17 @@ def pairs_table(runs: list[RunData]) -> str:
     rows = [[p, *cells(lambda h, p=p: h["phenomena"].get(p))] for p in phenomena]
     rows.append(["macro average (paradigms)", *cells(lambda h: h["accuracy"])])
     rows.append(["tie rate", *cells(lambda h: h["tie_rate"])])
-    classes = [""] * len(phenomena) + ["mean", ""]
+    off = ["paradigms off chance (above / below)"]
+    for r in scored:
+        off += [off_chance_cell(heads[r.name])] + ([off_chance_cell(twins[r.name]), ""] if r.name in twins else [])
+    rows.append(off)
+    classes = [""] * len(phenomena) + ["mean", "", ""]
     table = _table(header, rows, classes)
     ref = next((x for h in heads.values() if (x := reference(h["paradigms"]))), None)
     note = ("Ties count half (lm-evaluation-harness and the BabyLM pipelines count them right, so a model that scores "
-            "every sentence alike would get 100). Chance is 50.")
+            "every sentence alike would get 100). Chance is 50; a paradigm is off chance when its accuracy is more than "
+            "two binomial standard errors from 50, so a macro average near 50 may hide paradigms passed and failed "
+            "systematically.")
     if ref:
         note += " BLiMP's published figures on these 36 paradigms: " + ", ".join(f"{k} {v}" for k, v in ref.items()) + "."
     return table + f'<p class="note">{html.escape(note)}</p>'
