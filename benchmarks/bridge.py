@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from cramlm.eval.pairs import off_chance
+
 HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentum_085_vs_095_downstream.md)
 KS = (1, 2, 4, 8)
 WARMUP = 0.05  # of the 1x budget, in absolute terms at every budget
@@ -158,8 +160,9 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
                 for r in ev["results"]}
         pairs = ev.get("minimal_pairs") or {}
         zero_shot = {name: r["accuracy"] for name, r in (pairs.get("scores") or {}).items()}
+        off = {name: off_chance(r["paradigms"]) for name, r in (pairs.get("scores") or {}).items()}
         return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss"),
-                "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"),
+                "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"), "zero_shot_off_chance": off,
                 "phenomena": ((pairs.get("scores") or {}).get(pairs.get("headline")) or {}).get("phenomena")}
 
     for folder in sorted(p for p in out.iterdir() if (p / "summary.json").is_file()):
@@ -184,12 +187,14 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
 
 def table(result: dict) -> str:
     tasks = sorted({t for p in result["points"].values() if p["eval"] for t in p["eval"]["tasks"]})
-    lines = ["| run | x hour | held-out loss | " + " | ".join(tasks) + " | mean | zero-shot (headline) |",
+    lines = ["| run | x hour | held-out loss | " + " | ".join(tasks) + " | mean | zero-shot (headline; paradigms above / below chance) |",
              "|---|---:|---:|" + "---:|" * (len(tasks) + 2)]
 
     def zero_shot(ev) -> str:
-        acc = (ev or {}).get("zero_shot", {}).get((ev or {}).get("zero_shot_headline"))
-        return " - |" if acc is None else f" {100 * acc:.1f} ({ev['zero_shot_headline']}) |"
+        head = (ev or {}).get("zero_shot_headline")
+        acc, off = (ev or {}).get("zero_shot", {}).get(head), (ev or {}).get("zero_shot_off_chance", {}).get(head)
+        off = f"; {off['above']} / {off['below']}" if off else ""
+        return " - |" if acc is None else f" {100 * acc:.1f} ({head}{off}) |"
 
     def row(label: str, mult: str, loss, ev) -> str:
         cells = [f"{100 * ev['tasks'][t]['median']:.1f}" if ev and t in ev["tasks"] else "-" for t in tasks]
