@@ -346,6 +346,9 @@ def test_every_checkpoint_kind_scores_minimal_pairs_in_cramlm_eval(runs, tmp_pat
     assert got["kind"] == kind and got["headline"] == headline and list(got["scores"])[0] == headline
     if kind == "rtd":
         assert list(got["scores"]) == ["detector", "generator pll-word-l2r"]  # the generator's PLL beside
+        alone = evaluate(runs / checkpoint, tmp_path / "detector-alone", "trust_remote_code=true",
+                         "eval.minimal_pairs.generator=false")
+        assert list(alone["scores"]) == ["detector"] and alone["scores"]["detector"] == got["scores"]["detector"]
     record = got["scores"][headline]
     assert record["pairs"] == 8 and set(record["paradigms"]) == {"anaphor", "subject_verb"}
     assert 0 <= record["accuracy"] <= 1 and 0 <= record["tie_rate"] <= 1

@@ -225,7 +225,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
     from cramlm.eval.sentence_scores import score_sentences
 
     start = time.perf_counter()
-    models = pair_models(ckpt, device)
+    models = [pm for pm in pair_models(ckpt, device) if cfg.generator or pm.name != "generator"]
     texts = list(dict.fromkeys(t for p in pairs for t in (p.good, p.bad)))  # each distinct sentence once
     scores: dict[str, dict[str, float]] = {}
     for pm in models:
