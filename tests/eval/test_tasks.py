@@ -122,6 +122,14 @@ def test_custom_csv_jsonl_and_inline(tmp_path):
     # inline keys refine a folder's task.json
     task = load_task({"path": str(csv_task), "name": "renamed"})
     assert task.name == "renamed" and task.labels == ["neg", "pos"]
+    # ... also after the config is dumped and validated again (config.yaml; `cramlm run`'s eval stage):
+    # only the given keys travel, never the other keys' defaults over the folder's task.json
+    from cramlm.eval.config import EvalConfig
+
+    again = EvalConfig.model_validate(EvalConfig(tasks=[{"path": str(csv_task), "metric": "f1"}]).model_dump(mode="json"))
+    assert again.model_dump(mode="json")["tasks"] == [{"path": str(csv_task), "metric": "f1"}]
+    task = load_task(again.tasks[0])
+    assert (task.name, task.labels, task.metrics, task.train[0].text_a) == ("csvtask", ["neg", "pos"], ["f1"], "good, really")
 
 
 def test_errors_name_file_and_line(tmp_path):

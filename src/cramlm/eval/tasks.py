@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer
 
 from cramlm.config.base import Config
 from cramlm.eval.metrics import METRICS, REGRESSION_METRICS
@@ -128,6 +128,13 @@ class TaskSpec(Config):
     @classmethod
     def _labels_as_text(cls, value: Any) -> Any:
         return [str(v) for v in value] if isinstance(value, list) else value
+
+    @model_serializer(mode="wrap")
+    def _given_keys_only(self, handler) -> dict:
+        """Only the keys given: an inline spec refines its folder's task.json with exactly those, and a
+        config dumped and validated again (config.yaml, a pipeline's eval stage) must not turn the
+        other keys' defaults into given keys that override the folder's."""
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
     @property
     def metrics(self) -> list[str]:
