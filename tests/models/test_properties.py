@@ -180,8 +180,8 @@ def test_flops_per_token_match_the_counter(name):
     predicted_fraction = 1.0
     if model.cfg.objective == "mlm":
         labels = torch.full_like(ids, -100)
-        labels[:, ::4] = ids[:, ::4]  # 8 of 32 positions scored
-        predicted_fraction = 0.25 if model.cfg.sparse_prediction else 1.0
+        labels[:, ::4] = ids[:, ::4]  # 8 of 32 positions scored: the trainer passes this share, the model
+        predicted_fraction = 0.25  # knows whether its head runs on them alone (sparse) or on every position
 
     with torch.no_grad():  # the forward alone (with gradients on, the fused MLM loss also forms them)
         forward = counted_flops(lambda: model(ids, labels=labels))

@@ -56,8 +56,10 @@ class CrammedBert(TransformerLM):
         return {"loss": loss, "logits": logits}
 
     def forward_flops_per_token(self, seq_len: int, predicted_fraction: float = 1.0) -> float:
-        """Forward FLOPs per token. ``predicted_fraction``: share of positions that go through the
-        MLM head (the masking rate under sparse prediction; 1.0 for dense prediction)."""
+        """Forward FLOPs per token. ``predicted_fraction``: share of positions scored (the masking
+        rate); they alone go through the MLM head under sparse prediction, every position otherwise."""
+        if not self.cfg.sparse_prediction:
+            predicted_fraction = 1.0
         H = self.hidden_size
         head = (2 * H * H if self.cfg.head_transform else 0) + 2 * H * self.vocab_size
         return trunk_flops_per_token(self.cfg, seq_len) + predicted_fraction * head
