@@ -279,3 +279,15 @@ def test_a_symlinked_task_file_elsewhere_is_never_echoed(tmp_path, secret, decla
     message = str(e.value)
     assert "SECRET" not in message and "not shown" in message, message
     assert str(task / "train.tsv") in message
+
+
+def test_a_file_without_a_header_keeps_its_first_rows_field_count(tmp_path):
+    """header: false: a row with another field count than the first is malformed, as against a header:
+    an error naming the line, or skipped and counted with skip_malformed (never read shifted)."""
+    rows = "a sentence\tx\t0\nshort\t1\nlong\tx\t1\textra\nfine\tx\t1\n"
+    meta = {"header": False, "columns": {"sentence1": 0, "label": 2}, "labels": ["0", "1"]}
+    folder = _write(tmp_path / "headerless", {"train.tsv": rows, "dev.tsv": "z\tx\t0\n"}, meta)
+    with pytest.raises(TaskError, match=r"headerless/train.tsv:2: 2 fields, the first row has 3"):
+        load_task(str(folder))
+    task = load_task({"path": str(folder), "skip_malformed": True})
+    assert [e.text_a for e in task.train] == ["a sentence", "fine"] and sum(task.skipped.values()) == 2

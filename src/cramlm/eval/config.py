@@ -90,7 +90,8 @@ class EvalConfig(Hparams):
     glue_dir: str | None = Field(
         None, description='folder in the GLUE layout that glue:<task> tasks read; "hf": Hugging Face datasets (online)')
     seeds: int = Field(1, description="fine-tune each task with seeds seed, seed+1, ...; the median over them is reported")
-    seed: int = Field(0, description="the first fine-tuning seed (head init, data order, subsets)")
+    seed: int = Field(0, description="the first fine-tuning seed (head init, data order), and the untrained twin's weights; "
+                      "the max_train/dev_examples samples are fixed draws, the same for every seed and model")
     overrides: dict[str, HparamsOverride] = Field(
         {}, description="per-task hyperparameters on top of the protocol's: task name -> keys, e.g. {rte: {lr: 2e-5}}")
     lm_eval: bool = Field(

@@ -283,15 +283,17 @@ def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipp
     ia = _index(header, cols.sentence1, path, "sentence1")
     ib = _index(header, cols.sentence2, path, "sentence2")
     il = _index(header, cols.label, path, "label")
-    width = len(header) if header else None
+    width, by = (len(header), "the header") if header else (None, "the first row")  # without a header: the first row's
     index = {label: i for i, label in enumerate(labels)}
     out = []
     for lineno, row in rows:
+        if width is None and fmt != "jsonl":
+            width = len(row)
         if width is not None and len(row) != width:
             if spec.skip_malformed:
                 skipped[str(path)] = skipped.get(str(path), 0) + 1
                 continue
-            raise TaskError(f"{path}:{lineno}: {len(row)} fields, the header has {width}")
+            raise TaskError(f"{path}:{lineno}: {len(row)} fields, {by} has {width}")
         raw = _field(row, il, path, lineno, "label")
         if labels:
             if raw not in index:

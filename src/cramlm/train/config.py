@@ -157,7 +157,7 @@ class TrainConfig(Config):
     checkpoint_minutes: PositiveFloat | None = Field(
         30.0, description="wall-clock minutes between checkpoints (null: by steps only)", json_schema_extra=RESUME_FREE
     )
-    keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept; the final one is always written", json_schema_extra=RESUME_FREE)
+    keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept (0: every one kept, none deleted); the final one is always written", json_schema_extra=RESUME_FREE)
     on_nonfinite: Literal["skip", "rollback", "raise"] = Field(
         "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop", json_schema_extra=RESUME_FREE
     )
