@@ -160,7 +160,8 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
                 for r in ev["results"]}
         pairs = ev.get("minimal_pairs") or {}
         zero_shot = {name: r["accuracy"] for name, r in (pairs.get("scores") or {}).items()}
-        off = {name: off_chance(r["paradigms"]) for name, r in (pairs.get("scores") or {}).items()}
+        off = {name: r.get("off_chance") or off_chance(r["paradigms"])
+               for name, r in (pairs.get("scores") or {}).items() if "paradigms" in r or "off_chance" in r}
         return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss"),
                 "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"), "zero_shot_off_chance": off,
                 "phenomena": ((pairs.get("scores") or {}).get(pairs.get("headline")) or {}).get("phenomena")}

@@ -44,14 +44,16 @@ def test_summary_table_has_each_point_its_twin_and_zero_shot(tmp_path):
                                                   "objective": "rtd"}))
     ev = {"mean": {"last": {"arithmetic": 0.7}}, "heldout": {"loss": 4.1},
           "results": [{"task": "spam", "metric": "f1", "score": 0.9, "seeds": [{"last": {"f1": 0.9}}]}],
-          "minimal_pairs": {"headline": "detector", "scores": {"detector": {"accuracy": 0.61, "phenomena": {}},
-                                                               "generator word-l2r": {"accuracy": 0.55}}}}
+          "minimal_pairs": {"headline": "detector", "scores": {
+              "detector": {"accuracy": 0.61, "phenomena": {}, "paradigms": {  # one paradigm passed outright, one a coin
+                  "a": {"accuracy": 0.72, "pairs": 300}, "b": {"accuracy": 0.5, "pairs": 300}}},
+              "generator word-l2r": {"accuracy": 0.55}}}}  # a record without its paradigms: no count
     (run / "eval.json").write_text(json.dumps(ev))
     (run / "eval-untrained.json").write_text(json.dumps({**ev, "minimal_pairs": None, "heldout": None}))
     result = bridge.summarize(tmp_path)
     assert result["points"]["wsd-rtd-s0-1x"]["multiple"] == 1 and set(result["twins"]) == {"rtd"}
     text = bridge.table(result)
-    assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector) |" in text
+    assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector; 1 / 0) |" in text
     assert "| untrained twin (rtd) | 0 | - | 90.0 | 70.0 | - |" in text
 
 
