@@ -1,6 +1,6 @@
 """Muon's compute multiplier (the shipped recipe's masked-LM fields against AdamW tuned at every
 budget) as a law of model size and tokens per parameter, fitted on every committed seed and budget
-row (recipe_multiplier/budget-rows.json; more sizes: ``--rows``), and carried to crammed-bert at a
+row (recipe_multiplier/budget-rows.json and low-budget-rows.json; others: ``--rows``), and carried to crammed-bert at a
 GPU day (cramming's 24 A6000-hours: 5e18 FLOPs) with a 90% prediction interval; the literature beside.
 
     python benchmarks/multiplier_law.py                       # fit, extrapolate, print JSON and a table
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cramlm.pipeline.scaling import fit_multiplier_law, multiplier_law
 
-ROWS = Path(__file__).parent / "results" / "recipe_multiplier" / "budget-rows.json"
+ROWS = [Path(__file__).parent / "results" / "recipe_multiplier" / name for name in ("budget-rows.json", "low-budget-rows.json")]
 # non-embedding parameters of crammed-bert at these sizes (pipeline.scaling.non_embedding_parameters,
 # vocab 8192, QK-norm) and of crammed-bert (16 x 768) itself
 PARAMS = {"128x4": 658_176, "256x4": 2_627_072, "384x6": 8_858_880, "512x8": 20_990_976, "crammed-bert": 94_424_064}
@@ -48,7 +48,8 @@ def observations(rows_files: list[Path]) -> list[dict]:
 
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=Path, nargs="+", default=[ROWS], help="budget-rows files (frontier_lr_check.py --budget-rows)")
+    ap.add_argument("--rows", type=Path, nargs="+", default=ROWS,
+                    help="budget-rows files (frontier_lr_check.py --budget-rows, law_low_budget.py)")
     ap.add_argument("--json", type=Path, help="also write the result here (and the table beside, .md)")
     args = ap.parse_args(argv)
     obs = observations(args.rows)
