@@ -303,3 +303,11 @@ def test_runs_with_the_same_schedule_stay_visible_in_a_comparison(tmp_path, monk
     html = write_report(a, b, out=tmp_path / "cmp").read_text()
     assert "narrower than the one before it" in html
     assert "narrower than the one before it" not in write_report(a).read_text()
+
+
+def test_a_margin_is_coloured_and_signed_as_printed():
+    """A margin that rounds to zero prints +0.0 uncoloured, never a red -0.0 (a tie rate 0.00% against 0.01%)."""
+    from cramlm.report.html import Margin, _cell
+
+    assert _cell(Margin(-0.01)) == '<td class="">+0.0</td>'
+    assert _cell(Margin(0.06)) == '<td class="pos">+0.1</td>' and _cell(Margin(-2.34)) == '<td class="neg">-2.3</td>'

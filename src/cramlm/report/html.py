@@ -91,7 +91,8 @@ class Margin(float):
 
 def _cell(value: Any) -> str:
     if isinstance(value, Margin):
-        return f'<td class="{"pos" if value > 0 else "neg" if value < 0 else ""}">{value:+.1f}</td>'
+        shown = round(float(value), 1) + 0.0  # as printed: a margin that rounds to zero is neither sign (no "-0.0")
+        return f'<td class="{"pos" if shown > 0 else "neg" if shown < 0 else ""}">{shown:+.1f}</td>'
     return f"<td>{_fmt(value)}</td>"
 
 
