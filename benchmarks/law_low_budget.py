@@ -99,7 +99,18 @@ def main(argv: list[str]) -> dict:
     rows = [{"size": "128x4", "times": round(6.19e12 / ONE_X, 2), "per_seed": per_seed,
              "median": statistics.median(v["multiplier"] for v in per_seed.values()),
              "frontier_ends_at": max(p["flops"] for p in front)}] if per_seed else []
-    result = [{"size": "128x4", "frontier": front, "checks": checks, "budget_rows": rows}]
+    # how much the multipliers rest on one stored AdamW point: each checked point replaced by its re-run, or left out
+    sensitivity = []
+    for c in checks:
+        if c["run"].startswith("law-128x4-e12-mom"):
+            continue
+        flops = runs[c["run"]]["flops"]
+        swap = [dict(p, val_loss=c["here"]) if abs(p["flops"] / flops - 1) < 0.02 and p["val_loss"] == c["stored"] else p for p in front]
+        drop = [p for p in front if abs(p["flops"] / flops - 1) >= 0.02]
+        for label, fr in ((f"{c['run']} in place of the stored point", swap), (f"without the point at {flops:.3g}", drop)):
+            sensitivity.append({"frontier": label, "multipliers": {s: frontier_multiplier(fr, v["flops"], v["val_loss"])["multiplier"]
+                                                                 for s, v in per_seed.items()}})
+    result = [{"size": "128x4", "frontier": front, "checks": checks, "budget_rows": rows, "sensitivity": sensitivity}]
     ROWS.write_text(json.dumps(result, indent=1) + "\n")
     lines = ["| AdamW frontier (FLOPs) | best loss | its lr | lrs tried (loss) |", "|---:|---:|---:|---|"]
     lines += [f"| {p['flops']:.3g} | {p['val_loss']:.3f} | {p['lr']:g} | {', '.join(f'{k}: {v:.3f}' for k, v in p['tried'].items())} |" for p in front]
@@ -109,6 +120,8 @@ def main(argv: list[str]) -> dict:
     lines += [f"| 128x4 at {rows[0]['times']}x, seed {s} | {v['steps']} | {v['flops']:.3g} | {v['val_loss']:.3f} | "
               f"{'>= ' if v.get('bound') == 'lower' else '<= ' if v.get('bound') == 'upper' else ''}{v['multiplier']:.2f}x |"
               for s, v in per_seed.items()]
+    lines += ["", "| AdamW frontier | " + " | ".join(f"seed {k}" for k in per_seed) + " |", "|---|" + "---:|" * len(per_seed)]
+    lines += [f"| {x['frontier']} | " + " | ".join(f"{m:.2f}x" for m in x["multipliers"].values()) + " |" for x in sensitivity]
     print("\n".join(lines))
     return result[0]
 
