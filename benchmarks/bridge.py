@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from cramlm.eval.pairs import off_chance
+from cramlm.eval.pairs import off_chance_of
 
 HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentum_085_vs_095_downstream.md)
 KS = (1, 2, 4, 8)
@@ -160,8 +160,7 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
                 for r in ev["results"]}
         pairs = ev.get("minimal_pairs") or {}
         zero_shot = {name: r["accuracy"] for name, r in (pairs.get("scores") or {}).items()}
-        off = {name: r.get("off_chance") or off_chance(r["paradigms"])
-               for name, r in (pairs.get("scores") or {}).items() if "paradigms" in r or "off_chance" in r}
+        off = {name: c for name, r in (pairs.get("scores") or {}).items() if (c := off_chance_of(r)) is not None}
         return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss"),
                 "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"), "zero_shot_off_chance": off,
                 "phenomena": ((pairs.get("scores") or {}).get(pairs.get("headline")) or {}).get("phenomena")}

@@ -1,5 +1,5 @@
 """The multiplier law's size-or-ratio question, asked cheaply: the shipped recipe's fields at 128x4 on a
-budget below its 1x (6.19e12 FLOPs, 120 steps: D/N 1.5, where 256x4 stands at 2x its budget, D/N 1.34),
+budget below its 1x (6.19e12 FLOPs, ~115 steps: D/N 1.4, where 256x4 stands at 2x its budget, D/N 1.34),
 read on AdamW's frontier tuned at every budget from 6.19e12 up. In the committed rows (law.md) log N and
 log D/N correlate at -0.97, so a smaller multiplier at a larger size may be the size or the ratio: at
 equal D/N the two sizes answer it.

@@ -222,12 +222,18 @@ def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list
     return header, rows
 
 
+def off_chance_of(score: dict | None) -> dict[str, int] | None:
+    """A scorer record's ``off_chance``, counted from its paradigms for records made before it; None
+    without either."""
+    if not score or not ("off_chance" in score or "paradigms" in score):
+        return None
+    return score.get("off_chance") or off_chance(score["paradigms"])
+
+
 def off_chance_cell(score: dict | None) -> str:
-    """'above / below' of ``off_chance``, counted from the paradigms for records made before it."""
-    if not score or "paradigms" not in score:
-        return "-"
-    off = score.get("off_chance") or off_chance(score["paradigms"])
-    return f"{off['above']} / {off['below']}"
+    """'above / below' of ``off_chance_of``, or '-'."""
+    off = off_chance_of(score)
+    return "-" if off is None else f"{off['above']} / {off['below']}"
 
 
 def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:
