@@ -146,6 +146,9 @@ def test_hybrid_needs_a_crammed_bert_encoder(tmp_path):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", *CAUSAL, "train.objective=hybrid"))
     with pytest.raises(click.ClickException, match="train.hybrid is set but train.objective=mlm"):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.hybrid.causal_fraction=0.5"))
+    with pytest.raises(click.ClickException, match="train.rtd is set but train.objective=mlm"):  # not silently ignored
+        resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.rtd.generator_size=0.5"))
+    resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.objective=rtd", "train.rtd.generator_size=0.5"))
 
 
 def test_hybrid_under_ddp_and_fsdp_matches_one_process(tmp_path):

@@ -176,9 +176,11 @@ class TrainConfig(Config):
         return value
 
     @model_validator(mode="after")
-    def _hybrid_only_when_chosen(self):
-        if self.objective != "hybrid" and "hybrid" in self.model_fields_set and self.hybrid != HybridConfig():
-            raise ValueError(f"train.hybrid is set but train.objective={self.objective}: it applies to train.objective=hybrid")
+    def _options_only_when_chosen(self):
+        """train.rtd / train.hybrid changed from their defaults under another objective would be ignored: refused."""
+        for name, default in (("rtd", RTDConfig()), ("hybrid", HybridConfig())):
+            if self.objective != name and name in self.model_fields_set and getattr(self, name) != default:
+                raise ValueError(f"train.{name} is set but train.objective={self.objective}: it applies to train.objective={name}")
         return self
 
     @model_validator(mode="after")

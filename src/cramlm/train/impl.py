@@ -35,7 +35,8 @@ class ImplConfig(Config):
         "process; None: torch's default")
     tf32: bool = Field(True, description="TF32 matmuls on Ampere+ GPUs (fp32 stays exact on CPU)")
     data_cache: str | None = Field(
-        None, description="where prepared data is cached, keyed by the data config (null: per user, data/prepare.py)"
+        None, description="where cramlm pretrain and cramlm run cache prepared data, keyed by the data config (null: per user, "
+        "data/prepare.py); cramlm eval finds a run's validation file where that run's own config put it"
     )
     progress: bool = Field(True, description="progress bars")
     dryrun_steps: PositiveInt = Field(4, description="optimizer steps taken when dryrun=true")

@@ -52,7 +52,9 @@ class RTDConfig(ObjectiveConfig):
 
     generator_size: Annotated[float, Field(gt=0, le=1)] = Field(
         0.25, description="the generator's width (hidden size, FFN width, heads at the same head dim) as a "
-        "fraction of the discriminator's (ELECTRA: 1/4 to 1/3 works best); same depth")
+        "fraction of the discriminator's (ELECTRA: 1/4 to 1/3 works best); same depth. Its head is ELECTRA's "
+        "(dense to the embedding width, activation, norm, the tied decoder) whatever arch.head_transform says, "
+        "and uncapped (arch.logit_softcap applies to the model's own MLM head, not the generator's)")
     rtd_weight: PositiveFloat = Field(
         50.0, description="loss = generator MLM loss + rtd_weight x discriminator binary cross-entropy (ELECTRA: 50)")
 
