@@ -70,7 +70,7 @@ def measure(arch: str, tok, pairs, threads: int, all_variants: bool = True) -> l
 
     torch.set_num_threads(threads)
     texts = list(dict.fromkeys(t for p in pairs for t in (p.good, p.bad)))
-    sentences = cramlm_encoder(tok, [CLS_ID], [SEP_ID], 128)(texts)
+    sentences = cramlm_encoder(tok, [CLS_ID], [SEP_ID])(texts)
     mlm = model(arch, tok.get_vocab_size())
     predict = at_positions(mlm.encode, mlm.head)
     detector = torch.nn.Linear(mlm.hidden_size, 1)  # the detector's cost is negligible beside the encoder's

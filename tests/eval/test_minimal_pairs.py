@@ -48,6 +48,10 @@ def test_field_names_are_configurable_and_a_file_without_a_paradigm_is_its_stem(
     ('{"sentence_good": "A b.",', "bad.jsonl:1: invalid JSON"),
     ('["A b.", "A c."]', "bad.jsonl:1: expected a JSON object"),
     ("", "bad.jsonl: no pairs"),
+    ('{"sentence_good": "A b.", "sentence_bad": "A c.", "UID": "p", "linguistics_term": "x"}\n'
+     '{"sentence_good": "A d.", "sentence_bad": "A e.", "UID": "p", "linguistics_term": "y"}',
+     "bad.jsonl:2: paradigm 'p' has phenomenon 'y' here, 'x' on line 1"),  # was: silently the last one's
+    ('{"sentence_good": "A b.", "sentence_bad": "A c.", "UID": ["p"]}', "bad.jsonl:1: field 'UID' (eval.minimal_pairs.fields) is not a name"),
 ])
 def test_a_bad_pair_file_is_one_error_naming_file_and_line(tmp_path, line, message):
     (tmp_path / "bad.jsonl").write_text(line + "\n")
@@ -63,6 +67,27 @@ def test_missing_paths_and_a_paradigm_in_two_files_are_refused(tmp_path):
         load_pairs(PairsConfig(paths=[str(tmp_path / "empty")]))
     with pytest.raises(PairsError, match="paradigm 'anaphor' is also in"):
         load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl"), str(FIXTURES)]))
+
+
+def test_a_folder_whose_subfolders_hold_pairs_is_refused_not_read_in_part(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for path in (tmp_path / "top.jsonl", tmp_path / "sub" / "inner.jsonl"):
+        path.write_text(json.dumps({"sentence_good": "A cat runs.", "sentence_bad": "A cat run."}) + "\n")
+    with pytest.raises(PairsError, match=r"subfolder sub holds \*.jsonl files, which would not be read"):
+        load_pairs(PairsConfig(paths=[str(tmp_path)]))  # was: top.jsonl alone, the subfolder's pairs silently left out
+    assert len(load_pairs(PairsConfig(paths=[str(tmp_path), str(tmp_path / "sub")]))) == 2
+
+
+@pytest.mark.parametrize("key", ["paradigm", "phenomenon"])
+def test_a_field_name_of_ones_own_that_no_line_has_is_refused_not_a_silent_regrouping(tmp_path, key):
+    typo = {"paradigm": "uid", "phenomenon": "linguistic_term"}[key]
+    with pytest.raises(PairsError, match=f"anaphor.jsonl: no line has field '{typo}' \\(eval.minimal_pairs.fields.{key}\\)"):
+        load_pairs(PairsConfig(paths=[str(FIXTURES)], fields=PairFields(**{key: typo})))
+    pairs = read_pairs(FIXTURES / "anaphor.jsonl", PairFields(**{key: "field"}))  # a name the lines have
+    assert {getattr(p, key) for p in pairs} == {"morphology"}
+    path = tmp_path / "own.jsonl"  # BLiMP's own names absent from every line: the file's stem, then the paradigm
+    path.write_text(json.dumps({"sentence_good": "A cat runs.", "sentence_bad": "A cat run."}) + "\n")
+    assert [(p.paradigm, p.phenomenon) for p in read_pairs(path, PairFields())] == [("own", "own")]
 
 
 def test_the_shared_blimp_paradigms_load(shared_data):
@@ -109,6 +134,29 @@ def test_a_model_that_scores_every_sentence_alike_is_at_chance_not_100():
     assert got["accuracy"] == 0.5 and got["tie_rate"] == 1.0  # lm-eval's argmax would say 100
     text = pairs_text({"headline": "pll-word-l2r", "scores": {"pll-word-l2r": got}})
     assert "tie rate" in text and "100.0" in text and "50.0" in text
+
+
+def test_a_twin_scored_on_other_pairs_is_not_set_beside_the_run(tmp_path):
+    """A twin evaluated with another max_pairs or other files: no margin, no verdict, and the console and the
+    report say why (they compared the macro averages of different tests)."""
+    from cramlm.eval.pairs import pairs_verdict, pairs_versus
+    from cramlm.report.html import pairs_table
+    from cramlm.report.rundata import RunData
+
+    def record(paradigms, good):
+        pairs = pairs_of(paradigms)
+        return {"kind": "mlm", "headline": "pll-word-l2r", "scores": {"pll-word-l2r": accuracy(pairs, good, [-2.0] * len(pairs))}}
+
+    run = record({"a": 2, "b": 2}, [-1.0, -1.0, -3.0, -3.0])
+    same, fewer = record({"a": 2, "b": 2}, [-3.0] * 4), record({"a": 2}, [-3.0, -3.0])
+    assert len(pairs_versus(run, same)) == 2 and pairs_verdict(run, same)
+    assert pairs_versus(run, fewer) == [] and pairs_verdict(run, fewer) is None
+    text = pairs_text(run, fewer)
+    assert "untrained twin" not in text.splitlines()[1]  # no twin column
+    assert "the untrained twin was scored on other pairs (2 in 1 paradigms, against 4 in 2): not compared" in text
+    html = pairs_table([RunData(tmp_path, "r", eval={"minimal_pairs": run}, eval_untrained={"minimal_pairs": fewer})])
+    assert "margin" not in html and "r: the untrained twin was scored on other pairs" in html
+    assert "margin" in pairs_table([RunData(tmp_path, "r", eval={"minimal_pairs": run}, eval_untrained={"minimal_pairs": same})])
 
 
 def test_reference_figures_only_for_the_shared_36():
@@ -352,6 +400,35 @@ def test_every_checkpoint_kind_scores_minimal_pairs_in_cramlm_eval(runs, tmp_pat
     record = got["scores"][headline]
     assert record["pairs"] == 8 and set(record["paradigms"]) == {"anaphor", "subject_verb"}
     assert 0 <= record["accuracy"] <= 1 and 0 <= record["tie_rate"] <= 1
+
+
+@pytest.mark.parametrize("checkpoint", ["mlm", "hf-gpt"])
+def test_a_sentence_too_long_or_with_no_token_is_one_error_naming_its_file_and_line(runs, tmp_path, checkpoint):
+    """Was: a sentence too long skipped the whole scoring (exit 0, no file named); one whose characters the
+    tokenizer drops all scored 0 nats, above any real sentence (a silently wrong pair)."""
+    pair = {"sentence_good": "The whale swims in the sea.", "sentence_bad": "The whale swim in the sea."}
+    long = dict(pair, sentence_bad="the whale " * 40 + "swim.")
+    empty = dict(pair, sentence_bad="\u0301")  # a combining accent alone: no token left by the MLM tokenizer
+    cases = [(long, f"long.jsonl:2: field 'sentence_bad' is .* tokens as the model reads it, longer than {checkpoint}'s 32 positions")]
+    if checkpoint == "mlm":  # a byte-level BPE keeps every character
+        cases.append((empty, "empty.jsonl:2: field 'sentence_bad' has no token to score"))
+    for bad, message in cases:
+        path = tmp_path / ("long.jsonl" if bad is long else "empty.jsonl")
+        path.write_text(json.dumps(pair) + "\n" + json.dumps(bad) + "\n")
+        result = CliRunner().invoke(main, ["eval", f"checkpoint={runs / checkpoint}", f"out_dir={tmp_path / 'out'}", "eval.tasks=[]",
+                                           "eval.lm_eval=false", "impl.progress=false", "trust_remote_code=true",
+                                           f"eval.minimal_pairs.paths=[{path}]"])
+        assert result.exit_code == 1, result.output
+        assert re.search(f"^Error: .*{message}", result.output, re.M), result.output
+        assert "Traceback" not in result.output and not (tmp_path / "out" / "eval.json").exists()
+
+
+def test_pll_variants_asked_of_a_causal_lm_are_said_not_to_apply(runs, tmp_path):
+    result = CliRunner().invoke(main, ["eval", f"checkpoint={runs / 'gpt'}", f"out_dir={tmp_path}", "eval.tasks=[]",
+                                       "eval.lm_eval=false", "impl.progress=false", PAIRS, "eval.minimal_pairs.pll=[original]"])
+    assert result.exit_code == 0, result.output
+    assert "eval.minimal_pairs.pll=['original'] does not apply to gpt: it has no masked-LM scorer (scored by log-probability)" \
+        in result.output
 
 
 def test_a_checkpoint_without_a_trained_lm_head_is_refused_not_scored(runs, tmp_path):

@@ -60,15 +60,14 @@ def pair_models(ckpt, device) -> list[PairModel]:
 # ------------------------------------------------------------------------------ cramlm runs
 
 
-def cramlm_encoder(tok, prefix: list[int], suffix: list[int], max_length: int) -> Callable[[list[str]], list[Sentence]]:
-    """Texts -> Sentences: ``prefix`` + the text's tokens (no template) + ``suffix``; the text's tokens are scored."""
+def cramlm_encoder(tok, prefix: list[int], suffix: list[int]) -> Callable[[list[str]], list[Sentence]]:
+    """Texts -> Sentences: ``prefix`` + the text's tokens (no template) + ``suffix``; the text's tokens are
+    scored. Nothing is cut: score_pairs refuses a sentence longer than the model's positions."""
 
     def encode(texts: list[str]) -> list[Sentence]:
         out = []
         for enc in tok.encode_batch(texts, add_special_tokens=False):
             ids = prefix + enc.ids + suffix
-            if len(ids) > max_length:
-                raise PairsUnavailable(f"a sentence of {len(ids)} tokens is longer than the model's {max_length} positions")
             words = [-1] * len(prefix) + [-1 if w is None else w for w in enc.word_ids] + [-1] * len(suffix)
             out.append(Sentence(ids, list(range(len(prefix), len(prefix) + len(enc.ids))), words))
         return out
@@ -91,10 +90,10 @@ def cramlm_pair_models(ckpt, device) -> list[PairModel]:
                                f"{objective.trained_parts}, no checkpoint); its MLM head was never trained")
     model = lm.model.to(device).eval()
     if objective.config.arch_kind == "clm":
-        encode = cramlm_encoder(tok, [sep], [], ckpt.max_length)
+        encode = cramlm_encoder(tok, [sep], [])
         text = f"{sep_token} + text (the end-of-document token before it, as in pretraining)"
     else:
-        encode = cramlm_encoder(tok, [CLS_ID], [sep], ckpt.max_length)
+        encode = cramlm_encoder(tok, [CLS_ID], [sep])
         text = f"[CLS] text {sep_token} (a document at the start of a pretraining block)"
     return [PairModel(s.name, s.kind, s.fn, encode, PAD_ID, MASK_ID if s.kind != "clm" else None, text,
                       model.vocab_size if s.full_logits else None) for s in objective.scorers(model)]
@@ -103,8 +102,8 @@ def cramlm_pair_models(ckpt, device) -> list[PairModel]:
 # ------------------------------------------------------------------------------ transformers
 
 
-def hf_encoder(tok, kind: str, max_length: int) -> tuple[Callable[[list[str]], list[Sentence]], str]:
-    """Texts -> Sentences for a transformers tokenizer, and the input in words."""
+def hf_encoder(tok, kind: str) -> tuple[Callable[[list[str]], list[Sentence]], str]:
+    """Texts -> Sentences for a transformers tokenizer, and the input in words (nothing cut, as cramlm_encoder)."""
     fast = getattr(tok, "is_fast", False)
     if kind == "clm":
         prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
@@ -114,7 +113,7 @@ def hf_encoder(tok, kind: str, max_length: int) -> tuple[Callable[[list[str]], l
 
         def encode(texts: list[str]) -> list[Sentence]:
             batch = tok(texts, add_special_tokens=False)
-            return [_sentence([prefix] + ids, list(range(1, len(ids) + 1)), [-1] + _words(batch, i, len(ids), fast), max_length)
+            return [Sentence([prefix] + ids, list(range(1, len(ids) + 1)), [-1] + _words(batch, i, len(ids), fast))
                     for i, ids in enumerate(batch["input_ids"])]
 
         return encode, f"{name} + text (an empty context, as lm-evaluation-harness gives it)"
@@ -124,7 +123,7 @@ def hf_encoder(tok, kind: str, max_length: int) -> tuple[Callable[[list[str]], l
         out = []
         for i, ids in enumerate(batch["input_ids"]):
             special = batch["special_tokens_mask"][i]
-            out.append(_sentence(ids, [t for t, s in enumerate(special) if not s], _words(batch, i, len(ids), fast), max_length))
+            out.append(Sentence(list(ids), [t for t, s in enumerate(special) if not s], _words(batch, i, len(ids), fast)))
         return out
 
     return encode, "the tokenizer's own special tokens around the text" + (
@@ -137,12 +136,6 @@ def _words(batch, i: int, n: int, fast: bool) -> list[int]:
     if not fast:
         return list(range(n))
     return [-1 if w is None else w for w in batch.word_ids(i)]
-
-
-def _sentence(ids: list[int], scored: list[int], words: list[int], max_length: int) -> Sentence:
-    if len(ids) > max_length:
-        raise PairsUnavailable(f"a sentence of {len(ids)} tokens is longer than the model's {max_length} positions")
-    return Sentence(list(ids), scored, words)
 
 
 def hf_kind(config) -> str:
@@ -185,7 +178,7 @@ def hf_pair_models(ckpt, device) -> list[PairModel]:
     kind = hf_kind(config)
     tok = ckpt.tokenizer.tok
     model = load_hf_lm(source, kind, ckpt.untrained, remote, ckpt.identity.get("seed") or 0).to(device).eval()
-    encode, text = hf_encoder(tok, "clm" if kind == "clm" else "mlm", ckpt.max_length)
+    encode, text = hf_encoder(tok, "clm" if kind == "clm" else "mlm")
     pad = ckpt.tokenizer.pad_id
     vocab = config.vocab_size
 
@@ -226,12 +219,17 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
 
     start = time.perf_counter()
     models = [pm for pm in pair_models(ckpt, device) if cfg.generator or pm.name != "generator"]
+    if cfg.pll != type(cfg).model_fields["pll"].default and all(pm.kind != "mlm" for pm in models):
+        say(f"minimal pairs: eval.minimal_pairs.pll={cfg.pll} does not apply to {ckpt.label}: it has no masked-LM "
+            f"scorer (scored by {', '.join(pm.name for pm in models)})")
     texts = list(dict.fromkeys(t for p in pairs for t in (p.good, p.bad)))  # each distinct sentence once
     scores: dict[str, dict[str, float]] = {}
     for pm in models:
         began = time.perf_counter()
         say(f"minimal pairs: {ckpt.label} {pm.name}: scoring {len(texts):,} sentences")
-        values = score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
+        sentences = pm.encode(texts)
+        check_sentences(pairs, dict(zip(texts, sentences)), ckpt.max_length, cfg.fields, ckpt.label)
+        values = score_sentences(pm.kind, pm.fn, sentences, pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
                                  pm.full_logits_vocab, device, progress)
         for method, got in values.items():
             name = method if pm.name in ("pll", "log-probability", "detector") else f"{pm.name} {method}"
@@ -241,3 +239,23 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
     return {"kind": models[0].kind, "headline": next(iter(records)), "input": models[0].input,
             "scores": records, "sentences": len(texts), "sources": list(cfg.paths),
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def check_sentences(pairs: list, encoded: dict, max_length: int, fields, label: str) -> None:
+    """A sentence with no token to score (its characters all dropped by the tokenizer: it would score 0, above
+    any sentence that has tokens) or longer than the model's positions is refused, naming its pair's file and line."""
+    from cramlm.eval.pairs import PairsError
+
+    def wrong(s: Sentence) -> str | None:
+        if not s.scored:
+            return "has no token to score (the tokenizer keeps none of its characters)"
+        if len(s.ids) > max_length:
+            return f"is {len(s.ids)} tokens as the model reads it, longer than {label}'s {max_length} positions"
+        return None
+
+    bad = {text: why for text, s in encoded.items() if (why := wrong(s))}
+    for p in pairs:
+        for key, text in ((fields.good, p.good), (fields.bad, p.bad)):
+            if text in bad:
+                more = f" ({len(bad) - 1} more such sentence{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
+                raise PairsError(f"{p.where or p.paradigm}: field '{key}' {bad[text]}{more}")

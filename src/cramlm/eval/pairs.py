@@ -6,7 +6,10 @@ A pair is two sentences differing in one grammatical point; a model is right whe
 acceptable one higher. A source is a JSONL file (one pair per line) or a folder of them (every
 ``*.jsonl``, in name order). The field names are BLiMP's by default (``sentence_good``,
 ``sentence_bad``, ``UID`` the paradigm, ``linguistics_term`` the phenomenon) and configurable;
-a file without the paradigm field is one paradigm named after the file's stem.
+a file without the paradigm field is one paradigm named after the file's stem. Refused, naming the
+file and line: a paradigm given two phenomena, a paradigm or phenomenon field set to a name (not
+BLiMP's) that no line of a file has (a typo would silently regroup the pairs), and a folder whose
+subfolders hold pair files that ``paths`` does not list (they would not be read).
 
 Scoring conventions (see eval/sentence_scores.py for how each kind of model scores a sentence):
 - **Ties count half.** A pair whose two scores differ by at most :data:`TIE_NATS` nats (identical
@@ -19,6 +22,7 @@ Scoring conventions (see eval/sentence_scores.py for how each kind of model scor
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,12 +95,20 @@ class Pair:
     bad: str
     paradigm: str
     phenomenon: str
+    where: str = ""  # file:line, named by errors about the pair
 
 
-def pair_files(spec: str) -> list[Path]:
-    """The JSONL files of one ``paths`` entry: a file, or a folder's ``*.jsonl`` in name order."""
+def pair_files(spec: str, listed: frozenset[Path] = frozenset()) -> list[Path]:
+    """The JSONL files of one ``paths`` entry: a file, or a folder's ``*.jsonl`` in name order; a
+    subfolder holding pair files that is not ``listed`` (resolved folders of ``paths``) is refused."""
     path = package_path(spec)
     if path.is_dir():
+        nested = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")
+                        and d.resolve() not in listed and any(f.is_file() for f in d.rglob("*.jsonl")))
+        if nested:
+            raise PairsError(f"eval.minimal_pairs.paths: {path}: subfolder{'s' if len(nested) > 1 else ''} "
+                             f"{', '.join(nested)} hold{'' if len(nested) > 1 else 's'} *.jsonl files, which would not be "
+                             "read (a folder's own *.jsonl are): list each folder of pairs in paths")
         files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
         if not files:
             raise PairsError(f"eval.minimal_pairs.paths: {path}: no *.jsonl files in this folder")
@@ -114,6 +126,16 @@ def _text(obj: dict, key: str, path: Path, lineno: int) -> str:
     return value
 
 
+def _name(obj: dict, key: str | None, path: Path, lineno: int) -> str | None:
+    """The paradigm or phenomenon field of a line; None when unset, absent or empty."""
+    value = obj.get(key) if key else None
+    if value is None or value == "":
+        return None
+    if isinstance(value, (dict, list, bool)):
+        raise PairsError(f"{path}:{lineno}: field '{key}' (eval.minimal_pairs.fields) is not a name: {json.dumps(value)[:60]}")
+    return str(value)
+
+
 def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> list[Pair]:
     """The pairs of one JSONL file (each paradigm cut to its first ``max_pairs``)."""
     from cramlm.eval.tasks import TaskError, _rows
@@ -122,13 +144,23 @@ def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> 
         rows = list(_rows(path, "jsonl", False)[1])  # (line number, JSON object); errors name file and line
     except TaskError as e:
         raise PairsError(str(e)) from None
-    pairs, counts = [], {}
+    pairs, counts, first = [], {}, {}
     for lineno, obj in rows:
-        paradigm = str(obj.get(fields.paradigm) or path.stem) if fields.paradigm else path.stem
-        phenomenon = str(obj.get(fields.phenomenon) or paradigm) if fields.phenomenon else paradigm
+        paradigm = _name(obj, fields.paradigm, path, lineno) or path.stem
+        phenomenon = _name(obj, fields.phenomenon, path, lineno) or paradigm
+        was, at = first.setdefault(paradigm, (phenomenon, lineno))
+        if was != phenomenon:
+            raise PairsError(f"{path}:{lineno}: paradigm '{paradigm}' has phenomenon '{phenomenon}' here, '{was}' on line "
+                             f"{at} (field '{fields.phenomenon}'): a paradigm is one phenomenon")
         counts[paradigm] = counts.get(paradigm, 0) + 1
         if max_pairs is None or counts[paradigm] <= max_pairs:
-            pairs.append(Pair(_text(obj, fields.good, path, lineno), _text(obj, fields.bad, path, lineno), paradigm, phenomenon))
+            pairs.append(Pair(_text(obj, fields.good, path, lineno), _text(obj, fields.bad, path, lineno), paradigm,
+                              phenomenon, f"{path}:{lineno}"))
+    for key in ("paradigm", "phenomenon"):  # a name of the user's own that no line has is a typo, not a fallback
+        name = getattr(fields, key)
+        if rows and name and name != PairFields.model_fields[key].default and not any(name in obj for _, obj in rows):
+            raise PairsError(f"{path}: no line has field '{name}' (eval.minimal_pairs.fields.{key}); null: "
+                             + ("each file is one paradigm named after it" if key == "paradigm" else "the phenomenon is the paradigm"))
     if not pairs:
         raise PairsError(f"{path}: no pairs")
     return pairs
@@ -138,8 +170,9 @@ def load_pairs(cfg: PairsConfig) -> list[Pair]:
     """Every pair of ``cfg.paths`` (empty when none are set); a paradigm met in two files is an error."""
     pairs: list[Pair] = []
     seen: dict[str, Path] = {}
+    listed = frozenset(path.resolve() for path in map(package_path, cfg.paths) if path.is_dir())
     for spec in cfg.paths:
-        for path in pair_files(spec):
+        for path in pair_files(spec, listed):
             got = read_pairs(path, cfg.fields, cfg.max_pairs)
             for paradigm in dict.fromkeys(p.paradigm for p in got):
                 if paradigm in seen:
@@ -203,9 +236,31 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
+def headline_of(result: dict | None) -> dict | None:
+    """The headline scorer's record of an ``eval.json`` ``minimal_pairs`` block (None when it has none)."""
+    return result.get("scores", {}).get(result.get("headline")) if isinstance(result, dict) else None
+
+
+def twin_mismatch(result: dict | None, twin: dict | None) -> str | None:
+    """Why the twin cannot stand beside the run: scored on other pairs (other paradigms or other pair
+    counts: another max_pairs, other files), so a margin would compare different tests; None when it can
+    (or either is missing)."""
+    mine, base = headline_of(result), headline_of(twin)
+    if not mine or not base:
+        return None
+    a, b = ({k: r["pairs"] for k, r in h["paradigms"].items()} for h in (mine, base))
+    if a == b:
+        return None
+    return (f"the untrained twin was scored on other pairs ({sum(b.values()):,} in {len(b)} paradigms, against "
+            f"{sum(a.values()):,} in {len(a)}): not compared; evaluate both with the same eval.minimal_pairs")
+
+
 def pairs_cells(result: dict, twin: dict | None = None) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): per phenomenon each scorer's accuracy in % (and the twin's headline), then the
-    macro average over paradigms, the tie rate and the paradigms off chance (above / below)."""
+    """(header, rows): per phenomenon each scorer's accuracy in % (and the twin's headline, unless it
+    was scored on other pairs), then the macro average over paradigms, the tie rate and the paradigms
+    off chance (above / below)."""
+    if twin_mismatch(result, twin):
+        twin = None
     scorers = list(result["scores"])
     header = ["phenomenon", *scorers] + (["untrained twin"] if twin else [])
     head, twin_head = result["scores"][result["headline"]], (twin or {}).get("scores", {}).get((twin or {}).get("headline"))
@@ -240,11 +295,8 @@ def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:
     """Per paradigm: the run's headline accuracy, the untrained twin's, the margin, and two standard
     errors of that margin (each accuracy binomial over its pairs): a margin beyond them is not the
     luck of the pairs drawn. Empty unless both were scored."""
-    def head(r):
-        return (r or {}).get("scores", {}).get((r or {}).get("headline")) if isinstance(r, dict) else None
-
-    mine, base = head(result), head(twin)
-    if not mine or not base:
+    mine, base = headline_of(result), headline_of(twin)
+    if not mine or not base or twin_mismatch(result, twin):
         return []
     out = []
     for name, p in mine["paradigms"].items():
@@ -286,7 +338,8 @@ def pairs_text(result: dict, twin: dict | None = None) -> str:
     cells = [header, *rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
     line = lambda c: "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()  # noqa: E731
-    return f"{pairs_title(result)}:\n" + "\n".join(line(c) for c in cells) + "\n"
+    mismatch = twin_mismatch(result, twin)
+    return f"{pairs_title(result)}:\n" + "\n".join(line(c) for c in cells) + "\n" + (f"{mismatch}\n" if mismatch else "")
 
 
 def pairs_markdown(result: dict) -> str:

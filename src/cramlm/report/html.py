@@ -331,11 +331,13 @@ def pairs_table(runs: list[RunData]) -> str:
     """Zero-shot minimal-pair accuracy in % per phenomenon: each run's headline scorer, its untrained
     twin and the margin; the macro average over paradigms, the tie rate, the paradigms off chance,
     and BLiMP's published figures where the paradigms are the shared 36 (eval/pairs.py)."""
-    from cramlm.eval.pairs import off_chance_cell, reference
+    from cramlm.eval.pairs import off_chance_cell, reference, twin_mismatch
 
     scored = [r for r in runs if r.pairs]
     heads = {r.name: r.pairs["scores"][r.pairs["headline"]] for r in scored}
-    twins = {r.name: r.untrained_pairs["scores"][r.untrained_pairs["headline"]] for r in scored if r.untrained_pairs}
+    mismatch = {r.name: why for r in scored if (why := twin_mismatch(r.pairs, r.untrained_pairs))}
+    twins = {r.name: r.untrained_pairs["scores"][r.untrained_pairs["headline"]] for r in scored
+             if r.untrained_pairs and r.name not in mismatch}
     phenomena = list(dict.fromkeys(p for h in heads.values() for p in h["phenomena"]))
     header = ["phenomenon"]
     for r in scored:
@@ -370,6 +372,7 @@ def pairs_table(runs: list[RunData]) -> str:
             "systematically.")
     if ref:
         note += " BLiMP's published figures on these 36 paradigms: " + ", ".join(f"{k} {v}" for k, v in ref.items()) + "."
+    note += "".join(f" {name}: {why}." for name, why in mismatch.items())
     return table + f'<p class="note">{html.escape(note)}</p>'
 
 
