@@ -380,6 +380,9 @@ def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
                                        "impl.progress=false", PAIRS, *extra])
     assert result.exit_code == 0, result.output
     assert "minimal pairs:" in result.output
+    assert "no fine-tuning tasks (eval.tasks=[])" in result.output and "nan" not in result.output  # no means of nothing
+    md = next(out.glob("eval*.md")).read_text()
+    assert "no fine-tuning tasks" in md and "mean" not in md.split("minimal pairs")[0].lower()
     return json.loads(next(out.glob("eval*.json")).read_text())["minimal_pairs"]
 
 

@@ -91,12 +91,17 @@ def _cells(rows: list[dict], mean: dict) -> list[list[str]]:
     cells = [[r["task"], r["metric"], _pct(r["score"]), _pct(r["best"]), _others(r), str(len(r["seeds"])),
               str(r["train_examples"]), str(r["dev_examples"]), _pct(r["majority"]) if r.get("majority") is not None else "-"]
              for r in rows]
-    for kind in ("arithmetic", "harmonic"):
+    for kind in ("arithmetic", "harmonic") if rows else ():  # no tasks (eval.tasks=[]): no means of nothing
         cells.append([f"{kind} mean", "", _pct(mean["last"][kind]), _pct(mean["best"][kind]), "", "", "", "", ""])
     return cells
 
 
+NO_TASKS = "no fine-tuning tasks (eval.tasks=[])"
+
+
 def markdown(rows: list[dict], mean: dict, title: str) -> str:
+    if not rows:
+        return f"**{title}**: {NO_TASKS}\n"
     lines = [f"**{title}**", "", "| " + " | ".join(HEADER) + " |",
              "|" + "|".join("---" if i in LEFT else "---:" for i in range(len(HEADER))) + "|"]
     for c in _cells(rows, mean):
@@ -123,6 +128,8 @@ def sample_note(rows: list[dict]) -> str:
 
 def text_table(rows: list[dict], mean: dict, title: str) -> str:
     """The same table as plain aligned text, for the console."""
+    if not rows:
+        return f"{title}: {NO_TASKS}\n"
     cells = [HEADER, *_cells(rows, mean)]
     widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
     line = lambda c: "  ".join(v.ljust(w) if i in LEFT else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()  # noqa: E731
@@ -138,7 +145,7 @@ def to_csv(rows: list[dict], mean: dict) -> str:
         writer.writerow([r["task"], r["metric"], f"{r['score']:.6f}", f"{r['best']:.6f}", others,
                          len(r["seeds"]), r["train_examples"], r["dev_examples"], r["seconds"],
                          "" if r.get("majority") is None else f"{r['majority']:.6f}"])
-    for kind in ("arithmetic", "harmonic"):
+    for kind in ("arithmetic", "harmonic") if rows else ():
         writer.writerow([f"{kind}_mean", "", *(UNDEFINED if mean[w][kind] is None else f"{mean[w][kind]:.6f}" for w in ("last", "best")),
                          "", "", "", "", "", ""])
     return buf.getvalue()
@@ -237,7 +244,8 @@ def versus_text(pretrained: dict, untrained: dict | None, say_verdict: bool = Tr
     twin_mean = (untrained or {}).get("mean", {}).get("last", {}).get("arithmetic")
     means_row += [_pct(twin_mean) if untrained else "-",
                   f"{100 * (pretrained['mean']['last']['arithmetic'] - twin_mean):+.2f}" if untrained and twin_mean is not None else "-", ""]
-    cells.append(means_row)
+    if rows:
+        cells.append(means_row)
     lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if lm_a:
         cells.append([f"held-out {lm_a['objective'].upper()} loss", "", f"{lm_a['loss']:.3f}",
