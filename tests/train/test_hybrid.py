@@ -135,6 +135,21 @@ def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path)
         assert torch.allclose(masked(input_ids=ids).logits[:, 1:], ours[:, :-1], atol=1e-4)  # at i, token i's
         assert torch.allclose(causal(input_ids=ids).logits, model.causal_logits(ids), atol=1e-4)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["objective"] == "hybrid"
+    from cramlm.eval.pair_models import pair_models  # zero-shot: the export scored as its run is, both modes
+    from cramlm.eval.sentence_scores import score_sentences
+
+    texts = ["the whale swam far", "far the swam whale", "a ship sailed"]
+
+    def scores(ckpt):
+        return {pm.name: score_sentences(pm.kind, pm.fn, pm.encode(texts), pm.pad_id, pm.mask_id, ["original"], 64,
+                                         pm.full_logits_vocab)
+                for pm in pair_models(ckpt, "cpu")}
+
+    run, export = scores(load_checkpoint(str(tmp_path / "hy"), tmp_path)), scores(load_checkpoint(str(tmp_path / "hf"), tmp_path, trust_remote_code=True))
+    assert list(run) == list(export) == ["log-probability", "pll"]
+    for name in run:
+        for method in run[name]:
+            np.testing.assert_allclose(export[name][method], run[name][method], atol=1e-4)
 
 
 def test_hybrid_needs_a_crammed_bert_encoder(tmp_path):

@@ -11,7 +11,8 @@ and its text given as in pretraining.
   log-probability and the masked mode's pseudo-log-likelihood.
 - transformers checkpoints. Masked LMs: the tokenizer's own special tokens; causal LMs: the BOS
   token (else EOS) before the text, as lm-evaluation-harness gives an empty context; a cramlm
-  ELECTRA export: its detector, and its ``generator/`` folder's pseudo-log-likelihood. A masked or
+  ELECTRA export: its detector, and its ``generator/`` folder's pseudo-log-likelihood; a cramlm hybrid
+  export: as its run (the causal log-probability, the masked LM's PLL beside). A masked or
   causal LM whose LM head is not in the checkpoint is refused (its head would be random).
 - the untrained twin: the same, with the random weights the twin has (heads included).
 """
@@ -139,10 +140,13 @@ def _words(batch, i: int, n: int, fast: bool) -> list[int]:
 
 
 def hf_kind(config) -> str:
-    """mlm, clm or rtd: a cramlm ELECTRA export or an ELECTRA discriminator is rtd."""
+    """mlm, clm, rtd or hybrid: a cramlm ELECTRA export or an ELECTRA discriminator is rtd, a cramlm
+    hybrid (GPT-BERT) export, a masked and a causal LM over the same weights, hybrid."""
     from cramlm.eval.checkpoints import is_causal
 
     archs = getattr(config, "architectures", None) or []
+    if getattr(config, "objective", None) == "hybrid":
+        return "hybrid"
     if getattr(config, "objective", None) == "rtd" or (config.model_type == "electra" and any("PreTraining" in a for a in archs)):
         return "rtd"
     return "clm" if is_causal(config) else "mlm"
@@ -177,10 +181,17 @@ def hf_pair_models(ckpt, device) -> list[PairModel]:
     config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=remote)
     kind = hf_kind(config)
     tok = ckpt.tokenizer.tok
-    model = load_hf_lm(source, kind, ckpt.untrained, remote, ckpt.identity.get("seed") or 0).to(device).eval()
+    seed = ckpt.identity.get("seed") or 0
     encode, text = hf_encoder(tok, "clm" if kind == "clm" else "mlm")
     pad = ckpt.tokenizer.pad_id
     vocab = config.vocab_size
+    if kind == "hybrid":  # scored as its run is: causal log-probability of [CLS] text [SEP]'s text, the PLL beside
+        causal, masked = (load_hf_lm(source, k, ckpt.untrained, remote, seed).to(device).eval() for k in ("clm", "mlm"))
+        return [PairModel("log-probability", "clm", lambda ids, mask: causal(input_ids=ids, attention_mask=mask).logits,
+                          encode, pad, None, text, vocab),
+                PairModel("pll", "mlm", full_at_positions(lambda ids, mask: masked(input_ids=ids, attention_mask=mask).logits),
+                          encode, pad, tok.mask_token_id, text, vocab)]
+    model = load_hf_lm(source, kind, ckpt.untrained, remote, seed).to(device).eval()
 
     def logits(ids, mask):
         return model(input_ids=ids, attention_mask=mask).logits
@@ -192,7 +203,7 @@ def hf_pair_models(ckpt, device) -> list[PairModel]:
     out = [PairModel("detector", "rtd", logits, encode, pad, tok.mask_token_id, text)]
     generator = Path(source) / "generator"
     if (generator / "config.json").is_file():
-        gen = load_hf_lm(str(generator), "mlm", ckpt.untrained, remote, ckpt.identity.get("seed") or 0).to(device).eval()
+        gen = load_hf_lm(str(generator), "mlm", ckpt.untrained, remote, seed).to(device).eval()
         out.append(PairModel("generator", "mlm", full_at_positions(lambda ids, mask: gen(input_ids=ids, attention_mask=mask).logits),
                              encode, pad, tok.mask_token_id, text, vocab))
     return out
