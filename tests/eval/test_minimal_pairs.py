@@ -65,8 +65,11 @@ def test_missing_paths_and_a_paradigm_in_two_files_are_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PairsError, match="no \\*.jsonl files"):
         load_pairs(PairsConfig(paths=[str(tmp_path / "empty")]))
-    with pytest.raises(PairsError, match="paradigm 'anaphor' is also in"):
+    with pytest.raises(PairsError, match="anaphor.jsonl is read twice"):  # a file listed, then its folder
         load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl"), str(FIXTURES)]))
+    (tmp_path / "copy.jsonl").write_text((FIXTURES / "anaphor.jsonl").read_text())
+    with pytest.raises(PairsError, match="paradigm 'anaphor' is also in"):
+        load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl"), str(tmp_path / "copy.jsonl")]))
 
 
 def test_a_folder_whose_subfolders_hold_pairs_is_refused_not_read_in_part(tmp_path):

@@ -171,8 +171,12 @@ def load_pairs(cfg: PairsConfig) -> list[Pair]:
     pairs: list[Pair] = []
     seen: dict[str, Path] = {}
     listed = frozenset(path.resolve() for path in map(package_path, cfg.paths) if path.is_dir())
+    read: dict[Path, str] = {}
     for spec in cfg.paths:
         for path in pair_files(spec, listed):
+            if path.resolve() in read:
+                raise PairsError(f"eval.minimal_pairs.paths: {path} is read twice (through {read[path.resolve()]!r} and {spec!r})")
+            read[path.resolve()] = spec
             got = read_pairs(path, cfg.fields, cfg.max_pairs)
             for paradigm in dict.fromkeys(p.paradigm for p in got):
                 if paradigm in seen:
