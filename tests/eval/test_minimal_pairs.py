@@ -162,6 +162,24 @@ def test_a_twin_scored_on_other_pairs_is_not_set_beside_the_run(tmp_path):
     assert "margin" in pairs_table([RunData(tmp_path, "r", eval={"minimal_pairs": run}, eval_untrained={"minimal_pairs": same})])
 
 
+def test_a_twin_scored_by_another_pll_variant_is_not_set_beside_the_run(tmp_path):
+    """A twin evaluated with another eval.minimal_pairs.pll on the same pairs: its headline is another
+    scorer, so a margin would set word-l2r PLL against the original PLL (it was drawn, unsaid)."""
+    from cramlm.eval.pairs import pairs_verdict, pairs_versus
+    from cramlm.report.html import pairs_table
+    from cramlm.report.rundata import RunData
+
+    pairs = pairs_of({"a": 2, "b": 2})
+    run = {"kind": "mlm", "headline": "pll-word-l2r", "scores": {"pll-word-l2r": accuracy(pairs, [-1.0] * 4, [-2.0] * 4)}}
+    twin = {"kind": "mlm", "headline": "pll-original", "scores": {"pll-original": accuracy(pairs, [-3.0] * 4, [-2.0] * 4)}}
+    assert pairs_versus(run, twin) == [] and pairs_verdict(run, twin) is None
+    text = pairs_text(run, twin)
+    assert "untrained twin" not in text.splitlines()[1]
+    assert "the untrained twin was scored by pll-original, the run by pll-word-l2r: not compared" in text
+    html = pairs_table([RunData(tmp_path, "r", eval={"minimal_pairs": run}, eval_untrained={"minimal_pairs": twin})])
+    assert "margin" not in html and "r: the untrained twin was scored by pll-original" in html
+
+
 def test_reference_figures_only_for_the_shared_36():
     assert reference(BLIMP_SHARED_36)["GPT-2 (1.5B)"] == 81.2
     assert reference(set(BLIMP_SHARED_36) - {"passive_1"}) is None

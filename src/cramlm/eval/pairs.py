@@ -246,12 +246,16 @@ def headline_of(result: dict | None) -> dict | None:
 
 
 def twin_mismatch(result: dict | None, twin: dict | None) -> str | None:
-    """Why the twin cannot stand beside the run: scored on other pairs (other paradigms or other pair
+    """Why the twin cannot stand beside the run: scored by another headline scorer (another
+    eval.minimal_pairs.pll: word-l2r against original) or on other pairs (other paradigms or other pair
     counts: another max_pairs, other files), so a margin would compare different tests; None when it can
     (or either is missing)."""
     mine, base = headline_of(result), headline_of(twin)
     if not mine or not base:
         return None
+    if result["headline"] != twin["headline"]:
+        return (f"the untrained twin was scored by {twin['headline']}, the run by {result['headline']}: not compared; "
+                "evaluate both with the same eval.minimal_pairs")
     a, b = ({k: r["pairs"] for k, r in h["paradigms"].items()} for h in (mine, base))
     if a == b:
         return None
