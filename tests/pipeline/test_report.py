@@ -311,3 +311,50 @@ def test_a_margin_is_coloured_and_signed_as_printed():
 
     assert _cell(Margin(-0.01)) == '<td class="">+0.0</td>'
     assert _cell(Margin(0.06)) == '<td class="pos">+0.1</td>' and _cell(Margin(-2.34)) == '<td class="neg">-2.3</td>'
+
+
+def zero_shot(paradigms: dict[str, int], right: float) -> dict:
+    """eval.json's minimal_pairs: ``right`` of each paradigm's pairs scored the acceptable sentence higher."""
+    from cramlm.eval.pairs import Pair, accuracy
+
+    pairs = [Pair(f"g{i}", f"b{i}", name, "phen-" + name) for name, n in paradigms.items() for i in range(n)]
+    good = [-1.0 if i < right * n else -3.0 for n in paradigms.values() for i in range(n)]
+    return {"kind": "mlm", "headline": "pll-word-l2r", "scores": {"pll-word-l2r": accuracy(pairs, good, [-2.0] * len(good))}}
+
+
+def with_zero_shot(folder: Path, pairs: dict | None, twin: dict | None = None) -> Path:
+    demo_like_run(folder, {"sst": ("accuracy", 0.6, 0.5)}, {"sst": 0.55})
+    for name, block in (("eval.json", pairs), ("eval-untrained.json", twin)):
+        data = json.loads((folder / name).read_text())
+        (folder / name).write_text(json.dumps({**data, "minimal_pairs": block}))
+    return folder
+
+
+def test_two_runs_of_one_name_each_show_their_own_zero_shot(tmp_path):
+    """Two runs named alike (the same point of two sweeps): each column its own numbers (the zero-shot table
+    showed the second run's under both), each named by its folder."""
+    a = with_zero_shot(tmp_path / "x" / "r", zero_shot({"p": 4}, 1.0), zero_shot({"p": 4}, 0.5))
+    b = with_zero_shot(tmp_path / "y" / "r", zero_shot({"p": 4}, 0.25), zero_shot({"p": 4}, 0.5))
+    table = section(write_report(a, b, out=tmp_path / "cmp").read_text(), "Zero-shot minimal pairs (accuracy, %)")
+    assert re.search(r"<td>macro average \(paradigms\)</td><td>100.0</td><td>50.0</td><td[^>]*>\+50.0</td>"
+                     r"<td>25.0</td><td>50.0</td><td[^>]*>-25.0</td>", table), table
+    assert "r (x/r) (pll-word-l2r)" in table and "r (y/r) (pll-word-l2r)" in table
+
+
+def test_zero_shot_that_does_not_compare_or_was_refused_is_said(tmp_path):
+    """Runs scored on other pairs than each other are said not to compare; a recorded refusal (the run's or
+    the twin's) and a run not scored are named with the run, never silently left out of the table."""
+    a = with_zero_shot(tmp_path / "a", zero_shot({"p": 4, "q": 4}, 0.75), {"skipped": "the twin's head is random"})
+    b = with_zero_shot(tmp_path / "b", zero_shot({"p": 2, "q": 4}, 0.75))
+    c = with_zero_shot(tmp_path / "c", {"skipped": "c: no trained masked-LM head"})
+    d = with_zero_shot(tmp_path / "d", None)
+    for folder in (a, b, c, d):
+        config = folder / "config.yaml"
+        config.write_text(config.read_text().replace("name: r\n", f"name: {folder.name}\n"))
+    html = section(write_report(a, b, c, d, out=tmp_path / "cmp").read_text(), "Zero-shot minimal pairs (accuracy, %)")
+    assert "different pairs (a 8 in 2 paradigms, b 6 in 2 paradigms): their columns do not compare" in html
+    assert "a: the untrained twin&#x27;s minimal pairs were not scored: the twin&#x27;s head is random" in html
+    assert "c: minimal pairs not scored: c: no trained masked-LM head" in html and "d: not scored on minimal pairs" in html
+    assert "different pairs" not in write_report(a, a, out=tmp_path / "same").read_text()
+    alone = section(write_report(c).read_text(), "Zero-shot minimal pairs (accuracy, %)")  # the section, with why
+    assert "minimal pairs not scored: c: no trained masked-LM head" in alone and "<table>" not in alone

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import statistics
 from datetime import datetime, timezone
 from pathlib import Path
@@ -330,29 +331,35 @@ def _col_mean(values: list[float | None], kind: str) -> float | str:
 def pairs_table(runs: list[RunData]) -> str:
     """Zero-shot minimal-pair accuracy in % per phenomenon: each run's headline scorer, its untrained
     twin and the margin; the macro average over paradigms, the tie rate, the paradigms off chance,
-    and BLiMP's published figures where the paradigms are the shared 36 (eval/pairs.py)."""
-    from cramlm.eval.pairs import off_chance_cell, reference, twin_mismatch
+    and BLiMP's published figures where the paradigms are the shared 36 (eval/pairs.py). Below it, what
+    does not compare or is missing: runs scored on other pairs than each other, a twin not set beside
+    its run, and a run or twin whose scoring was refused (or, beside scored runs, a run not scored)."""
+    from cramlm.eval.pairs import REFERENCE_36, off_chance_cell, reference, twin_mismatch
 
     scored = [r for r in runs if r.pairs]
-    heads = {r.name: r.pairs["scores"][r.pairs["headline"]] for r in scored}
-    mismatch = {r.name: why for r in scored if (why := twin_mismatch(r.pairs, r.untrained_pairs))}
-    twins = {r.name: r.untrained_pairs["scores"][r.untrained_pairs["headline"]] for r in scored
-             if r.untrained_pairs and r.name not in mismatch}
-    phenomena = list(dict.fromkeys(p for h in heads.values() for p in h["phenomena"]))
+    heads = [r.pairs["scores"][r.pairs["headline"]] for r in scored]
+    mismatch = [twin_mismatch(r.pairs, r.untrained_pairs) for r in scored]
+    twins = [r.untrained_pairs["scores"][r.untrained_pairs["headline"]] if r.untrained_pairs and not why else None
+             for r, why in zip(scored, mismatch)]
+    said = [f"{r.name}: minimal pairs not scored: {r.pairs_skipped}" if r.pairs_skipped
+            else f"{r.name}: not scored on minimal pairs" for r in runs if not r.pairs and (scored or r.pairs_skipped)]
+    if not scored:
+        return f'<p class="note">{html.escape(". ".join(said))}.</p>'
+    phenomena = list(dict.fromkeys(p for h in heads for p in h["phenomena"]))
     header = ["phenomenon"]
-    for r in scored:
-        name = "pretrained" if len(scored) == 1 else r.name
+    for r, twin in zip(scored, twins):
+        name = "pretrained" if len(runs) == 1 else r.name
         header.append(f"{name} ({r.pairs['headline']})")
-        if r.name in twins:
-            header += ["untrained twin" if len(scored) == 1 else f"{r.name} untrained", "margin"]
+        if twin:
+            header += ["untrained twin" if len(runs) == 1 else f"{r.name} untrained", "margin"]
 
     def cells(get) -> list[Any]:
         row = []
-        for r in scored:
-            a = get(heads[r.name])
+        for head, twin in zip(heads, twins):
+            a = get(head)
             row.append(_round(None if a is None else 100 * a))
-            if r.name in twins:
-                b = get(twins[r.name])
+            if twin:
+                b = get(twin)
                 row += [_round(None if b is None else 100 * b), Margin(100 * (a - b)) if a is not None and b is not None else ""]
         return row
 
@@ -360,19 +367,29 @@ def pairs_table(runs: list[RunData]) -> str:
     rows.append(["macro average (paradigms)", *cells(lambda h: h["accuracy"])])
     rows.append(["tie rate", *cells(lambda h: h["tie_rate"])])
     off = ["paradigms off chance (above / below)"]
-    for r in scored:
-        off += [off_chance_cell(heads[r.name])] + ([off_chance_cell(twins[r.name]), ""] if r.name in twins else [])
+    for head, twin in zip(heads, twins):
+        off += [off_chance_cell(head)] + ([off_chance_cell(twin), ""] if twin else [])
     rows.append(off)
     classes = [""] * len(phenomena) + ["mean", "", ""]
     table = _table(header, rows, classes)
-    ref = next((x for h in heads.values() if (x := reference(h["paradigms"]))), None)
     note = ("Ties count half (lm-evaluation-harness and the BabyLM pipelines count them right, so a model that scores "
             "every sentence alike would get 100). Chance is 50; a paradigm is off chance when its accuracy is more than "
             "two binomial standard errors from 50, so a macro average near 50 may hide paradigms passed and failed "
             "systematically.")
-    if ref:
-        note += " BLiMP's published figures on these 36 paradigms: " + ", ".join(f"{k} {v}" for k, v in ref.items()) + "."
-    note += "".join(f" {name}: {why}." for name, why in mismatch.items())
+    tests = [{k: p["pairs"] for k, p in h["paradigms"].items()} for h in heads]
+    if any(t != tests[0] for t in tests):
+        note += (" The runs were scored on different pairs (" + ", ".join(
+            f"{r.name} {sum(t.values()):,} in {len(t)} paradigms" for r, t in zip(scored, tests))
+            + "): their columns do not compare; evaluate them with the same eval.minimal_pairs.")
+    on_36 = [r.name for r, h in zip(scored, heads) if reference(h["paradigms"])]
+    if on_36:
+        note += (" BLiMP's published figures on " + ("these 36 paradigms" if len(on_36) == len(scored) else
+                                                     f"the shared 36 paradigms (scored on them: {', '.join(on_36)})")
+                 + ": " + ", ".join(f"{k} {v}" for k, v in REFERENCE_36.items()) + ".")
+    said += [f"{r.name}: {why}" for r, why in zip(scored, mismatch) if why]
+    said += [f"{r.name}: the untrained twin's minimal pairs were not scored: {r.untrained_pairs_skipped}"
+             for r in scored if r.untrained_pairs_skipped]
+    note += "".join(f" {s}." for s in said)
     return table + f'<p class="note">{html.escape(note)}</p>'
 
 
@@ -429,7 +446,7 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
                 if run.untrained_results and (said := verdict(run.eval, run.eval_untrained)):
                     who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
                     parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
-    if any(r.pairs for r in runs):
+    if any(r.pairs or r.pairs_skipped for r in runs):
         parts += ["<h2>Zero-shot minimal pairs (accuracy, %)</h2>", pairs_table(runs)]
     parts.append("<h2>Plots</h2>")
     notes = {name: " ".join(n for n in (NOTES.get(name), COMPARE_NOTES.get(name) if len(runs) > 1 else None) if n)
@@ -452,6 +469,12 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
     if not run_dirs:
         raise ValueError("no run folders given")
     runs = [load_run_data(d) for d in run_dirs]
+    for name in {r.name for r in runs}:  # two runs of one name (the same point of two sweeps): each named by its folder
+        same = [r for r in runs if r.name == name]
+        if len(same) > 1:
+            common = Path(os.path.commonpath([r.folder.resolve() for r in same]))
+            for r in same:
+                r.name = f"{name} ({r.folder.resolve().relative_to(common) if r.folder.resolve() != common else r.folder})"
     if out is None:
         if len(runs) > 1:
             raise ValueError("comparing runs needs an output folder (out=...)")

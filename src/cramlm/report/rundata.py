@@ -93,6 +93,17 @@ class RunData:
         return _pairs(self.eval_untrained)
 
     @property
+    def pairs_skipped(self) -> str | None:
+        """Why the minimal pairs were not scored (eval.json's recorded refusal), None when they were or
+        were not asked for."""
+        return _skipped(self.eval)
+
+    @property
+    def untrained_pairs_skipped(self) -> str | None:
+        """Why the untrained twin's minimal pairs were not scored, None when they were or were not asked for."""
+        return _skipped(self.eval_untrained)
+
+    @property
     def eval_results(self) -> list[dict[str, Any]]:
         return _results(self.eval)
 
@@ -110,6 +121,11 @@ def _pairs(data: dict[str, Any]) -> dict[str, Any]:
     block = data.get("minimal_pairs")
     ok = isinstance(block, dict) and isinstance(block.get("scores"), dict) and block.get("headline") in block["scores"]
     return block if ok else {}
+
+
+def _skipped(data: dict[str, Any]) -> str | None:
+    block = data.get("minimal_pairs")
+    return str(block["skipped"]) if isinstance(block, dict) and block.get("skipped") and not _pairs(data) else None
 
 
 def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
