@@ -467,6 +467,8 @@ def test_a_checkpoint_without_a_trained_lm_head_is_refused_not_scored(runs, tmp_
     assert "minimal pairs skipped" in result.output and "head is not in the checkpoint" in result.output
     got = json.loads((tmp_path / "out" / "eval.json").read_text())["minimal_pairs"]
     assert "random weights" in got["skipped"]
+    assert f"minimal pairs not scored: {got['skipped']}" in (tmp_path / "out" / "eval.md").read_text()  # eval.md said nothing
+    assert f"minimal pairs not scored: {got['skipped']}" in result.output  # in the closing tables, beside "skipped" when met
 
 
 def test_the_pipelines_closing_table_shows_the_pairs_beside_the_twin(tmp_path):

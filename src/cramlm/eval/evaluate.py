@@ -122,11 +122,14 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     write_text(stem.with_suffix(".md"), table + (f"\nheld-out {heldout['objective']} loss: {heldout['loss']:.4f}"
                                                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                                                  + f" ({heldout['definition']})\n" if heldout else "")
-               + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else ""))
+               + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else "")
+               + (f"\nminimal pairs not scored: {zero_shot['skipped']}\n" if zero_shot and "skipped" in zero_shot else ""))
     partial.path.unlink(missing_ok=True)  # everything is in the results now
     print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
     if zero_shot and "scores" in zero_shot:
         print("\n" + pairs_text(zero_shot), end="")
+    elif zero_shot:
+        print(f"\nminimal pairs not scored: {zero_shot['skipped']}")
     print(f"results in {stem}.{{md,csv,json}}")
     return rows
 
