@@ -238,8 +238,10 @@ def point_config(recipe: str, overrides: list[str], folder: Path, size: str, bud
                                    f"base_dir={folder}", f"name={size}-{budget}", *stages])
 
 
-def run_point(cfg, size: str, budget: str) -> dict[str, Any] | None:
-    """Pretrain one grid point (skipped when finished); its point, or None without a loss."""
+def run_point(cfg, size: str, budget: str, zero_shot: bool = False) -> dict[str, Any] | None:
+    """Pretrain one grid point (skipped when finished); its point, or None without a loss. ``zero_shot``:
+    the sweep scores minimal pairs, so the point's eval.json holds this sweep's (without it, an eval.json
+    left by an earlier sweep of other settings is not read)."""
     print(f"cramlm sweep: {size} for {budget}")
     run_pipeline(cfg)
     loss, kind = final_loss(cfg.run_dir)
@@ -250,7 +252,7 @@ def run_point(cfg, size: str, budget: str) -> dict[str, Any] | None:
     return {"size": size, "budget": budget, "run": str(cfg.run_dir), "parameters": summary["parameters"],
             "non_embedding_parameters": non_embedding_parameters(cfg.run_dir),
             "tokens": summary["tokens"], "flops": flops, "flops_from": how, "loss": loss, "loss_kind": kind,
-            "bpb": final_bpb(cfg.run_dir), **zero_shot_of(cfg.run_dir)}
+            "bpb": final_bpb(cfg.run_dir), **(zero_shot_of(cfg.run_dir) if zero_shot else {})}
 
 
 def zero_shot_of(run_dir: Path) -> dict[str, Any]:
@@ -260,7 +262,19 @@ def zero_shot_of(run_dir: Path) -> dict[str, Any]:
     if not pairs:
         return {}
     head = pairs["scores"][pairs["headline"]]
-    return {"zero_shot": head["accuracy"], "zero_shot_ties": head["tie_rate"], "zero_shot_scorer": pairs["headline"]}
+    return {"zero_shot": head["accuracy"], "zero_shot_ties": head["tie_rate"], "zero_shot_scorer": pairs["headline"],
+            "zero_shot_pairs": sum(r["pairs"] for r in head["paradigms"].values()), "zero_shot_paradigms": len(head["paradigms"])}
+
+
+def zero_shot_mismatch(points: list[dict[str, Any]]) -> str | None:
+    """Why the points' zero-shot accuracies are not one curve (scored by other scorers or on other pairs:
+    pair files changed between sweeps), None when they are."""
+    tests = {(p["zero_shot_scorer"], p.get("zero_shot_pairs"), p.get("zero_shot_paradigms")): p for p in points if "zero_shot" in p}
+    if len(tests) < 2:
+        return None
+    return ("the points were scored by other scorers or on other pairs ("
+            + ", ".join(f"{p['size']}-{p['budget']} {scorer} on {n} pairs in {k} paradigms" for (scorer, n, k), p in tests.items())
+            + "): not shown against compute; re-run their eval stage with one eval.minimal_pairs")
 
 
 def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None, dict | None, dict[str, str]]:
@@ -302,15 +316,19 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     trained = {point: tokens for point, cfg in grid.items()
                if (tokens := planned_tokens(cfg.train, cfg.impl.microbatch_size, cfg.data.seq_length, hours=cfg.budget)) is not None}
     fitting = check_grid(sizes, budgets, trained)  # the compute the points will train, before anything runs
-    points = [p for (size, budget), cfg in grid.items() if (p := run_point(cfg, size, budget)) is not None]
+    points = [p for (size, budget), cfg in grid.items() if (p := run_point(cfg, size, budget, zero_shot)) is not None]
     if not points:
         raise ValueError("the sweep produced no losses")
+    if why := zero_shot_mismatch(points):
+        for p in points:
+            for key in ("zero_shot", "zero_shot_ties"):
+                p.pop(key, None)
     best = min(points, key=lambda p: p["loss"])
     fit, fit_nd, errors = fit_points(points, fitting)
     result = {"recipe": recipe, "overrides": overrides, "sizes": sizes, "budgets": budgets, "points": points,
               "fit": fit, "law": "loss = E + A * flops^-alpha (scipy curve_fit, E >= 0)",
               "fit_nd": fit_nd, "law_nd": "loss = E + A / N^a + B / D^b (N non-embedding parameters, D tokens)",
-              "fit_errors": errors, "data": {  # what the points were trained with (cramlm plan --law reads it)
+              "fit_errors": errors, **({"zero_shot_error": why} if why else {}), "data": {  # what the points were trained with (cramlm plan --law reads it)
                   "recipe": recipe, "vocab_size": base.data.tokenizer.vocab_size, "seq_length": base.data.seq_length,
                   "batch_size": base.train.batch_size, "optimizer": base.train.optim.type,
                   "lr": base.train.optim.lr, "mlm_probability": base.train.mlm_probability}}
@@ -319,6 +337,8 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     if report:
         write_report(*[p["run"] for p in points], out=folder)
     print(table(points, fit))
+    if why:
+        print(f"zero-shot: {why}")
     if fit:
         print(f"fit: L = {fit['E']:.4g} + {fit['A']:.4g} * C^-{fit['alpha']:.4f}  (R^2 {fit['r2']:.3f}, {fit['points']} points)")
     if fit_nd:
