@@ -358,3 +358,18 @@ def test_zero_shot_that_does_not_compare_or_was_refused_is_said(tmp_path):
     assert "different pairs" not in write_report(a, a, out=tmp_path / "same").read_text()
     alone = section(write_report(c).read_text(), "Zero-shot minimal pairs (accuracy, %)")  # the section, with why
     assert "minimal pairs not scored: c: no trained masked-LM head" in alone and "<table>" not in alone
+
+
+@pytest.mark.parametrize("damage, key", [
+    (lambda rec: rec.pop("phenomena"), "phenomena"),
+    (lambda rec: rec["paradigms"]["p"].pop("pairs"), "paradigms.p"),
+    (lambda rec: rec.update(accuracy=None), "accuracy"),
+])
+def test_a_damaged_zero_shot_record_is_an_error_naming_file_and_key(tmp_path, damage, key):
+    """A zero-shot record the tables cannot read (hand-edited, truncated by hand) was a KeyError traceback."""
+    block = zero_shot({"p": 4, "q": 4}, 0.75)
+    damage(block["scores"]["pll-word-l2r"])
+    run = with_zero_shot(tmp_path / "r", zero_shot({"p": 4, "q": 4}, 0.75), block)
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and len(result.output.splitlines()) == 1
+    assert f"{run / 'eval-untrained.json'}: minimal_pairs.scores.pll-word-l2r: {key} missing" in result.output

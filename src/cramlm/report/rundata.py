@@ -1,4 +1,5 @@
-"""Read a run folder for reporting: every file is optional, and unknown fields are kept.
+"""Read a run folder for reporting: every file is optional, and unknown fields are kept; a zero-shot
+record the tables cannot read (eval.json's minimal_pairs) is an error naming the file and key.
 
 metrics.jsonl lines carry step/t/elapsed/tokens/loss/lr/batch_size/tokens_per_second and may carry
 more (val_loss, mfu, ...), possibly on lines of their own; series are built from the lines that
@@ -123,6 +124,25 @@ def _pairs(data: dict[str, Any]) -> dict[str, Any]:
     return block if ok else {}
 
 
+def check_pairs(data: dict[str, Any], path: Path) -> None:
+    """A zero-shot headline record the tables cannot read (a damaged or hand-made eval.json) is an error
+    naming the file and key, not a traceback."""
+    block = _pairs(data)
+    if not block:
+        return
+    rec, where = block["scores"][block["headline"]], f"{path}: minimal_pairs.scores.{block['headline']}"
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where} is not a record (accuracy, tie_rate, phenomena, paradigms): the file is damaged")
+    wrong = [k for k in ("accuracy", "tie_rate") if not is_number(rec.get(k))]
+    wrong += [k for k in ("phenomena", "paradigms") if not isinstance(rec.get(k), dict) or not rec[k]]
+    if not wrong:
+        wrong = [f"paradigms.{name}" for name, r in rec["paradigms"].items() if not isinstance(r, dict)
+                 or not is_number(r.get("accuracy")) or not isinstance(r.get("pairs"), int) or r["pairs"] < 1]
+    if wrong:
+        raise ValueError(f"{where}: {', '.join(wrong[:3])} missing or not a number/record as cramlm writes it: the file is "
+                         "damaged (evaluate the checkpoint again)")
+
+
 def _skipped(data: dict[str, Any]) -> str | None:
     block = data.get("minimal_pairs")
     return str(block["skipped"]) if isinstance(block, dict) and block.get("skipped") and not _pairs(data) else None
@@ -189,7 +209,7 @@ def load_run_data(folder: str | Path) -> RunData:
 
         loaded = safe_load_text(_read_text(folder / "config.yaml"), str(folder / "config.yaml"))
         config = loaded if isinstance(loaded, dict) else {}
-    return RunData(
+    run = RunData(
         folder=folder,
         name=str(config.get("name") or folder.name),
         config=config,
@@ -199,6 +219,9 @@ def load_run_data(folder: str | Path) -> RunData:
         eval_untrained=_json(folder / "eval-untrained.json"),
         pipeline=_json(folder / "pipeline.json"),
     )
+    check_pairs(run.eval, folder / "eval.json")
+    check_pairs(run.eval_untrained, folder / "eval-untrained.json")
+    return run
 
 
 def result_score(result: dict[str, Any]) -> float | None:
