@@ -373,3 +373,16 @@ def test_a_damaged_zero_shot_record_is_an_error_naming_file_and_key(tmp_path, da
     result = CliRunner().invoke(main, ["report", str(run)])
     assert result.exit_code == 1 and result.output.startswith("Error: ") and len(result.output.splitlines()) == 1
     assert f"{run / 'eval-untrained.json'}: minimal_pairs.scores.pll-word-l2r: {key} missing" in result.output
+
+
+def test_a_run_evaluated_zero_shot_alone_gets_its_verdict(tmp_path):
+    """eval.tasks=[] (a sweep's points, a zero-shot evaluation): the verdict on what pretraining bought was
+    only written under the fine-tuning table, so such a report had none."""
+    run = with_zero_shot(tmp_path / "r", zero_shot({"p": 40, "q": 40}, 0.9), zero_shot({"p": 40, "q": 40}, 0.5))
+    for name in ("eval.json", "eval-untrained.json"):
+        data = json.loads((run / name).read_text())
+        (run / name).write_text(json.dumps({**data, "results": []}))
+    html = write_report(run).read_text()
+    assert "<h2>Evaluation" not in html
+    said = section(html, "Zero-shot minimal pairs (accuracy, %)")
+    assert re.search(r'<p class="verdict">Zero-shot, pretraining paid: .* on 2 of 2 paradigms', said), said

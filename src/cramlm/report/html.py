@@ -448,6 +448,12 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
                     parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     if any(r.pairs or r.pairs_skipped for r in runs):
         parts += ["<h2>Zero-shot minimal pairs (accuracy, %)</h2>", pairs_table(runs)]
+        from cramlm.eval.tables import verdict
+
+        for run in runs:  # a run evaluated zero-shot alone: its verdict here (with fine-tuning, above)
+            if not run.untrained_results and run.untrained_pairs and (said := verdict(run.eval, run.eval_untrained)):
+                who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
+                parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     parts.append("<h2>Plots</h2>")
     notes = {name: " ".join(n for n in (NOTES.get(name), COMPARE_NOTES.get(name) if len(runs) > 1 else None) if n)
              for name in figures}
