@@ -167,7 +167,7 @@ def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
     eval_json = json.loads((folder / "16x1-2ktok" / "eval.json").read_text())
     head = eval_json["minimal_pairs"]["headline"]  # the objective's own scorer (hybrid: causal log-probability)
     assert all(0 <= p["zero_shot"] <= 1 and p["zero_shot_scorer"] == head for p in points)
-    assert "zero-shot %" in out[out.index("size  budget"):]
+    assert f"zero-shot % ({head})" in out[out.index("size  budget"):]  # the column names its scorer
     assert eval_json["results"] == [] and eval_json["minimal_pairs"]["scores"][head]["pairs"] == 8
     assert "Zero-shot minimal pairs" in (folder / "report.html").read_text()
     # the same sweep without pairs: the eval.json its points keep is not shown (it was, stale, mixed with other settings)

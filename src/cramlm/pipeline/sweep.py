@@ -221,8 +221,8 @@ def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
              f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}",
              f"{p['bpb']:.4f}" if is_number(p.get("bpb")) else "-",
              f"{float(compute_law(fit, p['flops'])):.4f}" if fit else "-"] for p in points]
-    if any(is_number(p.get("zero_shot")) for p in points):  # minimal pairs, % (ties half)
-        header.append("zero-shot %")
+    if scored := [p for p in points if is_number(p.get("zero_shot"))]:  # minimal pairs, % (ties half); one scorer
+        header.append(f"zero-shot % ({scored[0]['zero_shot_scorer']})")
         for row, p in zip(rows, points):
             row.append(f"{100 * p['zero_shot']:.1f}" if is_number(p.get("zero_shot")) else "-")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
