@@ -427,24 +427,32 @@ def test_every_checkpoint_kind_scores_minimal_pairs_in_cramlm_eval(runs, tmp_pat
 
 
 @pytest.mark.parametrize("checkpoint", ["mlm", "hf-gpt"])
-def test_a_sentence_too_long_or_with_no_token_is_one_error_naming_its_file_and_line(runs, tmp_path, checkpoint):
-    """Was: a sentence too long skipped the whole scoring (exit 0, no file named); one whose characters the
-    tokenizer drops all scored 0 nats, above any real sentence (a silently wrong pair)."""
+def test_a_sentence_too_long_or_with_no_token_is_named_by_its_file_and_line(runs, tmp_path, checkpoint):
+    """A sentence whose characters the tokenizer drops all would score 0 nats, above any real sentence: an
+    error in the pairs. One longer than the model's positions is the model's limit: the scoring is skipped
+    and the reason, naming the file and line, recorded (eval.json, console, eval.md); nothing is cut."""
     pair = {"sentence_good": "The whale swims in the sea.", "sentence_bad": "The whale swim in the sea."}
     long = dict(pair, sentence_bad="the whale " * 40 + "swim.")
     empty = dict(pair, sentence_bad="\u0301")  # a combining accent alone: no token left by the MLM tokenizer
-    cases = [(long, f"long.jsonl:2: field 'sentence_bad' is .* tokens as the model reads it, longer than {checkpoint}'s 32 positions")]
+    too_long = f"long.jsonl:2: field 'sentence_bad' is .* tokens as the model reads it, longer than {checkpoint}'s 32 positions"
+    cases = [(long, too_long, 0)]
     if checkpoint == "mlm":  # a byte-level BPE keeps every character
-        cases.append((empty, "empty.jsonl:2: field 'sentence_bad' has no token to score"))
-    for bad, message in cases:
+        cases.append((empty, "empty.jsonl:2: field 'sentence_bad' has no token to score", 1))
+    for bad, message, code in cases:
         path = tmp_path / ("long.jsonl" if bad is long else "empty.jsonl")
         path.write_text(json.dumps(pair) + "\n" + json.dumps(bad) + "\n")
-        result = CliRunner().invoke(main, ["eval", f"checkpoint={runs / checkpoint}", f"out_dir={tmp_path / 'out'}", "eval.tasks=[]",
+        out = tmp_path / f"out-{path.stem}"
+        result = CliRunner().invoke(main, ["eval", f"checkpoint={runs / checkpoint}", f"out_dir={out}", "eval.tasks=[]",
                                            "eval.lm_eval=false", "impl.progress=false", "trust_remote_code=true",
                                            f"eval.minimal_pairs.paths=[{path}]"])
-        assert result.exit_code == 1, result.output
-        assert re.search(f"^Error: .*{message}", result.output, re.M), result.output
-        assert "Traceback" not in result.output and not (tmp_path / "out" / "eval.json").exists()
+        assert result.exit_code == code and "Traceback" not in result.output, result.output
+        if code:
+            assert re.search(f"^Error: .*{message}", result.output, re.M), result.output
+            assert not (out / "eval.json").exists()
+        else:
+            assert re.search(f"^minimal pairs skipped: .*{message}", result.output, re.M), result.output
+            assert re.search(message, json.loads(next(out.glob("eval*.json")).read_text())["minimal_pairs"]["skipped"])
+            assert "minimal pairs not scored" in next(out.glob("eval*.md")).read_text()
 
 
 def test_pll_variants_asked_of_a_causal_lm_are_said_not_to_apply(runs, tmp_path):

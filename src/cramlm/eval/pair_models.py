@@ -254,7 +254,9 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
 
 def check_sentences(pairs: list, encoded: dict, max_length: int, fields, label: str) -> None:
     """A sentence with no token to score (its characters all dropped by the tokenizer: it would score 0, above
-    any sentence that has tokens) or longer than the model's positions is refused, naming its pair's file and line."""
+    any sentence that has tokens) is an error in the pairs; one longer than the model's positions is this
+    model's limit (a recipe's pairs on a model trained with shorter sequences): the scoring is skipped, the
+    reason recorded (PairsUnavailable). Either names its pair's file and line; nothing is cut."""
     from cramlm.eval.pairs import PairsError
 
     def wrong(s: Sentence) -> str | None:
@@ -265,8 +267,10 @@ def check_sentences(pairs: list, encoded: dict, max_length: int, fields, label: 
         return None
 
     bad = {text: why for text, s in encoded.items() if (why := wrong(s))}
-    for p in pairs:
-        for key, text in ((fields.good, p.good), (fields.bad, p.bad)):
-            if text in bad:
-                more = f" ({len(bad) - 1} more such sentence{'s' if len(bad) > 2 else ''})" if len(bad) > 1 else ""
-                raise PairsError(f"{p.where or p.paradigm}: field '{key}' {bad[text]}{more}")
+    empty = {text: why for text, why in bad.items() if why.startswith("has no token")}
+    for found, error in ((empty, PairsError), (bad, PairsUnavailable)):
+        for p in pairs:
+            for key, text in ((fields.good, p.good), (fields.bad, p.bad)):
+                if text in found:
+                    more = f" ({len(found) - 1} more such sentence{'s' if len(found) > 2 else ''})" if len(found) > 1 else ""
+                    raise error(f"{p.where or p.paradigm}: field '{key}' {found[text]}{more}")
