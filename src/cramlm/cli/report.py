@@ -12,7 +12,7 @@ from cramlm.cli.common import run_or_exit
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for a comparison (default: outputs/compare-<run names>).")
+              help="Folder for a comparison (default: compare-<run names> beside the first run's folder).")
 def report_command(runs: tuple[Path, ...], out: Path | None) -> None:
     """Write report.html (plots embedded) and PNG plots for RUN folders.
 

@@ -1,6 +1,6 @@
 """A small, explicit registry: (kind, type name) -> (config class, builder).
 
-Kinds used by cramlm: ``model``, ``objective``, ``optimizer``, ``schedule``, ``source``, ``dataset``. Registering
+Kinds used by cramlm: ``model``, ``objective``, ``optimizer``, ``schedule``, ``source``. Registering
 a component from your own module::
 
     from cramlm.config import register, ComponentConfig
