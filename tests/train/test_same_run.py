@@ -140,6 +140,16 @@ def test_a_resume_against_another_tokenizer_of_the_same_size_is_refused(finished
     assert (base / "retok" / "tokenizer.json").read_bytes() == (finished / "tokenizer.json").read_bytes()  # not replaced
 
 
+def test_a_resume_with_another_data_config_names_the_changed_key(finished):
+    # data.train_subset changes the packed bytes: the line names the key, not a re-prepared cache
+    copy_run(finished, "subset")
+    result = resume(finished, "subset", "data.train_subset=0.5")
+    assert result.exit_code == 1, result.output
+    assert "this run's data is not the data the checkpoint was trained on" in result.output, result.output
+    assert "data.train_subset 1.0 -> 0.5" in result.output and "prepared again" not in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 def test_a_re_prepared_cache_gives_the_same_data_and_resumes(finished, tmp_path):
     copy_run(finished, "reprep")
     result = resume(finished, "reprep", f"impl.data_cache={tmp_path / 'fresh-cache'}")  # prepared again, from scratch

@@ -578,15 +578,22 @@ def written_run(folder: Path) -> dict:
     return run
 
 
-def check_same_data(folder: Path, then: dict[str, str], data_now: dict[str, str]) -> None:
+def check_same_data(folder: Path, then: dict[str, str], data_now: dict[str, str], config_then: dict | None = None,
+                    config_now: dict | None = None) -> None:
     """Refuse a checkpoint written on other data: its run recorded the tokenizer's fingerprint and
-    each packed file's checksum (``then``: ``run.data`` in state.json); a re-prepared cache must match."""
+    each packed file's checksum (``then``: ``run.data`` in state.json); a re-prepared cache must match.
+    The line names the ``data.*`` keys of the config that changed (``config_then``/``config_now``), if any."""
     differ = [f"{k}: {then.get(k)} there, {data_now.get(k)} here" for k in sorted({*then, *data_now}) if then.get(k) != data_now.get(k)]
     if differ:
+        before, after = flat((config_then or {}).get("data") or {}, "data."), flat((config_now or {}).get("data") or {}, "data.")
+        changed = [f"{k} {_show(before[k])} -> {_show(after[k])}" for k in sorted(before.keys() & after.keys())
+                   if before[k] != after[k] and k != "data.name"]
+        why = (f"This run's data config differs from the run's own ({'; '.join(changed)}); resume with the run's data "
+               "config, or start a fresh run" if changed else
+               "The data cache was prepared again (another tokenizer or other packed bytes); point impl.data_cache at "
+               "the run's own prepared data, or start a fresh run")
         raise CheckpointFileError(
-            f"resume from {folder}: this run's data is not the data the checkpoint was trained on ({'; '.join(differ)}). "
-            "The data cache was prepared again (another tokenizer or other packed bytes); point impl.data_cache at "
-            "the run's own prepared data, or start a fresh run"
+            f"resume from {folder}: this run's data is not the data the checkpoint was trained on ({'; '.join(differ)}). {why}"
         )
 
 
@@ -751,7 +758,7 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say,
     check_resumable(folder, model, data.tokenizer.get_vocab_size())
     check_data_state(folder)
     check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
-    check_same_data(folder, run["data"], data.identity())
+    check_same_data(folder, run["data"], data.identity(), run["config"], new)
     changes = resume_changes(run["config"], new, cfg.allow_change, str(folder), resume_policy(type(cfg)))
     if device.type == "cpu":  # the run's device (a model built on the meta device is on none yet); before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
