@@ -291,3 +291,14 @@ def test_fine_tunings_count_the_selection_grid():
     assert EvalConfig(tasks=two, seeds=3).fine_tunings == 6
     assert EvalConfig(tasks=two, seeds=3, select={"lr": [1e-4, 1e-3, 1e-2], "epochs": [3, 10]}).fine_tunings == 18
     assert EvalConfig(tasks=two, seeds=1, select={"epochs": [3, 10]}).fine_tunings == 6
+
+
+def test_select_grid_values_given_twice_are_refused():
+    """A repeated lr (1e-3 and 0.001) ran one configuration twice, the second "finished before" from the
+    partial file, listed twice in the grid and counted twice in the fine-tunings."""
+    from pydantic import ValidationError
+
+    for bad, key in (({"lr": [1e-3, 0.001]}, "lr"), ({"epochs": [3, 10, 3]}, "epochs")):
+        with pytest.raises(ValidationError, match=f"(?s)select.{key}.*given twice"):
+            EvalConfig(select=bad)
+    assert EvalConfig(select={"lr": [1e-3, 3e-3], "epochs": [3]}).select.trials == 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from cramlm.config.base import KEYLESS_DEFAULT, Config
 from cramlm.eval.pairs import PairsConfig
@@ -68,6 +68,14 @@ class SelectConfig(Config):
         "(the task's headline metric, last epoch; the first in grid order on a tie) is then trained on the whole "
         "split with every seed and scored on dev")
     seed: int = Field(1234, description="seed of the held-out share's draw (the same rows for every model)")
+
+    @field_validator("lr", "epochs")
+    @classmethod
+    def _no_repeats(cls, values: list) -> list:
+        # a repeated value would be one grid configuration twice: its second run a copy of the first
+        if repeated := sorted({v for v in values if values.count(v) > 1}):
+            raise ValueError(f"{', '.join(f'{v:g}' for v in repeated)} given twice; each value once")
+        return values
 
     @property
     def active(self) -> bool:
