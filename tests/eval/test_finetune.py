@@ -302,3 +302,18 @@ def test_select_grid_values_given_twice_are_refused():
         with pytest.raises(ValidationError, match=f"(?s)select.{key}.*given twice"):
             EvalConfig(select=bad)
     assert EvalConfig(select={"lr": [1e-3, 3e-3], "epochs": [3]}).select.trials == 2
+
+
+def test_eval_md_says_which_lr_and_epochs_select_chose():
+    """eval.select's choice was in eval.json and on the console only: eval.md showed the protocol's name
+    over scores fine-tuned with other hyperparameters, and did not say so."""
+    from cramlm.eval.tables import markdown, means, task_rows
+
+    task = Task("colors", WORDS, ["accuracy"], [], {"dev": []})
+    run = {"seed": 0, "epochs": [{"dev": {"accuracy": 0.5}}], "train_examples": 40, "dev_examples": {"dev": 10}, "seconds": 1}
+    rows = task_rows(task, [run])
+    assert "eval.select" not in markdown(rows, means(rows), "t")
+    rows[0]["selected"] = {"lr": 1e-3, "epochs": 10, "metric": "accuracy", "held_out": 8, "trained_on": 32,
+                           "grid": [{"lr": 1e-3, "epochs": 10, "score": 0.6}, {"lr": 3e-3, "epochs": 10, "score": 0.5}]}
+    md = markdown(rows, means(rows), "t")
+    assert "`eval.select`" in md and "colors lr 0.001, 10 epochs (accuracy on 8 held-out training examples, 2 configurations)" in md, md

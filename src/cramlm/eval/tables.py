@@ -108,8 +108,16 @@ def markdown(rows: list[dict], mean: dict, title: str) -> str:
         if c[0].endswith(" mean"):
             c = [f"**{c[0]}**", *c[1:]]
         lines.append("|" + "|".join(f" {v} " if v else " " for v in c) + "|")
-    note = sample_note(rows)
-    return "\n".join(lines) + "\n" + (f"\n{note}\n" if note else "")
+    notes = [n for n in (sample_note(rows), select_note(rows)) if n]
+    return "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes)
+
+
+def select_note(rows: list[dict]) -> str:
+    """What eval.md says when ``eval.select`` chose a task's lr and epochs ("" when none was chosen)."""
+    chosen = [f"{r['task']} lr {sel['lr']:g}, {sel['epochs']} epochs ({sel['metric']} on {sel['held_out']:,} held-out "
+              f"training examples, {len(sel['grid'])} configurations)" for r in rows if (sel := r.get("selected"))]
+    return (f"Chosen per task (`eval.select`, on a share of the training split, never dev): {'; '.join(chosen)}."
+            if chosen else "")
 
 
 def sample_note(rows: list[dict]) -> str:
