@@ -318,7 +318,8 @@ def jsonl_documents(cfg: JsonlSourceConfig, report: SkipReport) -> Iterator[str]
 class TextSourceConfig(SourceConfig):
     type: Literal["text"] = "text"
     split: Literal["file", "blank-line"] = Field(
-        "file", description="document boundaries: one document per file, or one per block separated by a blank line")
+        "file", description="document boundaries: one document per file, or one per block separated by an empty line "
+        "(split on \\n\\n: a line holding spaces, or CRLF line ends, separates nothing)")
 
 
 def text_documents(cfg: TextSourceConfig, report: SkipReport) -> Iterator[str]:
