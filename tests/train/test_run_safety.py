@@ -278,3 +278,12 @@ def test_tensorboard_lists_a_run_by_its_name(tmp_path):
     log.close()
     events = list((tmp_path / "outputs").rglob("events.out.tfevents.*"))
     assert [e.parent.relative_to(tmp_path / "outputs").as_posix() for e in events] == ["bo"]
+
+
+def test_too_little_training_text_says_what_preparation_left_out(tmp_path):
+    """data.train_subset small enough to keep no training document gave only "train.cramtok: 0 tokens,
+    fewer than one sequence", not why: the line now names each reason the documents were left out."""
+    result = CliRunner().invoke(main, ["pretrain", *overrides(tmp_path, "thin", *STEPS, "data.train_subset=1e-9")])
+    assert result.exit_code == 1, result.output
+    assert "fewer than one sequence" in result.output and "as train_subset of 20 documents read" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "thin").exists()

@@ -85,7 +85,15 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     if from_shards:
         say(f"cramlm: every process builds its model on the meta device; its shards come from {resume_from.name}")
     n_params = sum(p.numel() for p in model.parameters())
-    dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
+    try:
+        dataset = BlockDataset(data.train, cfg.data.seq_length, block_start(cfg.arch.objective))
+    except ValueError as e:  # too little training text: say what preparation left out (train_subset, filters, ...)
+        skipped = (data.manifest.get("skipped") or {}) if isinstance(data.manifest, dict) else {}
+        if not skipped:
+            raise
+        left_out = ", ".join(f"{n:,} as {reason}" for reason, n in skipped.items())
+        raise ValueError(f"{e}; preparation left out {left_out} of {data.manifest['documents']['read']:,} documents read "
+                         f"({data.folder / 'manifest.json'}: skipped)") from None
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say, device) if resume_from else {}
     train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
