@@ -317,3 +317,15 @@ def test_eval_md_says_which_lr_and_epochs_select_chose():
                            "grid": [{"lr": 1e-3, "epochs": 10, "score": 0.6}, {"lr": 3e-3, "epochs": 10, "score": 0.5}]}
     md = markdown(rows, means(rows), "t")
     assert "`eval.select`" in md and "colors lr 0.001, 10 epochs (accuracy on 8 held-out training examples, 2 configurations)" in md, md
+
+
+def test_a_task_override_of_a_selected_key_is_refused():
+    """eval.overrides.<task>.lr under a select.lr grid was silently replaced by the grid's choice."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"eval.overrides.rte.lr and eval.select.lr both set rte's lr"):
+        EvalConfig(overrides={"rte": {"lr": 2e-5}}, select={"lr": [1e-4, 1e-3]})
+    with pytest.raises(ValidationError, match=r"eval.overrides.rte.epochs and eval.select.epochs"):
+        EvalConfig(overrides={"rte": {"epochs": 3}}, select={"epochs": [3, 10]})
+    # another key overridden, or the other key selected, stays allowed
+    assert EvalConfig(overrides={"rte": {"batch_size": 8, "epochs": 3}}, select={"lr": [1e-4, 1e-3]}).select.trials == 2

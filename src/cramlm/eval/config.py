@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from cramlm.config.base import KEYLESS_DEFAULT, Config
 from cramlm.eval.pairs import PairsConfig
@@ -114,6 +114,17 @@ class EvalConfig(Hparams):
     minimal_pairs: PairsConfig = Field(
         PairsConfig(), description="zero-shot minimal pairs (BLiMP-style JSONL), scored by the pretrained heads without "
         "fine-tuning: accuracy per paradigm, per phenomenon, macro average (eval/pairs.py)")
+
+    @model_validator(mode="after")
+    def _select_or_override(self):
+        """A task's own lr or epochs (eval.overrides.<task>) under a select grid on the same key would be
+        replaced by the grid's choice unsaid: refused, naming both keys."""
+        for task, override in self.overrides.items():
+            for key in ("lr", "epochs"):
+                if getattr(self.select, key) and getattr(override, key) is not None:
+                    raise ValueError(f"eval.overrides.{task}.{key} and eval.select.{key} both set {task}'s {key}: the "
+                                     f"selection would replace the override; drop one")
+        return self
 
     @property
     def fine_tunings(self) -> int:
