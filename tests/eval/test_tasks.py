@@ -164,6 +164,10 @@ def test_errors_name_file_and_line(tmp_path):
     empty = _write(tmp_path / "empty", {**good, "dev.tsv": "sentence\tlabel\n"})
     with pytest.raises(TaskError, match=r"empty/dev.tsv: no examples"):
         load_task(str(empty))
+    latin1 = _write(tmp_path / "latin1", good)
+    (latin1 / "dev.tsv").write_bytes(b"\xef\xbb\xbfsentence\tlabel\nz\t0\ncaf\xe9\t1\n")  # a BOM, then Latin-1 on line 3
+    with pytest.raises(TaskError, match=r"latin1/dev.tsv:3: not UTF-8 text \(byte 0xe9: "):
+        load_task(str(latin1))
 
 
 def test_headerless_mrpc_and_stsb_load_in_the_official_order(tmp_path, capsys):

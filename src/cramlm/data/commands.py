@@ -11,7 +11,7 @@ import numpy as np
 
 from cramlm.data.clean import Cleaner, MinHasher, NearDuplicateIndex, text_hash
 from cramlm.data.cramtok import read_packed
-from cramlm.data.sources import SkipReport
+from cramlm.data.sources import SkipReport, check_packages
 from cramlm.io import write_json
 
 
@@ -67,6 +67,7 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
     copy kept) and optionally write the kept documents as JSONL."""
     from cramlm.config.registry import build
 
+    check_packages(cfg.sources)
     report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
     seen: set[int] = set()
     near = (MinHasher(cfg.dedup), NearDuplicateIndex(cfg.dedup)) if cfg.dedup.near else None

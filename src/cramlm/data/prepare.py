@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from cramlm.config.base import KEYLESS_DEFAULT, RESUME_FREE, Config, PositiveInt, SafeName, key_dump
 from cramlm.config.registry import build, component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig
+from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig, check_packages
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
@@ -169,6 +169,7 @@ def get_tokenizer(cfg: DataConfig, folder: Path, wait_s: float = 7200) -> Tokeni
 def make_tokenizer(cfg: DataConfig) -> Tokenizer:
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path, strict=False)
+    check_packages(cfg.sources)
     limit = cfg.max_entries_in_raw_dataset
     if cfg.tokenizer.max_training_docs:
         limit = min(limit or cfg.tokenizer.max_training_docs, cfg.tokenizer.max_training_docs)
@@ -214,6 +215,7 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
         raise ValueError(f"shard index {shard_index} not in [0, {num_shards})")
     from cramlm.data.packing import pack_shard
 
+    check_packages(cfg.sources)  # every missing package named at once, before the tokenizer reads any
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
     return pack_shard(cfg, tok, separator_id(tok, cfg.tokenizer.separator), root / shard_name(shard_index, num_shards),

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from cramlm.config.base import ComponentConfig, NonNegativeFloat
 from cramlm.config.registry import register
-from cramlm.io import PKG_SCHEME, MissingPackage, installed_package_path, package_path
+from cramlm.io import NPM_SCHEME, PKG_SCHEME, PYTHON_SCHEME, MissingPackage, installed_package_path, package_path
 
 
 class DataError(ValueError):
@@ -103,6 +103,26 @@ class SourceConfig(ComponentConfig):
     weight: NonNegativeFloat = Field(
         1.0, description="mixture weight: each kept document is packed this many times on average (2.0: twice, 0.5: "
         "a hash-chosen half, 0: none)")
+
+
+def check_packages(sources: list) -> None:
+    """One DataError naming every python:// or npm:// package that ``sources`` read and that is
+    missing (or at another version), each with its install command, before any source is read."""
+    missing: dict[str, list[str]] = {}  # install command -> the messages of the sources it would fix
+    for source in sources:
+        path = getattr(source, "path", None)
+        if isinstance(path, str) and path.startswith((PYTHON_SCHEME, NPM_SCHEME)):
+            try:
+                installed_package_path(path)
+            except MissingPackage as e:
+                missing.setdefault(e.install or str(e), []).append(str(e))
+    if len(missing) == 1:
+        (first, *more), = missing.values()
+        raise DataError(first + (f" (and {len(more)} more sources of that package)" if more else ""))
+    if missing:
+        raise DataError(f"{len(missing)} packages the sources read are missing or at another version: " + "; ".join(
+            f"{install} (" + (f"{len(msgs)} sources, the first " if len(msgs) > 1 else "") + f"{msgs[0].split(': ', 1)[0]})"
+            for install, msgs in missing.items()))
 
 
 def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:

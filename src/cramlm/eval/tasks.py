@@ -181,8 +181,9 @@ def _lines(path: Path) -> list[str]:
         raise TaskError(f"{path}: file not found")
     try:
         text = path.read_text(encoding="utf-8-sig")  # -sig: GLUE's MRPC files start with a BOM
-    except UnicodeDecodeError as e:
-        raise TaskError(f"{path}: not UTF-8 text ({e})") from None
+    except UnicodeDecodeError as e:  # e.object: the bytes after any BOM, e.start indexing them
+        line = e.object[: e.start].count(b"\n") + 1
+        raise TaskError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}: {e.reason})") from None
     return text.split("\n")
 
 
