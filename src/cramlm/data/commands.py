@@ -11,7 +11,7 @@ import numpy as np
 
 from cramlm.data.clean import Cleaner, MinHasher, NearDuplicateIndex, text_hash
 from cramlm.data.cramtok import read_packed
-from cramlm.data.sources import SkipReport, check_packages
+from cramlm.data.sources import SkipReport, check_packages, documents
 from cramlm.io import write_json
 
 
@@ -65,8 +65,6 @@ def inspect_packed(path: str, tokenizer: str | None = None, samples: int = 2, ch
 def dedup_sources(cfg, out: str | None = None) -> dict:
     """Stream the cleaned documents of ``cfg.sources``; count exact and near duplicates (first
     copy kept) and optionally write the kept documents as JSONL."""
-    from cramlm.config.registry import build
-
     check_packages(cfg.sources)
     report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
     seen: set[int] = set()
@@ -74,8 +72,8 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
     kept = 0
     sink = open(out, "w", encoding="utf-8") if out else None
     try:
-        for source in cfg.sources:
-            for text in build("source", source, report):
+        for index, source in enumerate(cfg.sources):
+            for text in documents(source, report, index):
                 number = report.last_number
                 text, reason = cleaner(text)
                 if text is None:

@@ -28,10 +28,9 @@ from typing import Iterator
 import numpy as np
 from tokenizers import Tokenizer
 
-from cramlm.config.registry import build
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.cramtok import PackedWriter
-from cramlm.data.sources import SkipReport
+from cramlm.data.sources import SkipReport, documents
 from cramlm.data.tokenizer import PIECE_CHARS, split_text
 from cramlm.io import atomic_dir
 from cramlm.progress import progress_bar
@@ -58,7 +57,7 @@ def read_batches(cfg, report: SkipReport, cleaner: Cleaner, batch_chars: int, ba
     """Cleaned documents of ``cfg.sources`` (this shard's only), in batches of bounded size."""
     batch = Batch()
     for source_index, source in enumerate(cfg.sources):
-        for text in build("source", source, report):
+        for text in documents(source, report, source_index):
             if cleaner.active:
                 text, reason = cleaner(text)
                 if text is None:

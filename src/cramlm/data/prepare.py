@@ -24,9 +24,9 @@ from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
 from cramlm.config.base import KEYLESS_DEFAULT, RESUME_FREE, Config, PositiveInt, SafeName, key_dump
-from cramlm.config.registry import build, component
+from cramlm.config.registry import component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig, check_packages
+from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
@@ -140,8 +140,8 @@ def shards_folder(cfg: DataConfig, cache_root: str | Path | None) -> Path:
 def iter_documents(cfg: DataConfig, report: SkipReport) -> Iterator[str]:
     """Cleaned documents of all sources (unsharded), for tokenizer training."""
     cleaner = Cleaner(cfg.clean)
-    for source in cfg.sources:
-        for text in build("source", source, report):
+    for index, source in enumerate(cfg.sources):
+        for text in documents(source, report, index):
             text, _ = cleaner(text)
             if text is not None:
                 yield text

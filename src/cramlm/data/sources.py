@@ -27,7 +27,7 @@ from typing import ClassVar, Iterator, Literal
 from pydantic import Field
 
 from cramlm.config.base import ComponentConfig, NonNegativeFloat
-from cramlm.config.registry import register
+from cramlm.config.registry import build, register
 from cramlm.io import NPM_SCHEME, PKG_SCHEME, PYTHON_SCHEME, MissingPackage, installed_package_path, package_path
 
 
@@ -396,6 +396,24 @@ def hf_documents(cfg: HFSourceConfig, report: SkipReport) -> Iterator[str]:
             text = checked_text(cfg, report, record, cfg.text_key, f"{cfg.path}#{i}")
             if text is not None:
                 yield text
+
+
+def documents(source: SourceConfig, report: SkipReport, index: int = 0) -> Iterator[str]:
+    """The documents of ``source`` (``data.sources[index]``) as its registered reader yields them,
+    each checked to be one text of a record the reader claimed: every reader, a plugin's too, numbers
+    each raw record with ``report.claim()`` and yields at most one ``str`` per record that this
+    returns True for, so records keep their global numbers, shards partition them and the manifest's
+    ``read == packed + skipped`` holds."""
+    claimed = report.read
+    for text in build("source", source, report):
+        if report.read == claimed or not isinstance(text, str):
+            what = ("a document without claiming a record of its own" if report.read == claimed
+                    else f"a {type(text).__name__}, not a str")
+            raise DataError(f"data.sources.{index} (type {source.type}) yielded {what}: a source calls report.claim() "
+                            "for each raw record and yields at most one text (str) per record it returned True for "
+                            "(docs/data.md, 'Your own source')")
+        claimed = report.read
+        yield text
 
 
 register("source", "jsonl", JsonlSourceConfig)(jsonl_documents)
