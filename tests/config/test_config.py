@@ -137,3 +137,24 @@ def test_plugins_are_documented_as_trusted_code():
     assert "trusted code" in PretrainConfig.model_fields["plugins"].description
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert "Plugins are trusted code" in readme
+
+
+def test_a_plugin_that_cannot_be_imported_is_an_error_line(in_tmp):
+    """plugins=[...] or CRAMLM_PLUGINS naming a module that is not importable (not on PYTHONPATH,
+    a typo): one Error: line naming it, for every command that takes plugins, never a traceback."""
+    import os
+
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    for command in (["data", "prepare"], ["pretrain"], ["eval"], ["config", "show", "pretrain"]):
+        result = CliRunner().invoke(main, [*command, "plugins=[no_such_plugin_module]"])
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (command, result.exception)
+        assert "Error: plugins: cannot import 'no_such_plugin_module'" in result.output, (command, result.output)
+    result = CliRunner().invoke(main, ["config", "show", "data", "plugins=my_plugin"])  # not a list: not its letters
+    assert result.exit_code == 1 and "plugins: a list of module names" in result.output, result.output
+    env = dict(os.environ, CRAMLM_PLUGINS="no_such_plugin_module")
+    proc = subprocess.run([sys.executable, "-m", "cramlm", "config", "show", "data"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Error: plugins: cannot import 'no_such_plugin_module'" in proc.stderr, proc.stderr

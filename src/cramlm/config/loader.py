@@ -404,9 +404,13 @@ def validate(root: type[BaseModel], data: dict[str, Any]) -> BaseModel:
     """Validate ``data`` into ``root``; any error becomes a ConfigError naming the key paths."""
     from cramlm.config.registry import RegistryError, load_builtins, load_plugins
 
-    load_builtins()
-    load_plugins(list(data.get("plugins") or []))
+    plugins = data.get("plugins") or []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ConfigError(f"invalid config:\n  plugins: a list of module names, e.g. plugins=[my_package.my_module] "
+                          f"(got {plugins!r})")
     try:
+        load_builtins()  # CRAMLM_PLUGINS too
+        load_plugins(plugins)
         return root.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_errors(root, err, data)) from None
