@@ -107,3 +107,14 @@ def test_cpu_1h_mlm_is_cpu_1h_with_the_mlm_objective(monkeypatch):
     for key in ("name", "description"):
         mlm.pop(key), rtd.pop(key)
     assert mlm == rtd
+
+
+def test_a_recipe_of_ones_own_is_named_after_itself_not_the_recipe_it_extends(tmp_path):
+    """`extends: default` in my-run.yaml without `name:` ran in <base_dir>/default, the demo's folder
+    (the base's name was merged in); a recipe's name is its own `name:`, else its file name."""
+    (tmp_path / "my-run.yaml").write_text("# mine\nextends: default\nbudget: 2m\n")
+    (tmp_path / "named.yaml").write_text("# mine\nextends: default\nname: mine\n")
+    cfg = resolve_recipe(str(tmp_path / "my-run.yaml"))
+    assert cfg.name == "my-run" and cfg.budget == pytest.approx(2 / 60) and cfg.train.objective == "hybrid"
+    assert resolve_recipe(str(tmp_path / "named.yaml")).name == "mine"
+    assert resolve_recipe("cpu-1h-mlm").name == "cpu-1h-mlm"  # a shipped one that extends cpu-1h

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from cramlm.config.base import key_dump
-from cramlm.config.loader import available_presets, load_preset, resolve, to_yaml
+from cramlm.config.loader import available_presets, load_preset, load_yaml, preset_path, resolve, to_yaml
 from cramlm.data.prepare import cache_dir, output_folder
 from cramlm.eval.config import EvalConfig
 from cramlm.io import write_json
@@ -96,7 +96,8 @@ def recipe_tree(recipe: str) -> tuple[dict[str, Any], list[str]]:
     """(keys of the recipe, its ``overrides`` as key=value strings)."""
     tree = load_preset("run", recipe)
     overrides = tree.pop("overrides", None) or {}
-    tree.setdefault("name", Path(recipe).stem)
+    if "name" not in load_yaml(preset_path("run", recipe), "run"):  # its own, never the name of the recipe it extends
+        tree["name"] = Path(recipe).stem
     # JSON is YAML, so every value survives the key=value round trip with its type
     return tree, [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
 
