@@ -155,7 +155,10 @@ def test_a_plugin_objectives_options_are_set_in_the_config_and_checked_by_its_cl
     assert "objective_options" not in config().model_dump(mode="json")["train"]
     assert config("train.objective_options.aux_weight=2.0").model_dump(mode="json")["train"]["objective_options"] == {
         "aux_weight": 2.0}
-    with pytest.raises(ConfigError, match=r"train.objective_options.aux_wieght: Extra inputs are not permitted"):
+    with pytest.raises(ConfigError, match=r"train.objective_options.aux_wieght: unknown key. Did you mean "
+                       r"'train.objective_options.aux_weight'\? Known keys here: aux_weight"):  # as any other key
         config("train.objective_options.aux_wieght=2.0")
+    with pytest.raises(ConfigError, match=r"train.objective_options.weight: unknown key. mlm takes no options"):
+        resolve(PretrainConfig, DEFAULTS, ["train.objective=mlm", "train.objective_options.weight=2.0"])
     with pytest.raises(ConfigError, match=r"train.objective=rtd takes its options in train.rtd"):
         resolve(PretrainConfig, DEFAULTS, ["train.objective=rtd", "train.objective_options.weight=2.0"])

@@ -22,6 +22,7 @@ from cramlm.config.base import (
     UnitFloat,
 )
 from cramlm.config.registry import component, declare
+from cramlm.io import did_you_mean
 from cramlm.models.objectives.config import HybridConfig, RTDConfig
 from cramlm.train.budget import BudgetConfig
 from cramlm.train.schedules import BudgetTriangleConfig, ScheduleConfig
@@ -195,12 +196,18 @@ class TrainConfig(Config):
         if self.objective in type(self).model_fields:  # a built-in objective with its own block
             raise ValueError(f"train.objective_options is for a plugin's objective; train.objective={self.objective} "
                              f"takes its options in train.{self.objective}")
+        options = config_class("objective", self.objective)
         try:
-            config_class("objective", self.objective).model_validate(self.objective_options)
+            options.model_validate(self.objective_options)
         except ValidationError as e:
             err = e.errors()[0]
             key = ".".join(str(x) for x in err["loc"])
-            raise ValueError(f"train.objective_options.{key}: {err['msg']} (train.objective={self.objective})") from None
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":  # as the loader says it of any other key
+                known = sorted(options.model_fields)
+                msg = ("unknown key." + did_you_mean(key, known, "train.objective_options.")
+                       + (f" Known keys here: {', '.join(known)}" if known else f" {self.objective} takes no options"))
+            raise ValueError(f"train.objective_options.{key}: {msg} (train.objective={self.objective})") from None
         return self
 
     @model_serializer(mode="wrap")
