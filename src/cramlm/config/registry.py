@@ -114,7 +114,8 @@ def entry(kind: str, name: str | None) -> Entry:
     section = _REGISTRY.get(kind, {})
     if name not in section:
         known = sorted(section)
-        raise RegistryError(f"unknown {kind} type '{name}'; registered: {', '.join(known)}.{did_you_mean(name, known)}")
+        hint = did_you_mean(name, known) or " A plugin's type is registered once its module is imported: plugins=[my_module]."
+        raise RegistryError(f"unknown {kind} type '{name}'; registered: {', '.join(known)}.{hint}")
     return section[name]
 
 
