@@ -162,3 +162,36 @@ def test_a_plugin_that_cannot_be_imported_is_an_error_line(in_tmp):
     proc = subprocess.run([sys.executable, "-m", "cramlm", "config", "show", "data"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "Error: plugins: cannot import 'no_such_plugin_module'" in proc.stderr, proc.stderr
+
+
+def test_a_plugin_config_class_of_the_wrong_base_is_refused_when_registered(tmp_path, monkeypatch):
+    """A source config subclassing ComponentConfig (not SourceConfig) was refused only when a config
+    used it, as 'Input should be a valid dictionary or instance of SourceConfig'; registering it now
+    names the base class to subclass, and the command that imports the plugin says it in one line."""
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+    from cramlm.config.registry import BASES, RegistryError, register
+    from cramlm.config.base import ComponentConfig
+
+    class Plain(ComponentConfig):
+        type: str = "plain"
+
+    with pytest.raises(RegistryError, match=r"source 'plain': its config class Plain must subclass cramlm.data.sources.SourceConfig"):
+        register("source", "plain", Plain)(lambda cfg, report: iter(()))
+    for kind, base in BASES.items():  # every base is where the table says
+        module, name = base.rsplit(".", 1)
+        assert getattr(__import__(module, fromlist=[name]), name).__name__ == name
+    (tmp_path / "wrong_base_plugin.py").write_text(textwrap.dedent('''
+        from cramlm.config import ComponentConfig, register
+
+        class CsvConfig(ComponentConfig):
+            type: str = "csv-wrong-base"
+
+        @register("source", "csv-wrong-base", CsvConfig)
+        def read(cfg, report):
+            yield from ()
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(main, ["config", "show", "data", "plugins=[wrong_base_plugin]"])
+    assert result.exit_code == 1 and "must subclass cramlm.data.sources.SourceConfig" in result.output, result.output

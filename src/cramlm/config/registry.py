@@ -58,8 +58,21 @@ class RegistryError(ValueError):
     """Unknown or clashing registration (a ValueError, so config validation reports its key path)."""
 
 
+# the class every config of a kind subclasses (named, not imported: the modules that define them register too)
+BASES = {"model": "cramlm.models.base.ModelConfig", "objective": "cramlm.models.objectives.config.ObjectiveConfig",
+         "optimizer": "cramlm.train.config.OptimizerConfig", "schedule": "cramlm.train.schedules.ScheduleConfig",
+         "source": "cramlm.data.sources.SourceConfig"}
+
+
+def _check_base(kind: str, name: str, config: type) -> None:
+    base = BASES.get(kind)
+    if base is not None and not any(f"{c.__module__}.{c.__qualname__}" == base for c in getattr(config, "__mro__", ())):
+        raise RegistryError(f"{kind} '{name}': its config class {getattr(config, '__name__', config)} must subclass {base}")
+
+
 def register(kind: str, name: str, config: type[ComponentConfig]):
     """Decorator registering ``builder`` under ``(kind, name)`` with its config class."""
+    _check_base(kind, name, config)
 
     def wrap(builder: Callable[..., Any]) -> Callable[..., Any]:
         section = _REGISTRY.setdefault(kind, {})
@@ -75,6 +88,7 @@ def register(kind: str, name: str, config: type[ComponentConfig]):
 def declare(kind: str, name: str, config: type[ComponentConfig]) -> None:
     """Register ``config`` under ``(kind, name)`` before its builder (which ``register`` adds later,
     from a module in ``_BUILDER_MODULES``), so that configs validate without importing torch."""
+    _check_base(kind, name, config)
     section = _REGISTRY.setdefault(kind, {})
     if name not in section:
         section[name] = Entry(config, None)
