@@ -3,7 +3,8 @@
 Kinds used by cramlm: ``model``, ``objective``, ``optimizer``, ``schedule``, ``source``. Registering
 a component from your own module::
 
-    from cramlm.config import register, ComponentConfig
+    from cramlm.config import register
+    from cramlm.models.base import ModelConfig      # each kind's base class: BASES below
 
     class MyModelConfig(ModelConfig):
         type: Literal["my-model"] = "my-model"
