@@ -167,7 +167,7 @@ def test_run_recipe_extends_another_and_merges_its_overrides(tmp_path, monkeypat
           train.batch_size: 128
         """)
     cfg, base = resolve_recipe(str(mine)), resolve_recipe("cpu-1h")
-    assert cfg.budget == 2 and cfg.train.batch_size == 128 and cfg.name == "cpu-1h"  # name comes from the base
+    assert cfg.budget == 2 and cfg.train.batch_size == 128 and cfg.name == "mine"  # its own name (the file's), never the base's folder
     assert cfg.eval.max_train_examples == base.eval.max_train_examples == 4000 and cfg.data.name == "shared-corpus"  # the base's overrides kept
 
 
