@@ -108,21 +108,21 @@ class SourceConfig(ComponentConfig):
 def check_packages(sources: list) -> None:
     """One DataError naming every python:// or npm:// package that ``sources`` read and that is
     missing (or at another version), each with its install command, before any source is read."""
-    missing: dict[str, list[str]] = {}  # install command -> the messages of the sources it would fix
+    missing: dict[str, list[tuple[str, str]]] = {}  # install command -> (path, message) of each source it fixes
     for source in sources:
         path = getattr(source, "path", None)
         if isinstance(path, str) and path.startswith((PYTHON_SCHEME, NPM_SCHEME)):
             try:
                 installed_package_path(path)
             except MissingPackage as e:
-                missing.setdefault(e.install or str(e), []).append(str(e))
+                missing.setdefault(e.install or str(e), []).append((path, str(e)))
     if len(missing) == 1:
-        (first, *more), = missing.values()
+        ((_, first), *more), = missing.values()
         raise DataError(first + (f" (and {len(more)} more sources of that package)" if more else ""))
     if missing:
         raise DataError(f"{len(missing)} packages the sources read are missing or at another version: " + "; ".join(
-            f"{install} (" + (f"{len(msgs)} sources, the first " if len(msgs) > 1 else "") + f"{msgs[0].split(': ', 1)[0]})"
-            for install, msgs in missing.items()))
+            f"{install} (" + (f"{len(found)} sources, the first " if len(found) > 1 else "") + f"{found[0][0]})"
+            for install, found in missing.items()))
 
 
 def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:
