@@ -13,7 +13,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cramlm.config.registry import config_class
 from cramlm.train.budget import Budget, BudgetConfig, Costs, Meter
-from cramlm.train.optim import MuonAdamW, build_optimizer, newton_schulz_flops, optimizer_flops_per_step
+from cramlm.train.checkpoint import check_newton_schulz
+from cramlm.train.hardware import PrecisionChoice
+from cramlm.train.optim import (
+    MuonAdamW,
+    build_optimizer,
+    newton_schulz,
+    newton_schulz_flops,
+    optimizer_flops_per_step,
+    resolve_optimizer,
+)
 from tests.models.helpers import random_ids, tiny_model
 
 from .helpers import CAUSAL, REPO, free_port, losses, overrides, records, run, run_inprocess
@@ -207,3 +216,89 @@ def test_split_fused_resumes_bitwise(tmp_path):
     a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "resumed" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert losses(tmp_path / "resumed") == {s: v for s, v in losses(tmp_path / "ref").items() if s > 2}
+
+
+@pytest.mark.parametrize("shape", [(48, 48), (96, 32), (32, 96)])
+def test_newton_schulz_in_bfloat16_is_torchs_and_float32_is_closer_to_float64(shape):
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    torch.manual_seed(0)
+    g, coefficients = torch.randn(shape), (3.4445, -4.7750, 2.0315)
+    ours = newton_schulz(g, coefficients, 5, 1e-7, torch.bfloat16)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, _zeropower_via_newtonschulz(g, coefficients, 5, 1e-7))
+    exact = newton_schulz(g.double(), coefficients, 5, 1e-7, torch.float64)
+    fp32 = newton_schulz(g, coefficients, 5, 1e-7, torch.float32)
+    assert fp32.dtype == torch.float32 and fp32.shape == g.shape
+    assert (fp32 - exact).abs().max() < 1e-4 < (ours.double() - exact).abs().max()
+
+
+def test_ns_dtype_float32_is_torchs_muon_with_the_iteration_in_float32(monkeypatch):
+    """ns_dtype=float32 runs torch's whole update (momentum, weight decay, the lr adjusted to the shape,
+    split_fused's blocks) with only the Newton-Schulz iteration in float32: bit for bit torch's Muon
+    with its iteration swapped for ``newton_schulz(..., float32)``, and not torch's own."""
+    import torch.optim._muon as torch_muon
+
+    torch.manual_seed(0)
+    models = [tiny_model("crammed-bert-tiny").train() for _ in range(3)]
+    ids = random_ids()
+    models[0](ids, labels=ids)["loss"].backward()
+    for other in models[1:]:
+        other.load_state_dict(models[0].state_dict())
+        for p, q in zip(models[0].parameters(), other.parameters()):
+            q.grad = p.grad.clone()
+    ours, swapped, torchs = (build_optimizer(muon(lr=0.02, split_fused=True, ns_dtype=d), m)
+                             for d, m in zip(["float32", "bfloat16", "bfloat16"], models))
+    for _ in range(2):  # the second step uses the momentum buffers
+        ours.step()
+        torchs.step()
+        with monkeypatch.context() as m:
+            m.setattr(torch_muon, "_zeropower_via_newtonschulz", lambda g, c, n, e: newton_schulz(g, c, n, e, torch.float32))
+            swapped.step()
+    ours_, swapped_, torchs_ = (dict(m.named_parameters()) for m in models)
+    assert all(torch.equal(ours_[k], swapped_[k]) for k in ours_)
+    assert not torch.equal(ours_["trunk.blocks.0.attn.qkv.weight"], torchs_["trunk.blocks.0.attn.qkv.weight"])
+
+
+def test_ns_dtype_auto_follows_the_precision():
+    auto = muon(ns_dtype="auto")
+    assert resolve_optimizer(auto, "fp32").ns_dtype == "float32"
+    assert resolve_optimizer(auto, "bf16").ns_dtype == resolve_optimizer(auto, "fp16").ns_dtype == "bfloat16"
+    assert resolve_optimizer(muon(ns_dtype="bfloat16"), "fp32").ns_dtype == "bfloat16"
+    adamw = config_class("optimizer", "adamw")(type="adamw")
+    assert resolve_optimizer(adamw, "fp32") is adamw
+    with pytest.raises(ValueError, match="ns_dtype=auto is resolved by the run's precision"):
+        build_optimizer(auto, tiny_model("gpt2-tiny"))
+
+
+def test_a_checkpoint_from_before_ns_dtype_resumes_only_in_bfloat16(tmp_path):
+    """A Muon checkpoint whose config has no ns_dtype ran its iteration in bfloat16: a resume that
+    resolves it to float32 is refused naming the key, unless allowed (then it is one more change)."""
+    folder = tmp_path / "step-00000002"
+    folder.mkdir()
+    old = {"train": {"optim": {"type": "muon", "lr": 0.02}}}
+    (folder / "state.json").write_text(json.dumps({"run": {"config": old, "data": {}}}))
+    fp32, bf16 = PrecisionChoice("fp32", "test", None, "config"), PrecisionChoice("bf16", "test", None, "config")
+    assert check_newton_schulz(folder, muon(), fp32, [], {}) == {}
+    assert check_newton_schulz(folder, muon(ns_dtype="auto"), bf16, [], {}) == {}
+    with pytest.raises(ValueError, match=r"ran the Newton-Schulz iteration in bfloat16 .*--allow-change train.optim.ns_dtype"):
+        check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, [], {})
+    allowed = check_newton_schulz(folder, muon(ns_dtype="float32"), bf16, ["train.optim.ns_dtype"], {"x": [1, 2]})
+    assert allowed == {"x": [1, 2], "train.optim.ns_dtype": ["bfloat16", "float32"]}
+    # a checkpoint that has the key, or of another optimizer, is left to the config comparison
+    old["train"]["optim"]["ns_dtype"] = "bfloat16"
+    (folder / "state.json").write_text(json.dumps({"run": {"config": old, "data": {}}}))
+    assert check_newton_schulz(folder, muon(ns_dtype="float32"), fp32, [], {}) == {}
+
+
+def test_ns_dtype_float32_run_resumes_bitwise_and_changes_the_run(tmp_path):
+    fp32 = [*STEPS, "train.optim.ns_dtype=float32"]
+    run_inprocess(tmp_path, "ref", *fp32)
+    run_inprocess(tmp_path, "bf16", *STEPS)
+    assert losses(tmp_path / "ref")[4] != losses(tmp_path / "bf16")[4]  # the iteration's dtype reached the updates
+    shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "resumed" / "checkpoints" / "step-00000002")
+    run_inprocess(tmp_path, "resumed", *fp32, "resume=auto")
+    a, b = load_file(str(tmp_path / "ref" / "model.safetensors")), load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(Exception, match=r"train.optim.ns_dtype float32 -> bfloat16"):
+        shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "again" / "checkpoints" / "step-00000002")
+        run_inprocess(tmp_path, "again", *STEPS, "resume=auto")

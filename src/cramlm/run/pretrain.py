@@ -103,6 +103,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
                             record={"config": cfg.model_dump(mode="json"), "data": data.identity()})
     if resume_from is not None:
         changes = ckpt.check_precision(resume_from, trainer.precision, cfg.allow_change, changes)
+        changes = ckpt.check_newton_schulz(resume_from, cfg.train.optim, trainer.precision, cfg.allow_change, changes)
     if dist.main:
         prepare_run_dir(cfg, resume_from, say)
     barrier(dist)

@@ -21,7 +21,7 @@ from cramlm.train.budget import Budget, Clock, Meter, measure_costs
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import Dist
 from cramlm.train.impl import ImplConfig, resolve_precision
-from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
+from cramlm.train.optim import build_optimizer, optimizer_flops_per_step, resolve_optimizer
 from cramlm.train.parallelize import parallelize
 from cramlm.train.batches import StepData
 from cramlm.train.trainer import Trainer
@@ -41,7 +41,8 @@ def build_trainer(model: torch.nn.Module, data: StepData, train: TrainConfig, im
     precision = resolve_precision(impl, device, model)  # MFU against the peak of the precision in use
     costs = measure_costs(model, data.seq_len, sample, device, precision.dtype)  # on the plain model
     parallel = parallelize(model, impl, dist, device)
-    optimizer = build_optimizer(train.optim, parallel.module)  # on the wrapped module (FSDP2: its shards)
+    # on the wrapped module (FSDP2: its shards); Muon's ns_dtype=auto follows the precision
+    optimizer = build_optimizer(resolve_optimizer(train.optim, precision.precision), parallel.module)
     costs = replace(costs, optimizer_flops_per_step=optimizer_flops_per_step(optimizer))  # Muon's Newton-Schulz
     meter = Meter(Budget(train.budget, clock.hours, costs.flops_per_token), costs, dist.world, clock)
     return Trainer(parallel, optimizer, data, train, impl, meter, run_dir, precision, heldout=heldout, record=record)

@@ -56,6 +56,7 @@ from cramlm.io import (
     write_digests,
 )
 from cramlm.train import sharded
+from cramlm.train.optim import resolve_optimizer
 
 CHECKPOINT_VERSION = 2  # 2: digests.json and the run's record; one without digests.json is damaged (1: refused)
 FILES = ("model.safetensors", "training.pt", "state.json")
@@ -747,6 +748,24 @@ def check_precision(folder: Path, precision, allow: list[str], changes: dict) ->
             f"({precision.reason}); set impl.precision={then}, or allow the change with --allow-change impl.precision"
         )
     return {**changes, "impl.precision": [then, precision.precision]}
+
+
+def check_newton_schulz(folder: Path, optim, precision, allow: list[str], changes: dict) -> dict:
+    """Muon's Newton-Schulz dtype against a checkpoint written before ``train.optim.ns_dtype`` existed
+    (its iteration ran in bfloat16): a config that resolves it to float32 changes the maths, refused
+    unless allowed (a checkpoint that has the key is compared with the config, ``resume_changes``)."""
+    then = written_run(folder)["config"].get("train", {}).get("optim", {})
+    if getattr(optim, "ns_dtype", None) is None or then.get("type") != "muon" or "ns_dtype" in then:
+        return changes
+    now = resolve_optimizer(optim, precision.precision).ns_dtype
+    if now == "bfloat16":
+        return changes
+    if not _under("train.optim.ns_dtype", allow):
+        raise ValueError(
+            f"resume from {folder}: its Muon ran the Newton-Schulz iteration in bfloat16 (it predates "
+            f"train.optim.ns_dtype), this run's in {now} (train.optim.ns_dtype={optim.ns_dtype}); set "
+            "train.optim.ns_dtype=bfloat16, or allow the change with --allow-change train.optim.ns_dtype")
+    return {**changes, "train.optim.ns_dtype": ["bfloat16", now]}
 
 
 def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say, device: torch.device) -> dict:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer, model_validator
 
 from cramlm.config.base import (
+    KEYLESS_DEFAULT,
     RESUME_FREE,
     ComponentConfig,
     Config,
@@ -102,6 +103,11 @@ class MuonConfig(OptimizerConfig):
     split_fused: bool = Field(False, description="orthogonalise each block of a fused weight as a matrix of its own "
                               "(attention's q, k and v; a gated FFN's gate and value), as modded-nanogpt does; false: "
                               "the fused matrix as one (torch's Muon as it is)")
+    ns_dtype: Literal["bfloat16", "float32", "auto"] = Field(
+        "bfloat16", json_schema_extra=KEYLESS_DEFAULT, description="the dtype of the Newton-Schulz iteration: bfloat16 "
+        "(torch's and Keller Jordan's Muon), float32, or auto: float32 where the run computes in fp32 "
+        "(impl.precision), else bfloat16. A CPU without bf16 matmuls (AVX2 only) emulates bfloat16's: float32 "
+        "runs the iteration ~10x faster there")
     # named as AdamW's own: they go to the AdamW part (a preset's block can set them under the same names)
     betas: tuple[Beta, Beta] = Field((0.9, 0.98), description="AdamW's betas (the parameters Muon does not train)")
     eps: PositiveFloat = Field(1e-12, description="AdamW's eps (the parameters Muon does not train)")

@@ -137,13 +137,57 @@ def newton_schulz_flops(shape: tuple[int, ...], ns_steps: int) -> float:
     return float(ns_steps * (4 * r * r * c + 2 * r**3))
 
 
+def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """torch's Newton-Schulz orthogonalisation (torch/optim/_muon.py), computed in ``dtype`` (torch's:
+    bfloat16, bit for bit). X (r x c, r <= c) -> X / |X|, then per step X <- a X + (b G + c G^2) X
+    with G = X X^T."""
+    a, b, c = coefficients
+    tall = g.size(0) > g.size(1)
+    x = g.to(dtype).T if tall else g.to(dtype)
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T  # (r, r)
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def muon_update(params: list, grads: list, bufs: list, group: dict, dtype: torch.dtype) -> None:
+    """torch's Muon update of one group (``_single_tensor_muon``) with the Newton-Schulz iteration in
+    ``dtype``: Nesterov momentum, orthogonalise, decoupled weight decay, the lr adjusted to the shape."""
+    from torch.optim._muon import _adjust_lr
+
+    lr, momentum = float(group["lr"]), group["momentum"]
+    for p, g, buf in zip(params, grads, bufs):
+        buf.lerp_(g, 1 - momentum)
+        update = g.lerp(buf, momentum) if group["nesterov"] else buf
+        update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+
+
 def _block_muon(muon: type) -> type:
     """torch's Muon, orthogonalising each row block of a fused weight separately (``split_fused``):
     the group's ``rows`` names each parameter's blocks, and the parameter, its gradient and its
     momentum buffer go to torch's update as row views, one matrix per block. torch updates them in
-    place, so the weight and its state stay one tensor each (checkpoints unchanged)."""
+    place, so the weight and its state stay one tensor each (checkpoints unchanged). ``ns_dtype``
+    other than bfloat16: the same update with the Newton-Schulz iteration in that dtype
+    (``muon_update``; torch's computes it in bfloat16)."""
 
     class BlockMuon(muon):
+        ns_dtype = torch.bfloat16
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            if self.ns_dtype == torch.bfloat16:
+                return super().step(closure)
+            loss = None if closure is None else closure()
+            for group in self.param_groups:
+                params, grads, bufs = [], [], []
+                self._init_group(group, params, grads, bufs)
+                muon_update(params, grads, bufs, group, self.ns_dtype)
+            return loss
+
         def _init_group(self, group, params_with_grad, grads, muon_momentum_bufs):
             has_complex = super()._init_group(group, params_with_grad, grads, muon_momentum_bufs)
             rows = group.get("rows")
@@ -185,6 +229,10 @@ class MuonAdamW(torch.optim.Optimizer):
         adamw_groups = [{**g, "peak_lr": adamw_lr} for g in groups if not g["muon"] and g["params"]]
         self.muon = _block_muon(muon)(muon_groups or [{"params": []}], lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                          nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.adjust_lr_fn)
+        if cfg.ns_dtype == "auto":
+            raise ValueError("train.optim.ns_dtype=auto is resolved by the run's precision (resolve_optimizer) before "
+                             "the optimizer is built")
+        self.muon.ns_dtype = getattr(torch, cfg.ns_dtype)
         self.adamw = torch.optim.AdamW(adamw_groups or [{"params": []}], lr=adamw_lr, betas=cfg.betas, eps=cfg.eps,
                                        weight_decay=cfg.weight_decay)
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
@@ -218,6 +266,14 @@ class MuonAdamW(torch.optim.Optimizer):
 @register("optimizer", "muon", MuonConfig)
 def build_muon(cfg: MuonConfig, groups: list[dict]) -> torch.optim.Optimizer:
     return MuonAdamW(groups, cfg)
+
+
+def resolve_optimizer(cfg: OptimizerConfig, precision: str) -> OptimizerConfig:
+    """``train.optim`` with what follows the run's resolved precision ("fp32", "bf16", "fp16") made
+    concrete: Muon's ``ns_dtype=auto`` -> float32 in an fp32 run, else bfloat16."""
+    if getattr(cfg, "ns_dtype", None) != "auto":
+        return cfg
+    return cfg.model_copy(update={"ns_dtype": "float32" if precision == "fp32" else "bfloat16"})
 
 
 def optimizer_flops_per_step(optimizer: torch.optim.Optimizer) -> float:
