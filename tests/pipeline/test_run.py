@@ -165,9 +165,9 @@ def test_a_dry_run_is_small_in_every_stage(tmp_path):
 
 
 def test_fields_added_later_leave_keys_unchanged_at_their_default():
-    """data.train_subset and eval.select at their defaults are left out of the data, pretrain and eval
-    keys (KEYLESS_DEFAULT), so runs recorded before those fields existed are found again; any other
-    value keys a new stage."""
+    """data.train_subset, train.optim.ns_dtype (Muon's) and eval.select at their defaults are left out
+    of the data, pretrain and eval keys (KEYLESS_DEFAULT), so runs recorded before those fields existed
+    are found again; any other value keys a new stage."""
     import hashlib
 
     from cramlm.data.prepare import PIPELINE_VERSION
@@ -177,6 +177,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     pre = cfg.pretrain_config().model_dump(mode="json")
     del pre["data"]["train_subset"]
     assert "train_subset" not in json.dumps(pre)
+    assert pre["train"]["optim"]["type"] == "muon"
+    del pre["train"]["optim"]["ns_dtype"]
     data = cfg.data.model_dump(mode="json")
     del data["train_subset"]
     assert cfg.data.cache_key() == hashlib.sha256(json.dumps([PIPELINE_VERSION, data], sort_keys=True).encode()).hexdigest()[:12]
@@ -198,3 +200,5 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     chosen = stage_keys(resolve_recipe("default", [*TINY_RUN, "eval.select.lr=[1e-3,3e-3]"]))
     assert half["data"] != keys["data"] and half["pretrain"] != keys["pretrain"]
     assert chosen["pretrain"] == keys["pretrain"] and chosen["eval"] != keys["eval"]
+    fp32 = stage_keys(resolve_recipe("default", [*TINY_RUN, "train.optim.ns_dtype=float32"]))
+    assert fp32["data"] == keys["data"] and fp32["pretrain"] != keys["pretrain"]
