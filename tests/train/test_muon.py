@@ -145,8 +145,10 @@ def test_muon_flop_budget_stops_before_adamw(tmp_path):
     assert m["flops"] >= 4e8 and m["flops"] - m["optimizer_flops_per_step"] - m["flops_per_token"] * 256 < 4e8
 
 
-def test_muon_under_ddp_and_fsdp_matches_one_process(tmp_path):
-    setup = ["budget=null", "train.budget.steps=3", "impl.microbatch_size=2", "train.validate_every=0", *MUON, *CAUSAL]
+@pytest.mark.parametrize("ns_dtype", ["bfloat16", "float32"])  # torch's update, and cramlm's on FSDP2's DTensor shards
+def test_muon_under_ddp_and_fsdp_matches_one_process(tmp_path, ns_dtype):
+    setup = ["budget=null", "train.budget.steps=3", "impl.microbatch_size=2", "train.validate_every=0", *MUON, *CAUSAL,
+             f"train.optim.ns_dtype={ns_dtype}"]
     run_inprocess(tmp_path, "one", *setup)
     runs = [overrides(tmp_path, "ddp", *setup, "impl.distributed=ddp"),
             overrides(tmp_path, "fsdp", *setup, "impl.distributed=fsdp")]
