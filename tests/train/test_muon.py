@@ -304,3 +304,10 @@ def test_ns_dtype_float32_run_resumes_bitwise_and_changes_the_run(tmp_path):
     with pytest.raises(Exception, match=r"train.optim.ns_dtype float32 -> bfloat16"):
         shutil.copytree(tmp_path / "ref" / "checkpoints" / "step-00000002", tmp_path / "again" / "checkpoints" / "step-00000002")
         run_inprocess(tmp_path, "again", *STEPS, "resume=auto")
+
+
+def test_ns_dtype_auto_says_what_it_resolved_to(tmp_path, capsys):
+    run_inprocess(tmp_path, "auto", *STEPS, "train.optim.ns_dtype=auto", "impl.precision=fp32")
+    assert "Muon's Newton-Schulz iteration in float32 (train.optim.ns_dtype=auto)" in capsys.readouterr().out
+    run_inprocess(tmp_path, "fixed", *STEPS, "train.optim.ns_dtype=float32", "impl.precision=fp32")
+    assert "Newton-Schulz" not in capsys.readouterr().out  # a dtype given as such is in the config, not the banner

@@ -61,6 +61,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.train.batches import StepData
     from cramlm.train.build import build_trainer, dryrun_config
     from cramlm.train.distributed import barrier, broadcast_object, buffers_recomputable
+    from cramlm.train.optim import resolve_optimizer
     from cramlm.train.sharded import is_sharded
 
     torch.manual_seed(cfg.seed)
@@ -121,6 +122,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         f"{len(dataset)} sequences of {cfg.data.seq_length} tokens ({data.folder}), device {device}"
         + (f" x {dist.world} processes ({dist.strategy})" if dist.enabled else "")
         + f", precision {trainer.precision.precision} ({trainer.precision.reason})"
+        + (f", Muon's Newton-Schulz iteration in {resolve_optimizer(cfg.train.optim, trainer.precision.precision).ns_dtype}"
+           " (train.optim.ns_dtype=auto)" if getattr(cfg.train.optim, "ns_dtype", None) == "auto" else "")
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
