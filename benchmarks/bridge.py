@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -209,10 +210,13 @@ def table(result: dict) -> str:
 
 
 def parse(key: str) -> dict:
-    """A point's key, ``{schedule}-{line}-s{seed}[-{k}x][@code]``, in parts."""
+    """A point's key, ``{schedule}-{line}-s{seed}[-{k}x][-{variant}][@code]``, in parts; a variant (a
+    run beside its line with one field changed, own-rtd-s1-1x-nsf32) is a line of its own, ``rtd+nsf32``."""
     run_name, _, code = key.partition("@")
     schedule, line, rest = run_name.split("-", 2)
-    return {"schedule": schedule, "line": line, "seed": int(rest.split("-")[0][1:]), "code": code or None}
+    seed, *more = rest.split("-")
+    line += "".join(f"+{m}" for m in more if not re.fullmatch(r"\d+x", m))
+    return {"schedule": schedule, "line": line, "seed": int(seed[1:]), "code": code or None}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -87,5 +87,6 @@ def test_the_plot_has_a_panel_per_task_and_zero_shot(tmp_path):
                          "own-hybrid-s1-4x": {"multiple": 4, "eval": None}},
               "twins": {"rtd": ev, "adamw@b": ev}}
     assert bridge.parse("wsd-rtd-s0-2x@b") == {"schedule": "wsd", "line": "rtd", "seed": 0, "code": "b"}
+    assert bridge.parse("own-rtd-s1-1x-nsf32") == {"schedule": "own", "line": "rtd+nsf32", "seed": 1, "code": None}
     bridge.plot(result, tmp_path / "points.png")
     assert (tmp_path / "points.png").read_bytes()[:4] == b"\x89PNG"
