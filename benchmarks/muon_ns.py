@@ -6,8 +6,8 @@ the same model and gradients and medians taken; beside them this thread's GEMM r
 decides the answer: a CPU with AVX512-BF16 / AMX runs bf16 GEMMs at up to 2x fp32, one with AVX2 only
 emulates them at a fraction of it.
 
-    python benchmarks/muon_ns.py                         # tiny (cpu-1h's model), JSON + table
-    python benchmarks/muon_ns.py --arch crammed-bert --steps 2   # base size: minutes per bf16 step where bf16 is emulated
+    python -m benchmarks.muon_ns                         # tiny (cpu-1h's model), JSON + table
+    python -m benchmarks.muon_ns --arch crammed-bert --steps 2   # base size: minutes per bf16 step where bf16 is emulated
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from benchmarks.step_cpu_time import gemm_peak
 from cramlm.config.loader import load_preset
 from cramlm.config.registry import config_class
 from cramlm.data.tokenizer import SPECIAL_TOKENS
@@ -30,19 +31,6 @@ from cramlm.train.optim import build_optimizer, optimizer_flops_per_step
 
 VOCAB = {"crammed-bert-tiny": 8192}  # cpu-1h's; the rest cramming's 32,768
 DTYPES = ("bfloat16", "float32")
-
-
-def gemm_rate(dtype: torch.dtype, n: int = 512, reps: int = 6) -> float:
-    """Best GEMM FLOP per CPU-second of this thread at n x n."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    best = 0.0
-    for _ in range(reps):
-        start = time.process_time()
-        for _ in range(4):
-            a @ b
-        best = max(best, 4 * 2 * n**3 / max(time.process_time() - start, 1e-9))
-    return best
 
 
 def measure(arch_name: str, steps: int) -> list[dict]:
@@ -79,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=7, help="timed optimizer steps per dtype (after one warm-up)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    gemm = {d: gemm_rate(getattr(torch, d)) for d in DTYPES}
+    gemm = {d: gemm_peak(getattr(torch, d), sizes=(512,)) for d in DTYPES}
     rows = [row for arch in args.arch for row in measure(arch, args.steps)]
     result = {"cpu": cpu_name(), "threads": 1, "gemm_flops_per_cpu_second": {d: round(v) for d, v in gemm.items()},
               "bf16_over_fp32_gemm": round(gemm["bfloat16"] / gemm["float32"], 3), "rows": rows}

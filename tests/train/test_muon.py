@@ -286,10 +286,33 @@ def test_a_checkpoint_from_before_ns_dtype_resumes_only_in_bfloat16(tmp_path):
         check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, [], {})
     allowed = check_newton_schulz(folder, muon(ns_dtype="float32"), bf16, ["train.optim.ns_dtype"], {"x": [1, 2]})
     assert allowed == {"x": [1, 2], "train.optim.ns_dtype": ["bfloat16", "float32"]}
-    # a checkpoint that has the key, or of another optimizer, is left to the config comparison
-    old["train"]["optim"]["ns_dtype"] = "bfloat16"
-    (folder / "state.json").write_text(json.dumps({"run": {"config": old, "data": {}}}))
+
+
+def test_ns_dtype_is_compared_as_each_side_resolves_it(tmp_path):
+    """A checkpoint that has the key: its dtype as resolved with its own precision against this
+    run's, so a recipe that moves from bfloat16 to auto resumes where auto means bfloat16, and is
+    refused, naming both dtypes, where it does not."""
+    folder = tmp_path / "step-00000002"
+    folder.mkdir()
+    fp32, bf16 = PrecisionChoice("fp32", "test", None, "config"), PrecisionChoice("bf16", "test", None, "config")
+
+    def written(ns_dtype, precision):
+        run = {"config": {"train": {"optim": {"type": "muon", "lr": 0.02, "ns_dtype": ns_dtype}}}, "data": {}}
+        (folder / "state.json").write_text(json.dumps({"run": run, "precision": precision}))
+
+    written("bfloat16", "bf16")
+    assert check_newton_schulz(folder, muon(ns_dtype="auto"), bf16, [], {}) == {}
+    written("bfloat16", "fp32")
+    with pytest.raises(ValueError, match=r"train.optim.ns_dtype bfloat16 -> float32 \(the run's bfloat16, this run's auto"):
+        check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, [], {})
+    assert check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, ["train.optim.ns_dtype"], {}) == {
+        "train.optim.ns_dtype": ["bfloat16", "float32"]}
+    written("auto", "fp32")
     assert check_newton_schulz(folder, muon(ns_dtype="float32"), fp32, [], {}) == {}
+    with pytest.raises(ValueError, match=r"train.optim.ns_dtype float32 -> bfloat16"):
+        check_newton_schulz(folder, muon(), fp32, [], {})
+    written("float32", "fp32")  # another optimizer now: nothing to compare
+    assert check_newton_schulz(folder, config_class("optimizer", "adamw")(type="adamw"), fp32, [], {}) == {}
 
 
 def test_ns_dtype_float32_run_resumes_bitwise_and_changes_the_run(tmp_path):

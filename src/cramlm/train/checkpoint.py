@@ -731,6 +731,18 @@ def check_servable(old: dict, new: dict, where: str) -> None:
                          "with the run's own setting, or start a fresh run (another name=, or overwrite=true)")
 
 
+def _as_in(old: dict, new: dict, key: str) -> dict:
+    """``old`` (a nested config) with the dotted ``key`` set to ``new``'s value where both have it:
+    that key left out of a comparison (and still a key ``--allow-change`` may name)."""
+    head, _, rest = key.partition(".")
+    if head not in old or head not in new:
+        return old
+    if not rest:
+        return {**old, head: new[head]}
+    both = isinstance(old[head], dict) and isinstance(new[head], dict)
+    return {**old, head: _as_in(old[head], new[head], rest)} if both else old
+
+
 def _show(value: Any) -> str:
     return json.dumps(value) if not isinstance(value, str) else value
 
@@ -750,22 +762,35 @@ def check_precision(folder: Path, precision, allow: list[str], changes: dict) ->
     return {**changes, "impl.precision": [then, precision.precision]}
 
 
+NS_DTYPE = "train.optim.ns_dtype"
+
+
 def check_newton_schulz(folder: Path, optim, precision, allow: list[str], changes: dict) -> dict:
-    """Muon's Newton-Schulz dtype against a checkpoint written before ``train.optim.ns_dtype`` existed
-    (its iteration ran in bfloat16): a config that resolves it to float32 changes the maths, refused
-    unless allowed (a checkpoint that has the key is compared with the config, ``resume_changes``)."""
-    then = written_run(folder)["config"].get("train", {}).get("optim", {})
-    if getattr(optim, "ns_dtype", None) is None or then.get("type") != "muon" or "ns_dtype" in then:
+    """Muon's Newton-Schulz dtype, compared as each side resolved it (``auto`` follows the precision:
+    the checkpoint's own, this run's ``precision``), so ``bfloat16 -> auto`` on a bf16 run is no
+    change; a checkpoint written before ``train.optim.ns_dtype`` existed ran bfloat16. Another dtype
+    changes the maths: refused unless allowed (then it is one more change). ``changes`` with it."""
+    then_cfg = written_run(folder)["config"].get("train", {}).get("optim", {})
+    if getattr(optim, "ns_dtype", None) is None or then_cfg.get("type") != "muon":
         return changes
+    then_named = then_cfg.get("ns_dtype", "bfloat16")
+    then_precision = written_state(folder).get("precision") or precision.precision
+    then = resolve_optimizer(optim.model_copy(update={"ns_dtype": then_named}), then_precision).ns_dtype
     now = resolve_optimizer(optim, precision.precision).ns_dtype
-    if now == "bfloat16":
+    if now == then:
         return changes
-    if not _under("train.optim.ns_dtype", allow):
+    if not _under(NS_DTYPE, allow):
+        if "ns_dtype" not in then_cfg:
+            raise ValueError(
+                f"resume from {folder}: its Muon ran the Newton-Schulz iteration in bfloat16 (it predates "
+                f"train.optim.ns_dtype), this run's in {now} (train.optim.ns_dtype={optim.ns_dtype}); set "
+                "train.optim.ns_dtype=bfloat16, or allow the change with --allow-change train.optim.ns_dtype")
         raise ValueError(
-            f"resume from {folder}: its Muon ran the Newton-Schulz iteration in bfloat16 (it predates "
-            f"train.optim.ns_dtype), this run's in {now} (train.optim.ns_dtype={optim.ns_dtype}); set "
-            "train.optim.ns_dtype=bfloat16, or allow the change with --allow-change train.optim.ns_dtype")
-    return {**changes, "train.optim.ns_dtype": ["bfloat16", now]}
+            f"resume from {folder}: the config differs from the run's own where it changes the maths: "
+            f"train.optim.ns_dtype {then} -> {now} (the run's {then_named}, this run's {optim.ns_dtype}, as each "
+            f"resolves with its precision); resume with train.optim.ns_dtype={then}, or allow the change with "
+            "--allow-change train.optim.ns_dtype")
+    return {**changes, NS_DTYPE: [then, now]}
 
 
 def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say, device: torch.device) -> dict:
@@ -778,7 +803,9 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say,
     check_data_state(folder)
     check_finite_shards(folder) if sharded.is_sharded(folder) else check_finite(folder / "model.safetensors")
     check_same_data(folder, run["data"], data.identity(), run["config"], new)
-    changes = resume_changes(run["config"], new, cfg.allow_change, str(folder), resume_policy(type(cfg)))
+    # Muon's ns_dtype is compared as each side resolved it, once the precision is known (check_newton_schulz)
+    changes = resume_changes(_as_in(run["config"], new, NS_DTYPE), new, cfg.allow_change, str(folder),
+                             resume_policy(type(cfg)))
     if device.type == "cpu":  # the run's device (a model built on the meta device is on none yet); before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes
