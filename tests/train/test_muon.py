@@ -311,6 +311,11 @@ def test_ns_dtype_is_compared_as_each_side_resolves_it(tmp_path):
     assert check_newton_schulz(folder, muon(ns_dtype="float32"), fp32, [], {}) == {}
     with pytest.raises(ValueError, match=r"train.optim.ns_dtype float32 -> bfloat16"):
         check_newton_schulz(folder, muon(), fp32, [], {})
+    written("auto", "bf16")  # auto on both sides follows an allowed precision change, and only an allowed one
+    with pytest.raises(ValueError, match=r"train.optim.ns_dtype bfloat16 -> float32"):
+        check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, [], {})
+    assert check_newton_schulz(folder, muon(ns_dtype="auto"), fp32, ["impl.precision"], {}) == {
+        "train.optim.ns_dtype": ["bfloat16", "float32"]}
     written("float32", "fp32")  # another optimizer now: nothing to compare
     assert check_newton_schulz(folder, config_class("optimizer", "adamw")(type="adamw"), fp32, [], {}) == {}
 

@@ -769,7 +769,8 @@ def check_newton_schulz(folder: Path, optim, precision, allow: list[str], change
     """Muon's Newton-Schulz dtype, compared as each side resolved it (``auto`` follows the precision:
     the checkpoint's own, this run's ``precision``), so ``bfloat16 -> auto`` on a bf16 run is no
     change; a checkpoint written before ``train.optim.ns_dtype`` existed ran bfloat16. Another dtype
-    changes the maths: refused unless allowed (then it is one more change). ``changes`` with it."""
+    changes the maths: refused unless allowed, or unless both sides are ``auto`` and ``impl.precision``
+    is allowed (auto follows it); then it is one more change. ``changes`` with it."""
     then_cfg = written_run(folder)["config"].get("train", {}).get("optim", {})
     if getattr(optim, "ns_dtype", None) is None or then_cfg.get("type") != "muon":
         return changes
@@ -779,7 +780,8 @@ def check_newton_schulz(folder: Path, optim, precision, allow: list[str], change
     now = resolve_optimizer(optim, precision.precision).ns_dtype
     if now == then:
         return changes
-    if not _under(NS_DTYPE, allow):
+    follows = then_named == optim.ns_dtype == "auto" and _under("impl.precision", allow)  # auto follows an allowed precision change
+    if not (_under(NS_DTYPE, allow) or follows):
         if "ns_dtype" not in then_cfg:
             raise ValueError(
                 f"resume from {folder}: its Muon ran the Newton-Schulz iteration in bfloat16 (it predates "
