@@ -173,7 +173,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     from cramlm.data.prepare import PIPELINE_VERSION
     from cramlm.pipeline.recipe import _hash
 
-    cfg = resolve_recipe("default", TINY_RUN)
+    at_defaults = [*TINY_RUN, "train.optim.ns_dtype=bfloat16"]  # the recipe takes auto: the field's default here
+    cfg = resolve_recipe("default", at_defaults)
     pre = cfg.pretrain_config().model_dump(mode="json")
     del pre["data"]["train_subset"]
     assert "train_subset" not in json.dumps(pre)
@@ -196,9 +197,11 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     from cramlm.data.heldout import DEFINITION
 
     assert keys["eval"] == _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
-    half = stage_keys(resolve_recipe("default", [*TINY_RUN, "data.train_subset=0.5"]))
-    chosen = stage_keys(resolve_recipe("default", [*TINY_RUN, "eval.select.lr=[1e-3,3e-3]"]))
+    half = stage_keys(resolve_recipe("default", [*at_defaults, "data.train_subset=0.5"]))
+    chosen = stage_keys(resolve_recipe("default", [*at_defaults, "eval.select.lr=[1e-3,3e-3]"]))
     assert half["data"] != keys["data"] and half["pretrain"] != keys["pretrain"]
     assert chosen["pretrain"] == keys["pretrain"] and chosen["eval"] != keys["eval"]
-    fp32 = stage_keys(resolve_recipe("default", [*TINY_RUN, "train.optim.ns_dtype=float32"]))
+    fp32 = stage_keys(resolve_recipe("default", [*at_defaults, "train.optim.ns_dtype=float32"]))
     assert fp32["data"] == keys["data"] and fp32["pretrain"] != keys["pretrain"]
+    shipped = stage_keys(resolve_recipe("default", TINY_RUN))  # ns_dtype: auto
+    assert shipped["data"] == keys["data"] and shipped["pretrain"] not in (keys["pretrain"], fp32["pretrain"])
