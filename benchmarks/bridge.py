@@ -219,10 +219,23 @@ def parse(key: str) -> dict:
     return {"schedule": schedule, "line": line, "seed": int(seed[1:]), "code": code or None}
 
 
+def plot_groups(points: dict) -> dict[tuple, list]:
+    """The plotted lines: {(schedule, line, precision): [(multiple, seed, eval), ...]}. A line's points
+    made by different code in the same precision are one line (every commit since 70188c8 leaves a CPU
+    step as it was; points.md names each point's code); "-bf16" codes trained in bf16, the rest fp32."""
+    groups: dict[tuple, list] = {}
+    for key, p in points.items():
+        k = parse(key)
+        code = k["code"] or p.get("code") or ""
+        groups.setdefault((k["schedule"], k["line"], "bf16" if code.endswith("-bf16") else "fp32"), []).append(
+            (p["multiple"], k["seed"], p["eval"]))
+    return groups
+
+
 def plot(result: dict, path: Path) -> None:
     """Downstream against compute: one panel per task and one for zero-shot (each point's headline
-    scorer), x the multiple of the hour's FLOPs (log 2), a line per (schedule, line, code) with each
-    seed a marker, and each line's untrained twin dashed in its colour."""
+    scorer), x the multiple of the hour's FLOPs (log 2), a line per (schedule, line, precision) with
+    each seed a marker, and each line's untrained twin dashed in its colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,23 +250,20 @@ def plot(result: dict, path: Path) -> None:
             return None if acc is None else 100 * acc
         return 100 * ev["tasks"][task]["median"] if task in ev["tasks"] else None
 
-    groups: dict[tuple, list] = {}
-    for key, p in points.items():
-        k = parse(key)
-        groups.setdefault((k["schedule"], k["line"], k["code"] or p.get("code")), []).append((p["multiple"], k["seed"], p["eval"]))
+    groups = plot_groups(points)
     colors = dict(zip(sorted({g[1] for g in groups} | {t.partition("@")[0] for t in result["twins"]}),
                       plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
     cols = 3
     fig, axes = plt.subplots((len(tasks) + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.4 * ((len(tasks) + cols - 1) // cols)),
                              squeeze=False)
     for ax, task in zip(axes.flat, tasks):
-        for (schedule, line, code), rows in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-            style = "o-" if schedule == "wsd" else "s:"
+        for (schedule, line, precision), rows in sorted(groups.items()):
+            style = ("^" if precision == "bf16" else "o" if schedule == "wsd" else "s") + ("-" if schedule == "wsd" else ":")  # bf16: triangles
             for seed in sorted({r[1] for r in rows}):
                 pts = sorted((m, y) for m, s_, ev in rows if s_ == seed and (y := score(ev, task)) is not None)
                 if pts:
                     ax.plot(*zip(*pts), style, color=colors[line], alpha=1 if seed == 0 else 0.5,
-                            label=f"{line} ({schedule}, {code})" if seed == min(r[1] for r in rows) else None)
+                            label=f"{line} ({schedule}, {precision})" if seed == min(r[1] for r in rows) else None)
         for twin_key, ev in result["twins"].items():
             line, _, code = twin_key.partition("@")
             if (y := score(ev, task)) is not None:
@@ -266,7 +276,8 @@ def plot(result: dict, path: Path) -> None:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    legend_rows = (len(labels) + 3) // 4
+    fig.tight_layout(rect=(0, 0.02 + 0.025 * legend_rows, 1, 1))  # the legend below the panels, clear of their axes
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -90,3 +90,12 @@ def test_the_plot_has_a_panel_per_task_and_zero_shot(tmp_path):
     assert bridge.parse("own-rtd-s1-1x-nsf32") == {"schedule": "own", "line": "rtd+nsf32", "seed": 1, "code": None}
     bridge.plot(result, tmp_path / "points.png")
     assert (tmp_path / "points.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_lines_points_from_different_code_are_one_line_per_precision():
+    ev = {"tasks": {}}
+    points = {"wsd-rtd-s0-1x@70188c8": {"multiple": 1, "eval": ev}, "wsd-rtd-s0-4x": {"multiple": 4, "eval": ev, "code": "af07c0f"},
+              "wsd-rtd-s0-2x@e58c713-bf16": {"multiple": 2, "eval": ev}, "own-rtd-s1-1x-nsf32": {"multiple": 1, "eval": ev, "code": "bb8e3bb"}}
+    groups = bridge.plot_groups(points)
+    assert sorted(groups) == [("own", "rtd+nsf32", "fp32"), ("wsd", "rtd", "bf16"), ("wsd", "rtd", "fp32")]
+    assert sorted(m for m, _, _ in groups[("wsd", "rtd", "fp32")]) == [1, 4]
