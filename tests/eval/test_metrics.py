@@ -182,7 +182,7 @@ def test_zero_shot_verdict_counts_paradigms_beyond_two_standard_errors():
                            "than the untrained twin, by more than two standard errors, on 1 of 1 paradigm, less often on 0 "
                            "(swap 78.0 against 50.0; % by log-probability). Fine-tuned, pretraining did not pay (yet): "
                            "ahead of the untrained twin by >= 2 points on 0 of 1 task, behind by more than 1 point on 1 (a). "
-                           "Held-out HYBRID loss 5.90"), said
+                           "Held-out hybrid masked next-token loss 5.90"), said
     # neither paid: the fine-tuned sentence first, as when there are no pairs
     behind = {**pretrained, "minimal_pairs": _pairs({"swap": 0.52})}
     assert verdict(behind, untrained).startswith("fine-tuned, pretraining did not pay (yet): ahead of the untrained twin "
@@ -192,3 +192,15 @@ def test_zero_shot_verdict_counts_paradigms_beyond_two_standard_errors():
     # zero-shot pairs alone still get a verdict
     assert verdict({"results": [], "minimal_pairs": _pairs({"swap": 0.78})}, {"minimal_pairs": _pairs({"swap": 0.5})}).startswith(
         "zero-shot, pretraining paid")
+
+
+def test_a_held_out_loss_is_named_as_its_objective_names_it():
+    """The objective component's own words (its loss_title): an RTD run's loss is its generator's MLM,
+    the hybrid's a masked next-token loss; a name no component registers is shown as given."""
+    from cramlm.eval.tables import objective_label
+
+    assert [objective_label(o) for o in ("mlm", "clm", "rtd", "hybrid", "someone-elses")] == [
+        "MLM", "causal LM", "RTD generator MLM", "hybrid masked next-token", "someone-elses"]
+    twin = {"results": [], "mean": {"last": {"arithmetic": 0.5}}, "heldout": {"objective": "hybrid", "loss": 9.0}}
+    run = {**twin, "heldout": {"objective": "hybrid", "loss": 6.0}}
+    assert "held-out hybrid masked next-token loss" in versus_text(run, twin)

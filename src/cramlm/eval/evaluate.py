@@ -64,7 +64,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     from cramlm.eval.checkpoints import load_checkpoint
     from cramlm.eval.pairs import load_pairs, pairs_markdown, pairs_text
     from cramlm.eval.partial import Partial, stop_exit
-    from cramlm.eval.tables import markdown, means, text_table, to_csv
+    from cramlm.eval.tables import markdown, means, objective_label, text_table, to_csv
     from cramlm.eval.tasks import load_tasks
     from cramlm.io import write_json, write_text
 
@@ -119,7 +119,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     }
     write_json(stem.with_suffix(".json"), result)
     write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
-    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {heldout['objective']} loss: {heldout['loss']:.4f}"
+    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {objective_label(heldout['objective'])} loss: {heldout['loss']:.4f}"
                                                  + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                                                  + f" ({heldout['definition']})\n" if heldout else "")
                + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else "")
@@ -181,7 +181,9 @@ def heldout_result(cfg: EvalRunConfig, ckpt, device, partial) -> dict | None:
         heldout = {**lm_heldout(ckpt.lm, val, device=device, progress=cfg.impl.progress),
                    "file": str(val), "tokenizer": ckpt.lm.tokenizer}
         partial.set_heldout(heldout)
-    print(f"held-out {heldout['objective'].upper()} loss {heldout['loss']:.4f}"
+    from cramlm.eval.tables import objective_label
+
+    print(f"held-out {objective_label(heldout['objective'])} loss {heldout['loss']:.4f}"
           + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
           + (f", perplexity {heldout['perplexity']:.2f}" if "perplexity" in heldout else "")
           + f" ({heldout['sequences']:,} of {heldout['file_sequences']:,} sequences of {val}, {heldout['definition']})")

@@ -22,6 +22,17 @@ from cramlm.eval.metrics import arithmetic_mean, harmonic_mean, score
 from cramlm.eval.tasks import SAMPLE_SEED, Task, sample
 
 
+def objective_label(objective: str) -> str:
+    """A held-out loss's objective in words, as its component names it (``loss_title``: 'MLM',
+    'causal LM', 'RTD generator MLM', a plugin's own); an objective no component registers, as given."""
+    from cramlm.config.registry import config_class
+
+    try:
+        return config_class("objective", objective).loss_title or objective
+    except (KeyError, ValueError):
+        return objective
+
+
 def majority_scores(task: Task, max_dev_examples: int | None = None) -> dict[str, float]:
     """Per dev split, the headline score of always predicting the most frequent training label
     (regression: the training mean, which scores 0 correlation): the floor a model must beat."""
@@ -207,7 +218,7 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     text = ". ".join(s[0].upper() + s[1:] if i else s for i, s in enumerate(said))
     lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
-        text += (f". Held-out {lm_a['objective'].upper()} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
+        text += (f". Held-out {objective_label(lm_a['objective'])} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
         if rows and not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
             text += (", but not yet features these fine-tuned tasks need beyond what fine-tuning from random weights "
@@ -256,7 +267,7 @@ def versus_text(pretrained: dict, untrained: dict | None, say_verdict: bool = Tr
         cells.append(means_row)
     lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
     if lm_a:
-        cells.append([f"held-out {lm_a['objective'].upper()} loss", "", f"{lm_a['loss']:.3f}",
+        cells.append([f"held-out {objective_label(lm_a['objective'])} loss", "", f"{lm_a['loss']:.3f}",
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])
     widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
     fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731
