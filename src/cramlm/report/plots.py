@@ -39,9 +39,9 @@ def _label(run: RunData, many: bool, what: str) -> str:
 def loss_title(objective: str) -> str:
     """The held-out loss of an objective in words: 'MLM', 'causal LM', 'RTD generator MLM' (ELECTRA
     runs, a group of their own), ... (its config's ``loss_title``)."""
-    from cramlm.config.registry import config_class
+    from cramlm.eval.tables import objective_label
 
-    return config_class("objective", objective).loss_title
+    return objective_label(objective)
 
 
 def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:
