@@ -19,7 +19,8 @@ shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and th
     python benchmarks/bridge.py branch --line rtd --seed 0 --k 1   # waits for its checkpoint, then the cooldown
     python benchmarks/bridge.py own --line rtd --seed 0 --k 1  # the recipe's own schedule at 1x
     python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
-    python benchmarks/bridge.py summarize                    # table (JSON + markdown + plot) of what has finished
+    python benchmarks/bridge.py summarize                    # table (JSON + markdown + plot) of what has finished,
+                                                             # and where each line leaves its untrained twin
     python benchmarks/bridge.py summarize --merge benchmarks/results/bridge/points.json \\
         --json benchmarks/results/bridge/points.json           # ... with the committed rows kept beside
 
@@ -40,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from cramlm.eval.pairs import off_chance_of
+from cramlm.eval.pairs import ahead_of, off_chance_of
 
 HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentum_085_vs_095_downstream.md)
 KS = (1, 2, 4, 8)
@@ -162,9 +163,15 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
         pairs = ev.get("minimal_pairs") or {}
         zero_shot = {name: r["accuracy"] for name, r in (pairs.get("scores") or {}).items()}
         off = {name: c for name, r in (pairs.get("scores") or {}).items() if (c := off_chance_of(r)) is not None}
+        head = (pairs.get("scores") or {}).get(pairs.get("headline")) or {}
+        counts: dict[str, int] = {}
+        for r in (head.get("paradigms") or {}).values():
+            if "phenomenon" in r and "pairs" in r:
+                counts[r["phenomenon"]] = counts.get(r["phenomenon"], 0) + r["pairs"]
         return {"tasks": rows, "mean": ev["mean"]["last"]["arithmetic"], "heldout": (ev.get("heldout") or {}).get("loss"),
                 "zero_shot": zero_shot, "zero_shot_headline": pairs.get("headline"), "zero_shot_off_chance": off,
-                "phenomena": ((pairs.get("scores") or {}).get(pairs.get("headline")) or {}).get("phenomena")}
+                "zero_shot_pairs": head.get("pairs"), "phenomena": head.get("phenomena"),
+                "phenomenon_pairs": counts or None}
 
     for folder in sorted(p for p in out.iterdir() if (p / "summary.json").is_file()):
         s = json.loads((folder / "summary.json").read_text())
@@ -207,6 +214,102 @@ def table(result: dict) -> str:
     for line, ev in result["twins"].items():
         lines.append(row(f"untrained twin ({line})", "0", ev.get("heldout"), ev))
     return "\n".join(lines)
+
+
+def task_ahead(median: float, twin: list[float]) -> int:
+    """1 where a point's median over its fine-tuning seeds is above every seed of its twin's, -1 where
+    below every one, else 0 (within the twin's spread). The median, as every score here: one seed's
+    fine-tuning that collapses (epistemic_nli: the twin's 74.0 beside 91.7 and 92.0) moves neither side."""
+    return 1 if median > max(twin) else -1 if median < min(twin) else 0
+
+
+def leaves(verdicts: dict[float, int]) -> str:
+    """The first multiple from which a line stays ahead of its twin at every later point measured,
+    or "not by Nx" (the largest measured)."""
+    ks = sorted(verdicts)
+    first = next((k for i, k in enumerate(ks) if all(verdicts[j] > 0 for j in ks[i:])), None)
+    return f"{first:g}x" if first is not None else f"not by {ks[-1]:g}x" if ks else "-"
+
+
+def versus(result: dict) -> list[dict]:
+    """Each line (schedule, line, seed) with a twin, against that twin at each multiple of the hour:
+    per task the margin of the medians and ``task_ahead``; zero-shot (the headline scorer's macro and
+    each phenomenon, over their pooled pairs) the margin and eval.pairs' ``ahead_of``; and where it
+    ``leaves`` the twin. A line's points made by different code are joined (every commit since 70188c8
+    leaves a CPU step as it was); where two share a multiple the fp32 one is taken, and a bf16 one is
+    marked. Rows: {"line", "kind" (task, zero-shot), "what", "cells": {multiple: (margin, ahead, bf16)}, "leaves"}."""
+    lines: dict[tuple, dict] = {}
+    for key in sorted(result["points"]):
+        p = result["points"][key]
+        if not p.get("eval"):
+            continue
+        k, code = parse(key), parse(key)["code"] or p.get("code") or ""
+        bf16 = code.endswith("-bf16")
+        at = lines.setdefault((k["schedule"], k["line"], k["seed"]), {})
+        if p["multiple"] not in at or at[p["multiple"]][1] and not bf16:
+            at[p["multiple"]] = (p["eval"], bf16)
+    twins = {}
+    for key in sorted(result["twins"]):
+        twins.setdefault(key.partition("@")[0], result["twins"][key])
+    rows = []
+    for (schedule, line, seed), at in sorted(lines.items(), key=lambda kv: (kv[0][0] != "wsd", kv[0])):  # the long lines first
+        twin = twins.get(line.split("+")[0])
+        if twin is None:
+            continue
+        label = f"{line} ({schedule}, seed {seed})"
+        for task in sorted(twin["tasks"]):
+            cells = {m: (ev["tasks"][task]["median"] - twin["tasks"][task]["median"],
+                         task_ahead(ev["tasks"][task]["median"], twin["tasks"][task]["seeds"]), bf16)
+                     for m, (ev, bf16) in at.items() if task in ev["tasks"]}
+            rows.append({"line": label, "kind": "task", "what": task, "cells": cells})
+        head = twin.get("zero_shot_headline")
+        zs = {m: (ev, bf16) for m, (ev, bf16) in at.items() if ev.get("zero_shot_headline") == head and head}
+        if zs and head in twin.get("zero_shot", {}):
+            b, nb = twin["zero_shot"][head], twin.get("zero_shot_pairs")
+            rows.append({"line": label, "kind": "zero-shot", "what": f"macro ({head})", "cells": {
+                m: (ev["zero_shot"][head] - b, ahead_of(ev["zero_shot"][head], n, b, nb) if (n := ev.get("zero_shot_pairs")) and nb else 0, bf16)
+                for m, (ev, bf16) in zs.items()}})
+            for ph, b in sorted((twin.get("phenomena") or {}).items()):
+                nb = (twin.get("phenomenon_pairs") or {}).get(ph)
+                cells = {}
+                for m, (ev, bf16) in zs.items():
+                    if (a := (ev.get("phenomena") or {}).get(ph)) is not None:
+                        n = (ev.get("phenomenon_pairs") or {}).get(ph)
+                        cells[m] = (a - b, ahead_of(a, n, b, nb) if n and nb else 0, bf16)
+                rows.append({"line": label, "kind": "zero-shot", "what": ph, "cells": cells})
+    for r in rows:
+        r["leaves"] = leaves({m: c[1] for m, c in r["cells"].items()})
+    return rows
+
+
+def versus_table(result: dict) -> str:
+    """``versus`` as markdown, a table of the tasks and one of zero-shot: margins in points, **ahead**,
+    *behind*, † a bf16 point."""
+    rows = versus(result)
+
+    def cell(c) -> str:
+        if c is None:
+            return "-"
+        text = f"{100 * c[0]:+.1f}" + ("†" if c[2] else "")
+        return f"**{text}**" if c[1] > 0 else f"*{text}*" if c[1] < 0 else text
+
+    out = []
+    for kind, title, rule, what in (
+            ("task", "Tasks", "the median of its fine-tuning seeds above (below) every seed of the twin's", "task"),
+            ("zero-shot", "Zero-shot", "beyond two binomial standard errors of the pooled pairs and 2 points; the "
+             "headline scorer's macro, then each phenomenon", "phenomenon")):
+        mine = [r for r in rows if r["kind"] == kind]
+        if not mine:
+            continue
+        out += [f"{title} against the untrained twin: the margin in points at each multiple of the hour; "
+                f"**bold** ahead, *italic* behind ({rule}); † a bf16 point. Leaves the twin: the first multiple from "
+                "which it stays ahead at every later point.", "",
+                f"| line | {what} | " + " | ".join(f"{k}x" for k in KS) + " | leaves the twin |",
+                "|---|---|" + "---:|" * len(KS) + "---|"]
+        out += [f"| {r['line']} | {r['what']} | " + " | ".join(cell(r["cells"].get(k)) for k in KS) + f" | {r['leaves']} |"
+                for r in mine]
+        out.append("")
+    return "\n".join(out).rstrip()
 
 
 def parse(key: str) -> dict:
@@ -329,7 +432,7 @@ def main(argv: list[str]) -> None:
             run(eval_cmd(out, run_name, data_dir, args.twin), log)
     elif args.what == "summarize":
         result = summarize(out, args.merge)
-        text = table(result)
+        text = table(result) + (f"\n\n{vs}" if (vs := versus_table(result)) else "")
         print(json.dumps(result))
         print(text)
         if args.json:

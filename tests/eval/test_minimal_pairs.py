@@ -499,3 +499,12 @@ def test_the_pipelines_closing_table_shows_the_pairs_beside_the_twin(tmp_path):
     assert "untrained twin" in text and "macro average (paradigms)" in text
     line = next(x for x in text.splitlines() if x.startswith("macro average"))
     assert line.split()[-2:] == ["100.0", "50.0"]
+
+
+def test_ahead_of_needs_two_standard_errors_and_two_points():
+    from cramlm.eval.pairs import ahead_of
+
+    assert ahead_of(0.60, 300, 0.50, 300) == 1 and ahead_of(0.40, 300, 0.50, 300) == -1  # 10 points, 2 SE ~8
+    assert ahead_of(0.56, 300, 0.50, 300) == 0  # 6 points, within two standard errors
+    assert ahead_of(0.515, 10 ** 6, 0.50, 10 ** 6) == 0  # beyond the noise of a million pairs, but under 2 points
+    assert ahead_of(0.53, 10 ** 6, 0.50, 10 ** 6) == 1

@@ -99,3 +99,34 @@ def test_a_lines_points_from_different_code_are_one_line_per_precision():
     groups = bridge.plot_groups(points)
     assert sorted(groups) == [("own", "rtd+nsf32", "fp32"), ("wsd", "rtd", "bf16"), ("wsd", "rtd", "fp32")]
     assert sorted(m for m, _, _ in groups[("wsd", "rtd", "fp32")]) == [1, 4]
+
+
+def _ev(median: float, seeds: list[float], macro: float, phen: dict[str, float]) -> dict:
+    return {"tasks": {"spam": {"median": median, "seeds": seeds}}, "zero_shot": {"detector": macro},
+            "zero_shot_headline": "detector", "zero_shot_pairs": 1200, "phenomena": phen,
+            "phenomenon_pairs": {k: 600 for k in phen}}
+
+
+def test_where_a_line_leaves_its_twin_by_the_median_and_the_pairs_rule():
+    twin = _ev(0.80, [0.79, 0.80, 0.60], 0.50, {"agreement": 0.50, "islands": 0.50})
+    points = {  # the 1x point twice: the fp32 one is taken, the bf16 one only where alone (2x)
+        "wsd-rtd-s0-1x@old-bf16": {"multiple": 1, "eval": _ev(0.99, [0.99] * 3, 0.50, {"agreement": 0.50, "islands": 0.5})},
+        "wsd-rtd-s0-1x": {"multiple": 1, "code": "new", "eval": _ev(0.795, [0.70, 0.795, 0.99], 0.51, {"agreement": 0.53, "islands": 0.45})},
+        "wsd-rtd-s0-2x@old-bf16": {"multiple": 2, "eval": _ev(0.81, [0.70, 0.81, 0.82], 0.55, {"agreement": 0.60, "islands": 0.40})},
+        "wsd-rtd-s0-4x": {"multiple": 4, "code": "new", "eval": _ev(0.85, [0.5, 0.85, 0.9], 0.52, {"agreement": 0.65, "islands": 0.49})},
+        "own-gpt2-s0-1x": {"multiple": 1, "code": "new", "eval": _ev(0.9, [0.9] * 3, 0.6, {})},  # no twin of its line: no rows
+    }
+    rows = {r["what"]: r for r in bridge.versus({"points": points, "twins": {"rtd@old-bf16": twin}})}
+    assert set(rows) == {"spam", "macro (detector)", "agreement", "islands"}
+    spam = rows["spam"]["cells"]
+    assert spam[1][1:] == (0, False) and abs(spam[1][0] + 0.005) < 1e-9  # within the twin's seeds, fp32 point taken
+    assert spam[2][1:] == (1, True) and spam[4][1] == 1  # the median above every twin seed: one collapsed seed moves nothing
+    assert rows["spam"]["leaves"] == "2x"
+    # zero-shot, 1,200 pairs: 1 point is within the noise, 5 beyond; 600 pairs a phenomenon: 3 points within, 10 beyond
+    assert [rows["macro (detector)"]["cells"][k][1] for k in (1, 2, 4)] == [0, 1, 0]
+    assert rows["macro (detector)"]["leaves"] == "not by 4x"
+    assert [rows["agreement"]["cells"][k][1] for k in (1, 2, 4)] == [0, 1, 1] and rows["agreement"]["leaves"] == "2x"
+    assert [rows["islands"]["cells"][k][1] for k in (1, 2, 4)] == [0, -1, 0]
+    text = bridge.versus_table({"points": points, "twins": {"rtd@old-bf16": twin}})
+    assert "| rtd (wsd, seed 0) | spam | -0.5 | **+1.0†** | **+5.0** | - | 2x |" in text
+    assert "| rtd (wsd, seed 0) | islands | -5.0 | *-10.0†* | -1.0 | - | not by 4x |" in text

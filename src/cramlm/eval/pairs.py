@@ -299,10 +299,23 @@ def off_chance_cell(score: dict | None) -> str:
     return "-" if off is None else f"{off['above']} / {off['below']}"
 
 
+def two_se(a: float, pairs_a: int, b: float, pairs_b: int) -> float:
+    """Two standard errors of the margin a - b between two accuracies, each binomial over its pairs."""
+    return 2 * (a * (1 - a) / pairs_a + b * (1 - b) / pairs_b) ** 0.5
+
+
+def ahead_of(a: float, pairs_a: int, b: float, pairs_b: int) -> int:
+    """1 where accuracy a is above b by more than two standard errors of the margin and at least 2
+    points (not the luck of the pairs drawn, and not a hair), -1 where below by as much, else 0: the
+    rule by which pretraining is ahead of or behind its untrained twin on a paradigm or phenomenon."""
+    margin = a - b
+    return (margin > 0) - (margin < 0) if abs(margin) > max(two_se(a, pairs_a, b, pairs_b), 0.02) else 0
+
+
 def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:
-    """Per paradigm: the run's headline accuracy, the untrained twin's, the margin, and two standard
-    errors of that margin (each accuracy binomial over its pairs): a margin beyond them is not the
-    luck of the pairs drawn. Empty unless both were scored."""
+    """Per paradigm: the run's headline accuracy, the untrained twin's, the margin, two standard
+    errors of that margin (``two_se``) and ``ahead`` (``ahead_of``: 1, 0 or -1). Empty unless both
+    were scored."""
     mine, base = headline_of(result), headline_of(twin)
     if not mine or not base or twin_mismatch(result, twin):
         return []
@@ -311,8 +324,8 @@ def pairs_versus(result: dict | None, twin: dict | None) -> list[dict]:
         q = base["paradigms"].get(name)
         if q:
             a, b = p["accuracy"], q["accuracy"]
-            two_se = 2 * (a * (1 - a) / p["pairs"] + b * (1 - b) / q["pairs"]) ** 0.5
-            out.append({"paradigm": name, "pretrained": a, "untrained": b, "margin": a - b, "two_se": two_se})
+            out.append({"paradigm": name, "pretrained": a, "untrained": b, "margin": a - b,
+                        "two_se": two_se(a, p["pairs"], b, q["pairs"]), "ahead": ahead_of(a, p["pairs"], b, q["pairs"])})
     return out
 
 
@@ -322,8 +335,8 @@ def pairs_verdict(result: dict | None, twin: dict | None) -> str | None:
     rows = pairs_versus(result, twin)
     if not rows:
         return None
-    ahead = [r for r in rows if r["margin"] > max(r["two_se"], 0.02)]
-    behind = [r for r in rows if -r["margin"] > max(r["two_se"], 0.02)]
+    ahead = [r for r in rows if r["ahead"] > 0]
+    behind = [r for r in rows if r["ahead"] < 0]
     paid = len(ahead) > len(rows) / 2 and not behind
     scores = ", ".join(f"{r['paradigm']} {100 * r['pretrained']:.1f} against {100 * r['untrained']:.1f}" for r in rows)
     return (f"zero-shot, pretraining {'paid' if paid else 'did not pay (yet)'}: it prefers the acceptable sentence of a "
