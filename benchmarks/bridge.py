@@ -22,6 +22,7 @@ shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and th
     python benchmarks/bridge.py summarize                    # table (JSON + markdown + plot) of what has finished,
                                                              # and where each line leaves its untrained twin
     python benchmarks/bridge.py summarize --merge benchmarks/results/bridge/points.json \\
+        --twins benchmarks/results/bridge/twin-pairs \\
         --json benchmarks/results/bridge/points.json           # ... with the committed rows kept beside
 
 Runs live in ``--out`` (default outputs/bridge); every command is idempotent: a finished run is
@@ -142,12 +143,14 @@ def done(out: Path, run_name: str) -> bool:
     return (out / run_name / "summary.json").is_file()
 
 
-def summarize(out: Path, merge: Path | None = None) -> dict:
+def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -> dict:
     """Each finished point: held-out loss (eval.json's, else the run's last validation), each task's
     median and seeds; each line's twin. Every row names its code: the first word of ``--out``'s
     ``COMMIT.<run>`` file where a run was made by other code than the rest, else of its ``COMMIT``.
     ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
-    made by other code (a row of the same name and code from the folders replaces its copy)."""
+    made by other code (a row of the same name and code from the folders replaces its copy). ``twins``:
+    a folder of zero-shot-only twins, ``<run>-untrained.json`` (``cramlm eval ... untrained=true
+    eval.tasks=[]``), each the twin of its run's line where the line has none yet (key ``LINE@twin-pairs``)."""
     result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
     def code_of(path: Path) -> str | None:
         return path.read_text().split()[0] if path.is_file() else None
@@ -190,6 +193,10 @@ def summarize(out: Path, merge: Path | None = None) -> dict:
             if "@" not in key and (result[kind].get(key) or {}).get("code") == row_code:
                 continue
             result[kind].setdefault(key if "@" in key else f"{key}@{row_code}", {**row, "code": row_code})
+    for path in sorted(twins.glob("*-untrained.json")) if twins else []:
+        line = parse(path.name[: -len("-untrained.json")])["line"]
+        if not any(k.partition("@")[0] == line for k in result["twins"]):
+            result["twins"][f"{line}@twin-pairs"] = {**scores(path), "code": "twin-pairs"}
     return result
 
 
@@ -207,7 +214,7 @@ def table(result: dict) -> str:
     def row(label: str, mult: str, loss, ev) -> str:
         cells = [f"{100 * ev['tasks'][t]['median']:.1f}" if ev and t in ev["tasks"] else "-" for t in tasks]
         return (f"| {label} | {mult} | {loss:.3f} | " if loss is not None else f"| {label} | {mult} | - | ") \
-            + " | ".join(cells) + (f" | {100 * ev['mean']:.1f} |" if ev else " | - |") + zero_shot(ev)
+            + " | ".join(cells) + (f" | {100 * ev['mean']:.1f} |" if ev and ev.get("mean") is not None else " | - |") + zero_shot(ev)
 
     for run_name, p in sorted(result["points"].items(), key=lambda kv: (kv[0].split("-")[1], kv[1]["multiple"], kv[0])):
         lines.append(row(run_name, f"{p['multiple']:g}", (p["eval"] or {}).get("heldout") or p["val_loss"], p["eval"]))
@@ -377,7 +384,11 @@ def plot(result: dict, path: Path) -> None:
         ax.set_xlabel("x the hour's FLOPs (1.49e14)")
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend: dict = {}  # every panel's lines (a zero-shot-only twin draws in the zero-shot panel alone)
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
     legend_rows = (len(labels) + 3) // 4
     fig.tight_layout(rect=(0, 0.02 + 0.025 * legend_rows, 1, 1))  # the legend below the panels, clear of their axes
@@ -410,6 +421,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
     ap.add_argument("--json", type=Path, help="summarize: also write the result here (the table beside, .md, and the plot, .png)")
     ap.add_argument("--merge", type=Path, help="summarize: an earlier summary (JSON) whose rows are kept beside")
+    ap.add_argument("--twins", type=Path, help="summarize: a folder of zero-shot-only twins, <run>-untrained.json, for lines without one")
     args = ap.parse_args(argv)
     out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
     out.mkdir(parents=True, exist_ok=True)
@@ -431,7 +443,7 @@ def main(argv: list[str]) -> None:
         if not (out / run_name / ("eval-untrained.json" if args.twin else "eval.json")).is_file():
             run(eval_cmd(out, run_name, data_dir, args.twin), log)
     elif args.what == "summarize":
-        result = summarize(out, args.merge)
+        result = summarize(out, args.merge, args.twins)
         text = table(result) + (f"\n\n{vs}" if (vs := versus_table(result)) else "")
         print(json.dumps(result))
         print(text)

@@ -130,3 +130,28 @@ def test_where_a_line_leaves_its_twin_by_the_median_and_the_pairs_rule():
     text = bridge.versus_table({"points": points, "twins": {"rtd@old-bf16": twin}})
     assert "| rtd (wsd, seed 0) | spam | -0.5 | **+1.0†** | **+5.0** | - | 2x |" in text
     assert "| rtd (wsd, seed 0) | islands | -5.0 | *-10.0†* | -1.0 | - | not by 4x |" in text
+
+
+def test_zero_shot_only_twins_stand_for_lines_without_one(tmp_path):
+    pairs = {"headline": "log-probability", "scores": {"log-probability": {"accuracy": 0.5, "pairs": 600, "phenomena": {"agreement": 0.5},
+             "paradigms": {"p1": {"accuracy": 0.5, "pairs": 600, "phenomenon": "agreement"}}}}}
+    untrained = {"results": [], "mean": {"last": {"arithmetic": None}}, "heldout": None, "minimal_pairs": pairs}
+    twins = tmp_path / "twin-pairs"
+    twins.mkdir()
+    for run_name in ("own-gpt2-s0-1x", "own-rtd-s0-1x"):
+        (twins / f"{run_name}-untrained.json").write_text(json.dumps(untrained))
+    out = tmp_path / "bridge"
+    run = out / "own-gpt2-s0-1x"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"steps": 10, "tokens": 1, "flops": bridge.HOUR, "val_loss": 4.0}))
+    trained = {**untrained, "results": [{"task": "spam", "metric": "f1", "score": 0.9, "seeds": [{"last": {"f1": 0.9}}]}],
+               "mean": {"last": {"arithmetic": 0.9}}, "minimal_pairs": json.loads(json.dumps(pairs).replace("0.5", "0.6"))}
+    (run / "eval.json").write_text(json.dumps(trained))
+    earlier = {"points": {}, "twins": {"rtd@abc": {"tasks": {}, "zero_shot": {}}}}
+    (tmp_path / "points.json").write_text(json.dumps(earlier))
+    result = bridge.summarize(out, tmp_path / "points.json", twins)
+    assert set(result["twins"]) == {"rtd@abc", "gpt2@twin-pairs"}  # rtd has its twin already
+    rows = bridge.versus(result)
+    assert [(r["kind"], r["what"], r["cells"][1][1]) for r in rows] == [("zero-shot", "macro (log-probability)", 1),
+                                                                        ("zero-shot", "agreement", 1)]
+    assert "| untrained twin (gpt2@twin-pairs) | 0 | - | - | - | 50.0 (log-probability; 0 / 0) |" in bridge.table(result)
