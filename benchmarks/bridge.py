@@ -250,8 +250,7 @@ def versus(result: dict) -> list[dict]:
         p = result["points"][key]
         if not p.get("eval"):
             continue
-        k, code = parse(key), parse(key)["code"] or p.get("code") or ""
-        bf16 = code.endswith("-bf16")
+        k, bf16 = parse(key), is_bf16(key, p)
         at = lines.setdefault((k["schedule"], k["line"], k["seed"]), {})
         if p["multiple"] not in at or at[p["multiple"]][1] and not bf16:
             at[p["multiple"]] = (p["eval"], bf16)
@@ -329,6 +328,11 @@ def parse(key: str) -> dict:
     return {"schedule": schedule, "line": line, "seed": int(seed[1:]), "code": code or None}
 
 
+def is_bf16(key: str, point: dict) -> bool:
+    """Whether a point trained in bf16: its code (the key's, else the row's) ends in "-bf16"."""
+    return (parse(key)["code"] or point.get("code") or "").endswith("-bf16")
+
+
 def plot_groups(points: dict) -> dict[tuple, list]:
     """The plotted lines: {(schedule, line, precision): [(multiple, seed, eval), ...]}. A line's points
     made by different code in the same precision are one line (every commit since 70188c8 leaves a CPU
@@ -336,8 +340,7 @@ def plot_groups(points: dict) -> dict[tuple, list]:
     groups: dict[tuple, list] = {}
     for key, p in points.items():
         k = parse(key)
-        code = k["code"] or p.get("code") or ""
-        groups.setdefault((k["schedule"], k["line"], "bf16" if code.endswith("-bf16") else "fp32"), []).append(
+        groups.setdefault((k["schedule"], k["line"], "bf16" if is_bf16(key, p) else "fp32"), []).append(
             (p["multiple"], k["seed"], p["eval"]))
     return groups
 
