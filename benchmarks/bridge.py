@@ -62,8 +62,8 @@ LINES = {
     # the domain control of benchmarks/single_sentence.py: cpu-1h on English prose, no software docs
     "prose": ["cpu-1h", "data=english-prose"],
     # what repetition costs: cpu-1h at the same FLOPs on a hash-chosen half of the training documents
-    # (validation and tokenizer unchanged), so 1x repeats the text ~3.8 times instead of ~1.9, and 4x
-    # ~15 times, as 8x on the whole corpus does; against own-rtd at the same k
+    # (validation and tokenizer unchanged), so 1x repeats the text ~3.5 times instead of ~1.9, and 4x
+    # ~14 times, as 8x on the whole corpus does (~15); against own-rtd at the same k
     "half": ["cpu-1h", "data.train_subset=0.5"],
 }
 LONG = ("rtd", "adamw")  # the lines with a long run and branches
