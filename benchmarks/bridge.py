@@ -149,8 +149,9 @@ def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -
     ``COMMIT.<run>`` file where a run was made by other code than the rest, else of its ``COMMIT``.
     ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
     made by other code (a row of the same name and code from the folders replaces its copy). ``twins``:
-    a folder of zero-shot-only twins, ``<run>-untrained.json`` (``cramlm eval ... untrained=true
-    eval.tasks=[]``), each the twin of its run's line where the line has none yet (key ``LINE@twin-pairs``)."""
+    a folder of twins evaluated outside the run folders, ``<run>-untrained.json`` (zero-shot only, ``cramlm eval
+    ... untrained=true eval.tasks=[]``, or in full), each the twin of its run's line where the line has none yet
+    (key ``LINE@twin-pairs``)."""
     result: dict = {"hour_flops": HOUR, "points": {}, "twins": {}}
     def code_of(path: Path) -> str | None:
         return path.read_text().split()[0] if path.is_file() else None
@@ -424,7 +425,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--twin", action="store_true", help="eval: the line's untrained twin (through its point's run)")
     ap.add_argument("--json", type=Path, help="summarize: also write the result here (the table beside, .md, and the plot, .png)")
     ap.add_argument("--merge", type=Path, help="summarize: an earlier summary (JSON) whose rows are kept beside")
-    ap.add_argument("--twins", type=Path, help="summarize: a folder of zero-shot-only twins, <run>-untrained.json, for lines without one")
+    ap.add_argument("--twins", type=Path, help="summarize: a folder of twins evaluated outside the run folders, <run>-untrained.json, for lines without one")
     args = ap.parse_args(argv)
     out, data_dir = args.out, os.environ.get("CRAMLM_DATA_DIR", "../shared/data")
     out.mkdir(parents=True, exist_ok=True)
