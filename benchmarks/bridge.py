@@ -67,6 +67,7 @@ LINES = {
     "half": ["cpu-1h", "data.train_subset=0.5"],
 }
 LONG = ("rtd", "adamw")  # the lines with a long run and branches
+TWIN_OF = {"half": "rtd"}  # lines whose untrained twin is another line's (the same model and tokenizer)
 
 
 def wsd(k: float) -> list[str]:
@@ -260,7 +261,8 @@ def versus(result: dict) -> list[dict]:
         twins.setdefault(key.partition("@")[0], result["twins"][key])
     rows = []
     for (schedule, line, seed), at in sorted(lines.items(), key=lambda kv: (kv[0][0] != "wsd", kv[0])):  # the long lines first
-        twin = twins.get(line.split("+")[0])
+        base = line.split("+")[0]
+        twin = twins.get(TWIN_OF.get(base, base))
         if twin is None:
             continue
         label = f"{line} ({schedule}, seed {seed})"

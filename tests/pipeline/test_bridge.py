@@ -132,6 +132,14 @@ def test_where_a_line_leaves_its_twin_by_the_median_and_the_pairs_rule():
     assert "| rtd (wsd, seed 0) | islands | -5.0 | *-10.0†* | -1.0 | - | not by 4x |" in text
 
 
+def test_the_half_line_is_judged_against_the_rtd_twin():
+    """data.train_subset keeps the tokenizer and the model: half's untrained twin is rtd's."""
+    twin = _ev(0.80, [0.79, 0.80, 0.78], 0.50, {})
+    points = {"own-half-s0-1x": {"multiple": 1, "code": "new", "eval": _ev(0.85, [0.85] * 3, 0.50, {})}}
+    rows = bridge.versus({"points": points, "twins": {"rtd@old-bf16": twin}})
+    assert [(r["line"], r["what"], r["cells"][1][1]) for r in rows if r["kind"] == "task"] == [("half (own, seed 0)", "spam", 1)]
+
+
 def test_zero_shot_only_twins_stand_for_lines_without_one(tmp_path):
     pairs = {"headline": "log-probability", "scores": {"log-probability": {"accuracy": 0.5, "pairs": 600, "phenomena": {"agreement": 0.5},
              "paradigms": {"p1": {"accuracy": 0.5, "pairs": 600, "phenomenon": "agreement"}}}}}
