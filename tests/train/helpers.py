@@ -109,6 +109,24 @@ def copy_run(finished: Path, name: str) -> Path:
     return run_dir
 
 
+def evaluate_tiny(run_dir: Path, pairs: Path, monkeypatch) -> dict:
+    """``cramlm eval`` of ``run_dir`` on a 24-sentence two-label task and the minimal pairs at ``pairs``
+    (one fine-tuning epoch); the run's eval.json."""
+    task = run_dir.parent / "task"
+    task.mkdir(exist_ok=True)
+    rows = [(f"the whale number {i} swam {'far' if i % 2 else 'near'}", ["far", "near"][i % 2 == 0]) for i in range(24)]
+    for name, part in (("train.tsv", rows[:16]), ("dev.tsv", rows[16:])):
+        (task / name).write_text("sentence\tlabel\n" + "".join(f"{a}\t{y}\n" for a, y in part))
+    (task / "task.json").write_text(json.dumps({"name": "whales", "columns": {"sentence1": "sentence", "label": "label"},
+                                                "labels": ["far", "near"]}))
+    monkeypatch.chdir(run_dir.parent)
+    result = invoke("eval", f"checkpoint={run_dir}", f"eval.tasks=[{task}]", f"eval.minimal_pairs.paths=[{pairs}]",
+                    "eval.epochs=1", "eval.batch_size=8", "eval.max_seq_length=32", "impl.progress=false",
+                    "impl.precision=fp32")
+    assert result.exit_code == 0, result.output
+    return json.loads((run_dir / "eval.json").read_text())
+
+
 def invoke(*args: str):
     from click.testing import CliRunner
 

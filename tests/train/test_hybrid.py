@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from cramlm.cli.common import resolve_or_exit
@@ -21,7 +20,7 @@ from cramlm.models.objectives.hybrid import GPTBERT, HybridCollator
 from cramlm.run.build import load_run
 from cramlm.train.config import TrainConfig
 
-from .helpers import REPO, free_port, losses, overrides, records, run, run_inprocess
+from .helpers import REPO, evaluate_tiny, free_port, losses, overrides, records, run, run_inprocess
 from .test_objective_plugin import PAIRS, final_state
 
 HYBRID = ["train.objective=hybrid", "budget=null", "train.hybrid.causal_fraction=0.25"]
@@ -75,22 +74,8 @@ def test_hybrid_resumes_bitwise(tmp_path):
 
 
 def test_hybrid_evaluates_fine_tuning_heldout_and_minimal_pairs_in_both_modes(tmp_path, monkeypatch):
-    from cramlm.cli import main
-
     run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=3")
-    task = tmp_path / "task"
-    task.mkdir()
-    rows = [(f"the whale number {i} swam {'far' if i % 2 else 'near'}", ["far", "near"][i % 2 == 0]) for i in range(24)]
-    for name, part in (("train.tsv", rows[:16]), ("dev.tsv", rows[16:])):
-        (task / name).write_text("sentence\tlabel\n" + "".join(f"{a}\t{y}\n" for a, y in part))
-    (task / "task.json").write_text(json.dumps({"name": "whales", "columns": {"sentence1": "sentence", "label": "label"},
-                                                "labels": ["far", "near"]}))
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["eval", f"checkpoint={tmp_path / 'hy'}", f"eval.tasks=[{task}]",
-                                       f"eval.minimal_pairs.paths=[{PAIRS}]", "eval.epochs=1", "eval.batch_size=8",
-                                       "eval.max_seq_length=32", "impl.progress=false", "impl.precision=fp32"])
-    assert result.exit_code == 0, result.output
-    got = json.loads((tmp_path / "hy" / "eval.json").read_text())
+    got = evaluate_tiny(tmp_path / "hy", PAIRS, monkeypatch)
     assert got["heldout"]["objective"] == "hybrid" and "next-token" in got["heldout"]["scored_by"]
     pairs = got["minimal_pairs"]
     assert pairs["headline"] == "log-probability" and pairs["kind"] == "clm" and "pll-word-l2r" in pairs["scores"]

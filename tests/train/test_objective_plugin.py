@@ -16,7 +16,6 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from click.testing import CliRunner
 from safetensors.torch import load_file
 from torch import nn
 
@@ -25,7 +24,7 @@ from cramlm.constants import IGNORE_INDEX
 from cramlm.models.objectives.base import Objective, Scorer, at_positions, masked_collator
 from cramlm.models.objectives.config import ObjectiveConfig
 
-from .helpers import losses, records, run_inprocess
+from .helpers import evaluate_tiny, losses, records, run_inprocess
 
 PAIRS = Path(__file__).parents[1] / "eval" / "fixtures" / "minimal_pairs"
 PLUGIN = [f"plugins=[{__name__}]", "train.objective=aux-mlm", "budget=null"]  # this module, as pytest imported it
@@ -115,22 +114,8 @@ def test_a_plugin_objective_resumes_bitwise(tmp_path):
 
 
 def test_a_plugin_objective_evaluates(tmp_path, monkeypatch):
-    from cramlm.cli import main
-
     run_inprocess(tmp_path, "aux", *PLUGIN, "train.budget.steps=3")
-    task = tmp_path / "task"
-    task.mkdir()
-    rows = [(f"the whale number {i} swam {'far' if i % 2 else 'near'}", ["far", "near"][i % 2 == 0]) for i in range(24)]
-    for name, part in (("train.tsv", rows[:16]), ("dev.tsv", rows[16:])):
-        (task / name).write_text("sentence\tlabel\n" + "".join(f"{a}\t{y}\n" for a, y in part))
-    (task / "task.json").write_text(json.dumps({"name": "whales", "columns": {"sentence1": "sentence", "label": "label"},
-                                                "labels": ["far", "near"]}))
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["eval", f"checkpoint={tmp_path / 'aux'}", f"eval.tasks=[{task}]",
-                                       f"eval.minimal_pairs.paths=[{PAIRS}]", "eval.epochs=1", "eval.batch_size=8",
-                                       "eval.max_seq_length=32", "impl.progress=false", "impl.precision=fp32"])
-    assert result.exit_code == 0, result.output
-    got = json.loads((tmp_path / "aux" / "eval.json").read_text())
+    got = evaluate_tiny(tmp_path / "aux", PAIRS, monkeypatch)
     assert got["heldout"]["objective"] == "aux-mlm" and "MLM head" in got["heldout"]["scored_by"]
     assert 0 < got["heldout"]["loss"] < 20
     assert got["minimal_pairs"]["headline"] == "pll-word-l2r" and got["minimal_pairs"]["scores"]["pll-word-l2r"]["pairs"] == 8
