@@ -186,7 +186,11 @@ def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -
         point["code"] = code_of(out / f"COMMIT.{folder.name}") or code
         result["points"][folder.name] = point
         if (twin := scores(folder / "eval-untrained.json")) is not None:
-            result["twins"][folder.name.split("-s")[0].split("-", 1)[1]] = {**twin, "code": point["code"]}
+            line = parse(folder.name)["line"]
+            if line in result["twins"]:
+                raise SystemExit(f"Error: {folder}/eval-untrained.json: a second untrained twin for line {line}; "
+                                 "a line has one (seed 0's), which every seed is judged against")
+            result["twins"][line] = {**twin, "code": point["code"]}
     for kind, rows in (json.loads(merge.read_text()) if merge else {}).items():
         if kind not in ("points", "twins"):
             continue
@@ -311,8 +315,9 @@ def versus_table(result: dict) -> str:
         if not mine:
             continue
         out += [f"{title} against the untrained twin: the margin in points at each multiple of the hour; "
-                f"**bold** ahead, *italic* behind ({rule}); † a bf16 point. Leaves the twin: the first multiple from "
-                "which it stays ahead at every later point.", "",
+                f"**bold** ahead, *italic* behind ({rule}); † a bf16 point. Every seed of a line against the line's one "
+                "twin (seed 0's untrained model; the twins' rows above give its code). Leaves the twin: the first multiple "
+                "from which it stays ahead at every later point.", "",
                 f"| line | {what} | " + " | ".join(f"{k}x" for k in KS) + " | leaves the twin |",
                 "|---|---|" + "---:|" * len(KS) + "---|"]
         out += [f"| {r['line']} | {r['what']} | " + " | ".join(cell(r["cells"].get(k)) for k in KS) + f" | {r['leaves']} |"

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import bridge  # noqa: E402
@@ -55,6 +57,17 @@ def test_summary_table_has_each_point_its_twin_and_zero_shot(tmp_path):
     text = bridge.table(result)
     assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector; 1 / 0) |" in text
     assert "| untrained twin (rtd) | 0 | - | 90.0 | 70.0 | - |" in text
+
+
+def test_a_second_untrained_twin_for_a_line_is_refused_not_silently_swapped(tmp_path):
+    ev = {"mean": {"last": {"arithmetic": 0.7}}, "results": [], "minimal_pairs": None}
+    for seed in (0, 1):
+        run = tmp_path / f"own-rtd-s{seed}-1x"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"steps": 10, "tokens": 1, "flops": bridge.HOUR, "val_loss": 4.2}))
+        (run / "eval-untrained.json").write_text(json.dumps(ev))
+    with pytest.raises(SystemExit, match=r"own-rtd-s1-1x/eval-untrained.json: a second untrained twin for line rtd"):
+        bridge.summarize(tmp_path)
 
 
 def test_summary_keeps_an_earlier_summarys_rows_made_by_other_code_beside_and_replaces_its_own(tmp_path):

@@ -305,8 +305,8 @@ def two_se(a: float, pairs_a: int, b: float, pairs_b: int) -> float:
 
 
 def ahead_of(a: float, pairs_a: int, b: float, pairs_b: int) -> int:
-    """1 where accuracy a is above b by more than two standard errors of the margin and at least 2
-    points (not the luck of the pairs drawn, and not a hair), -1 where below by as much, else 0: the
+    """1 where accuracy a is above b by more than two standard errors of the margin and by more than
+    2 points (not the luck of the pairs drawn, and not a hair), -1 where below by as much, else 0: the
     rule by which pretraining is ahead of or behind its untrained twin on a paradigm or phenomenon."""
     margin = a - b
     return (margin > 0) - (margin < 0) if abs(margin) > max(two_se(a, pairs_a, b, pairs_b), 0.02) else 0
