@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from cramlm.eval.pairs import ahead_of, off_chance_of
+from cramlm.io import write_result
 
 HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentum_085_vs_095_downstream.md)
 KS = (1, 2, 4, 8)
@@ -459,9 +460,7 @@ def main(argv: list[str]) -> None:
         print(json.dumps(result))
         print(text)
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(result, indent=1) + "\n")
-            args.json.with_suffix(".md").write_text(text + "\n")
+            write_result(args.json, result, text)
             if result["points"]:
                 plot(result, args.json.with_suffix(".png"))
 

@@ -47,6 +47,8 @@ import threading
 import time
 from pathlib import Path
 
+from cramlm.io import write_result
+
 FLOOR = 1.5 * 2**30  # a phase is killed when the machine has less memory available than this
 
 
@@ -433,8 +435,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(json.dumps(result, indent=1))
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_result(args.out, result, "\n".join(lines))
     return result
 
 

@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cramlm.io import write_result
+
 VOCAB = 32768
 
 
@@ -133,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(report, indent=1))
     print("\n".join(lines))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_result(args.out, report, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from cramlm.io import write_result
 from cramlm.pipeline.scaling import fit_multiplier_law, multiplier_law
 
 ROWS = [Path(__file__).parent / "results" / "recipe_multiplier" / name for name in ("budget-rows.json", "low-budget-rows.json")]
@@ -79,9 +80,7 @@ def main(argv: list[str]) -> dict:
     print(json.dumps(result))
     print(text)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-        args.json.with_suffix(".md").write_text(text + "\n")
+        write_result(args.json, result, text)
     return result
 
 

@@ -47,6 +47,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cramlm.io import write_result
 from cramlm.pipeline.pinned import run_pinned  # two runs side by side, one core each
 from cramlm.pipeline.scaling import best_lr_frontier, compute_multiplier, size_overrides
 
@@ -384,8 +385,7 @@ def collect(dirs: list[Path], out: Path) -> dict:
     ax.legend(fontsize=7, ncol=2)
     save(fig, out.with_suffix(".png"))
     collected = {"ablations": [str(d) for d in dirs], "rows": rows}
-    out.with_suffix(".json").write_text(json.dumps(collected, indent=1, default=str) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_result(out.with_suffix(".json"), collected, "\n".join(lines), default=str)
     print("\n".join(lines))
     return collected
 

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cramlm.io import write_result
+
 SEQ, VOCAB = 128, 32768
 
 
@@ -262,8 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(report, indent=1))
         print(paper_table(rows))
         if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-            Path(args.out).with_suffix(".md").write_text(paper_table(rows) + "\n")
+            write_result(args.out, report, paper_table(rows))
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -278,8 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(report, indent=1))
     print(table(rows))
     if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-        Path(args.out).with_suffix(".md").write_text(table(rows) + "\n")
+        write_result(args.out, report, table(rows))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from cramlm.io import atomic_dir
+from cramlm.io import atomic_dir, write_result
 
 
 def test_a_folder_appears_only_when_complete(tmp_path):
@@ -45,3 +48,10 @@ def test_a_killed_writers_leftover_is_cleared(tmp_path):
     with atomic_dir(tmp_path / "out", tmp=leftover) as tmp:
         assert list(tmp.iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_benchmark_result_is_strict_json_with_its_table_beside(tmp_path):
+    out = tmp_path / "new" / "result.json"
+    write_result(out, {"loss": float("nan"), "run": Path("a/b")}, "| a |\n|---|", default=str)
+    assert json.loads(out.read_text()) == {"loss": None, "run": "a/b"}  # NaN is no JSON: null
+    assert out.with_suffix(".md").read_text() == "| a |\n|---|\n"

@@ -96,9 +96,19 @@ def write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
-    """``obj`` as strict JSON: a NaN or infinite float is written as null (bare ``NaN`` is no JSON)."""
-    write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False) + "\n")
+def write_json(path: str | Path, obj: Any, indent: int | None = 2, default: Any = None) -> None:
+    """``obj`` as strict JSON: a NaN or infinite float is written as null (bare ``NaN`` is no JSON);
+    ``default`` as json.dumps's (e.g. ``str`` for paths)."""
+    write_text(path, json.dumps(finite_json(obj), indent=indent, allow_nan=False, default=default) + "\n")
+
+
+def write_result(path: str | Path, obj: Any, table: str, default: Any = None) -> None:
+    """A benchmark's result file: ``obj`` as JSON at ``path`` and its table as Markdown beside it
+    (``path`` with ``.md``), the folder made if missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, obj, indent=1, default=default)
+    write_text(path.with_suffix(".md"), table + "\n")
 
 
 def finite_json(obj: Any) -> Any:
