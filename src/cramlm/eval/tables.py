@@ -223,7 +223,7 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
         if rows and not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
             text += (", but not yet features these fine-tuned tasks need beyond what fine-tuning from random weights "
                      "finds (measured on 2 CPU cores: a minute pays zero-shot on word order in held-out text and on no "
-                     "fine-tuned task, an hour on fine-tuned sentence pairs and not on single sentences, where a bag of words "
+                     "fine-tuned task, an hour on fine-tuned sentence pairs and fact claims, not on sentiment or spam, where a bag of words "
                      "with a few thousand labels does as well: benchmarks/results/demo_minute_tasks.md, single_sentence.md)")
     return text + "."
 
