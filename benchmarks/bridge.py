@@ -68,7 +68,7 @@ LINES = {
     "half": ["cpu-1h", "data.train_subset=0.5"],
 }
 LONG = ("rtd", "adamw")  # the lines with a long run and branches
-TWIN_OF = {"half": "rtd"}  # lines whose untrained twin is another line's (the same model and tokenizer)
+TWIN_OF = {"half": "rtd", "mlm15": "mlm25", "mlm40": "mlm25"}  # lines whose untrained twin is another line's (the same model and tokenizer)
 
 
 def wsd(k: float) -> list[str]:

@@ -153,6 +153,14 @@ def test_the_half_line_is_judged_against_the_rtd_twin():
     assert [(r["line"], r["what"], r["cells"][1][1]) for r in rows if r["kind"] == "task"] == [("half (own, seed 0)", "spam", 1)]
 
 
+def test_the_masking_rates_are_judged_against_the_masked_lms_twin():
+    """train.mlm_probability changes neither the model nor its random weights: mlm15's twin is mlm25's."""
+    twin = _ev(0.80, [0.79, 0.80, 0.78], 0.50, {})
+    points = {f"own-mlm{p}-s0-1x": {"multiple": 1, "code": "new", "eval": _ev(0.85, [0.85] * 3, 0.50, {})} for p in (15, 40)}
+    rows = bridge.versus({"points": points, "twins": {"mlm25@twin-pairs": twin}})
+    assert {r["line"] for r in rows if r["kind"] == "task"} == {"mlm15 (own, seed 0)", "mlm40 (own, seed 0)"}
+
+
 def test_zero_shot_only_twins_stand_for_lines_without_one(tmp_path):
     pairs = {"headline": "log-probability", "scores": {"log-probability": {"accuracy": 0.5, "pairs": 600, "phenomena": {"agreement": 0.5},
              "paradigms": {"p1": {"accuracy": 0.5, "pairs": 600, "phenomenon": "agreement"}}}}}
