@@ -26,8 +26,8 @@ its generator's MLM loss) gets no multiplier and stays off the plot: judge it do
 
 Every run is ``cramlm run RECIPE stages=[data,pretrain]`` with the shared overrides, the size,
 the budget, the contender's overrides, ``train.optim.lr=LR`` and ``seed=S``, in
-``OUT/<contender>-lr<LR>-s<S>``; finished runs (summary.json present) are not run again, so an
-interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to one core
+``OUT/<contender>-lr<LR>-s<S>``; finished runs (summary.json present) are not run again and a
+stopped one continues from its last checkpoint (``--resume auto``), so an interrupted ablation resumes. ``--parallel``: two runs at a time, each pinned to one core
 (taskset) with impl.threads=1 (cramlm.pipeline.pinned.run_pinned).
 
     python benchmarks/recipe_ablation.py --smoke --parallel            # about a minute (mostly set-up): the machinery
@@ -95,7 +95,7 @@ def plan(args) -> list[dict]:
                     continue  # this seed confirms the sweep's best lr only (known after the sweep)
                 folder = args.out / run_name(name, lr, seed)
                 cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args), *extra, f"train.optim.lr={lr:g}",
-                       f"seed={seed}", f"name={folder.name}"]
+                       f"seed={seed}", f"name={folder.name}", "--resume", "auto"]
                 runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": 1})
     base_lr = getattr(args, "baseline_lr", None)
     if base_lr is not None and not getattr(args, "stored_baseline", None):  # the baseline at larger budgets, its own full schedule each
@@ -106,7 +106,7 @@ def plan(args) -> list[dict]:
                 for seed in args.baseline_budget_seeds or args.seeds:
                     folder = args.out / run_name(name, lr, seed, times)
                     cmd = ["cramlm", "run", args.recipe, *shared, *budget_args(args, times), *extra, f"train.optim.lr={lr:g}",
-                           f"seed={seed}", f"name={folder.name}"]
+                           f"seed={seed}", f"name={folder.name}", "--resume", "auto"]
                     runs.append({"contender": name, "lr": lr, "seed": seed, "folder": folder, "cmd": cmd, "times": times})
     return runs
 
