@@ -17,6 +17,7 @@ from cramlm.train.checkpoint import check_newton_schulz
 from cramlm.train.hardware import PrecisionChoice
 from cramlm.train.optim import (
     MuonAdamW,
+    adjusted_lr,
     build_optimizer,
     newton_schulz,
     newton_schulz_flops,
@@ -232,6 +233,15 @@ def test_newton_schulz_in_bfloat16_is_torchs_and_float32_is_closer_to_float64(sh
     fp32 = newton_schulz(g, coefficients, 5, 1e-7, torch.float32)
     assert fp32.dtype == torch.float32 and fp32.shape == g.shape
     assert (fp32 - exact).abs().max() < 1e-4 < (ours.double() - exact).abs().max()
+
+
+@pytest.mark.parametrize("adjust_lr_fn", ["match_rms_adamw", "original", None, "none"])
+def test_the_lr_adjusted_to_the_shape_is_torchs(adjust_lr_fn):
+    """cramlm's float32 path scales the lr as torch's Muon does (a private function there, so cramlm keeps
+    its own copy of the rule and this test keeps the two equal where torch still has it)."""
+    torch_muon = pytest.importorskip("torch.optim._muon")
+    for shape in [(8, 2), (2, 8), (5, 5), (96, 32, 3)]:
+        assert adjusted_lr(0.02, adjust_lr_fn, shape) == torch_muon._adjust_lr(0.02, adjust_lr_fn, torch.Size(shape))
 
 
 def test_ns_dtype_float32_is_torchs_muon_with_the_iteration_in_float32(monkeypatch):

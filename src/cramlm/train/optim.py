@@ -7,6 +7,7 @@ so the budget and MFU count them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -152,18 +153,26 @@ def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], ste
     return x.T if tall else x
 
 
+def adjusted_lr(lr: float, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float:
+    """Muon's lr for an (A, B) matrix, as torch's Muon scales it: ``match_rms_adamw`` 0.2 sqrt(max(A, B))
+    (Moonshot's, the update's RMS near AdamW's), ``original`` (or None) sqrt(max(1, A / B)) (Keller
+    Jordan's), anything else 1. Parity with torch: tests/train/test_muon.py."""
+    a, b = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1, a / b))
+    return lr * (0.2 * math.sqrt(max(a, b)) if adjust_lr_fn == "match_rms_adamw" else 1.0)
+
+
 def muon_update(params: list, grads: list, bufs: list, group: dict, dtype: torch.dtype) -> None:
     """torch's Muon update of one group (``_single_tensor_muon``) with the Newton-Schulz iteration in
     ``dtype``: Nesterov momentum, orthogonalise, decoupled weight decay, the lr adjusted to the shape."""
-    from torch.optim._muon import _adjust_lr
-
     lr, momentum = float(group["lr"]), group["momentum"]
     for p, g, buf in zip(params, grads, bufs):
         buf.lerp_(g, 1 - momentum)
         update = g.lerp(buf, momentum) if group["nesterov"] else buf
         update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
         p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        p.add_(update, alpha=-adjusted_lr(lr, group["adjust_lr_fn"], p.shape))
 
 
 def _block_muon(muon: type) -> type:
