@@ -161,6 +161,7 @@ def main(argv: list[str]) -> None:
     from cramlm.eval.config import Hparams
     from cramlm.eval.finetune import finetune
     from cramlm.eval.tasks import load_tasks
+    from cramlm.io import write_json, write_result
     from cramlm.train.impl import ImplConfig
 
     torch.set_num_threads(args.threads)
@@ -174,11 +175,9 @@ def main(argv: list[str]) -> None:
                                    "threads": args.threads})
     models = result.setdefault("models", {})
 
-    def save() -> None:
+    def save() -> None:  # after every fine-tuning run: a stopped measurement continues where it was
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(args.out)
+        write_json(args.out, result, indent=1)
 
     specs = []
     for spec in args.model:
@@ -229,7 +228,7 @@ def main(argv: list[str]) -> None:
                 save()
     print(json.dumps(result))
     print(table(result))
-    args.out.with_suffix(".md").write_text(table(result) + "\n")
+    write_result(args.out, result, table(result))
 
 
 def table(result: dict) -> str:
