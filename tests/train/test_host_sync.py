@@ -68,7 +68,7 @@ def trainer(tmp_path, device: torch.device, **train) -> Trainer:
     model = Tiny().to(device)
     data = StepData(Blocks(), causal_collate, seed=0)
     impl = ImplConfig(microbatch_size=4, progress=False, device=device.type)
-    cfg = TrainConfig(batch_size=8, batch_ramp=0, min_updates=0, budget={"steps": 100}, validate_sequences=0, **train)
+    cfg = TrainConfig(**{"batch_size": 8, "batch_ramp": 0, "min_updates": 0, "budget": {"steps": 100}, "validate_sequences": 0, **train})
     return build_trainer(model, data, cfg, impl, tmp_path)
 
 
@@ -110,3 +110,24 @@ def test_no_synchronisation_inside_a_cuda_step(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
+
+
+def test_the_wait_at_a_metrics_line_counts_as_training_time(tmp_path, monkeypatch):
+    """On an asynchronous device a step's clock stops before the device has run its backward and update;
+    the host waits for them when a metrics line reads the losses back. That wait is training time: the
+    line's tokens/s and the run's throughput include it (here a read made to take 0.5 s)."""
+    import json
+    import time
+
+    def slow_read(self, values):
+        time.sleep(0.5)
+        return torch.stack(values).double().tolist()
+
+    monkeypatch.setattr(Trainer, "_read_back", slow_read)
+    t = trainer(tmp_path, torch.device("cpu"), budget={"steps": 3}, log_every=1)
+    summary = t.fit()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in lines if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["tokens_per_second"] <= 64 / 0.5 for r in train)  # 64 tokens a step, each line waited 0.5 s
+    assert summary["tokens_per_second"] <= 2 * 64 / (2 * 0.5)  # steps 2 and 3 (the first holds compilation)

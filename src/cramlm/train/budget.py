@@ -233,6 +233,12 @@ class Meter:
         used.tokens += tokens
         used.flops = used.tokens * self.costs.flops_per_token + used.steps * self.costs.optimizer_flops_per_step
 
+    def waited(self, seconds: float) -> None:
+        """Book the host's wait for the device at a metrics line into the throughput (the budget's
+        clock is wall time and holds it already); not after the first step alone, which the rate leaves out."""
+        if self.rate_steps:
+            self.rate_seconds += seconds
+
     @contextmanager
     def timed(self, key: str, counts: bool = True):
         """Time a pause of training (``eval`` or ``checkpoint``); left off the clock unless it counts."""

@@ -193,6 +193,7 @@ class Window:
     """The steps since the last metrics line."""
 
     steps: list[Step] = field(default_factory=list)
+    waited: float = 0.0  # the host's wait for the device when the window's losses were read back
 
     def add(self, step: Step) -> None:
         self.steps.append(step)
@@ -203,7 +204,7 @@ class Window:
 
     @property
     def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
+        return sum(s.seconds for s in self.steps) + self.waited
 
     @property
     def host(self) -> float:
@@ -389,10 +390,12 @@ class Trainer:
         steps = window.steps
         names = sorted(set.intersection(*(set(s.parts) for s in steps)))  # the loss parts (RTD), as the loss
         values = [s.loss for s in steps] + [s.parts[n] for n in names for s in steps]
-        if self.dist.enabled:  # every process takes part in this collective (metrics lines are agreed)
-            values = all_reduce(values, self.dist, "sum", self.device)
-        else:
-            values = torch.stack(values).double().tolist()  # one host read
+        start = time.perf_counter()
+        values = self._read_back(values)
+        # the read waits for the device to finish the window's last step (its backward and update run
+        # after the step's own clock stopped, on an asynchronous device): training time, as the step's
+        window.waited = time.perf_counter() - start
+        self.meter.waited(window.waited)
         totals = values[: len(steps)]
         finite = [float(total) / s.n_micro for s, total in zip(steps, totals) if not s.nonfinite]
         parts = {n: [float(v) / s.n_micro for s, v in zip(steps, values[(i + 1) * len(steps) : (i + 2) * len(steps)])
@@ -421,6 +424,12 @@ class Trainer:
             refresh=False,
         )
         bar.update(min(100.0, 100 * t) - bar.n)  # redraws at progress_bar's pace (30 s into a log file)
+
+    def _read_back(self, values: list[torch.Tensor]) -> list[float]:
+        """The window's losses on the host: the loop's one synchronisation with the device."""
+        if self.dist.enabled:  # every process takes part in this collective (metrics lines are agreed)
+            return all_reduce(values, self.dist, "sum", self.device)
+        return torch.stack(values).double().tolist()
 
     def _validate_now(self, t: float) -> float | None:
         """The validation loss (val_loss), logged; its time counts against the budget only if count_eval."""
