@@ -133,6 +133,8 @@ def pretrain(res: Path, run_dir: str) -> None:
     if steady:
         derived["tokens_in_24h_at_steady_rate"] = round(steady * 86400)
     report["results"]["pretrain"] = {"summary": summary, "derived": derived}
+    if ((summary.get("steps") or 0) < 3 or not steady) and report["steps"].get("pretrain", {}).get("status") == "ok":  # ran, measured nothing steady
+        report["steps"]["pretrain"]["status"] = f"no steady state ({summary.get('steps')} steps)"
     save(res, report)
     print(json.dumps(derived))
 
