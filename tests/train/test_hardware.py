@@ -234,3 +234,12 @@ def test_bare_cuda_resolves_to_the_current_device_index(monkeypatch):
         assert setup_device(ImplConfig(device="cuda", threads=None), local_rank=0) == torch.device("cuda", 0)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+@pytest.mark.parametrize("name, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+                                          ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                          ("Some Future GPU", None)])
+def test_the_gpu_peak_table_takes_the_longest_matching_name(name, tflops):
+    from cramlm.train import flops
+
+    assert flops.gpu_peak_flops(name) == (tflops * 1e12 if tflops else None)

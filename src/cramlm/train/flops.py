@@ -18,9 +18,11 @@ from cramlm.constants import IGNORE_INDEX
 
 # dense bf16 tensor-core peak, TFLOP/s, from the vendors' data sheets (no sparsity)
 PEAK_TFLOPS = {
-    "H200": 989.0,
-    "H100": 989.0,  # SXM; PCIe is 756
+    "H200": 989.0,  # SXM
+    "H200 NVL": 835.0,
+    "H100": 989.0,  # SXM
     "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
     "H800": 989.0,
     "GH200": 989.0,
     "B200": 2250.0,
