@@ -52,6 +52,8 @@ def test_field_names_are_configurable_and_a_file_without_a_paradigm_is_its_stem(
      '{"sentence_good": "A d.", "sentence_bad": "A e.", "UID": "p", "linguistics_term": "y"}',
      "bad.jsonl:2: paradigm 'p' has phenomenon 'y' here, 'x' on line 1"),  # was: silently the last one's
     ('{"sentence_good": "A b.", "sentence_bad": "A c.", "UID": ["p"]}', "bad.jsonl:1: field 'UID' (eval.minimal_pairs.fields) is not a name"),
+    ('{"sentence_good": "A b.", "sentence_bad": "A c."}\n{"sentence_good": "A b.", "sentence_bad": "A \\ud800 c."}',
+     "bad.jsonl:2: field 'sentence_bad' is not valid Unicode text"),  # a lone surrogate: was a tokenizer's TypeError
 ])
 def test_a_bad_pair_file_is_one_error_naming_file_and_line(tmp_path, line, message):
     (tmp_path / "bad.jsonl").write_text(line + "\n")
@@ -66,11 +68,32 @@ def test_a_pair_file_not_in_utf8_is_named_by_its_line(tmp_path):
         load_pairs(PairsConfig(paths=[str(tmp_path / "bad.jsonl")]))
 
 
+def test_a_folder_reads_gzipped_pair_files_too(tmp_path):
+    import gzip
+
+    (tmp_path / "anaphor.jsonl").write_text((FIXTURES / "anaphor.jsonl").read_text())
+    with gzip.open(tmp_path / "subject_verb.jsonl.gz", "wt") as f:
+        f.write((FIXTURES / "subject_verb.jsonl").read_text())
+    def read(folder):
+        return [(p.good, p.bad, p.paradigm, p.phenomenon, Path(p.where).name) for p in load_pairs(PairsConfig(paths=[str(folder)]))]
+
+    assert read(tmp_path) == [(*pair[:4], where.replace("subject_verb.jsonl", "subject_verb.jsonl.gz")) for *pair, where in read(FIXTURES)]
+
+
+def test_the_config_refuses_one_field_for_both_sentences_and_a_variant_twice():
+    with pytest.raises(ValueError, match="the two sentences need fields of their own"):
+        PairFields(good="sentence_bad")
+    with pytest.raises(ValueError, match="the two sentences need fields of their own"):
+        PairFields(good="UID")
+    with pytest.raises(ValueError, match="each variant once"):
+        PairsConfig(pll=["original", "original"])
+
+
 def test_missing_paths_and_a_paradigm_in_two_files_are_refused(tmp_path):
     with pytest.raises(PairsError, match="nope: no such file or folder"):
         load_pairs(PairsConfig(paths=[str(tmp_path / "nope")]))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(PairsError, match="no \\*.jsonl files"):
+    with pytest.raises(PairsError, match=r"no \*.jsonl or \*.jsonl.gz files"):
         load_pairs(PairsConfig(paths=[str(tmp_path / "empty")]))
     with pytest.raises(PairsError, match="anaphor.jsonl is read twice"):  # a file listed, then its folder
         load_pairs(PairsConfig(paths=[str(FIXTURES / "anaphor.jsonl"), str(FIXTURES)]))
@@ -251,6 +274,8 @@ def test_copies_both_variants_share_are_scored_once():
     scored = sum(len(s.scored) for s in SENTENCES)  # 11 tokens; 4 are pieces with more of their word after them
     assert len(use["original"]) == len(use["word-l2r"]) == scored
     assert len(sent) == scored + 4 and l2r.sum() == 4
+    twice = pll_copies(SENTENCES, ["original", "original"])  # a variant listed twice: its indices once
+    assert [len(twice[0]), len(twice[3]["original"])] == [scored, scored]
 
 
 def test_clm_and_rtd_scores_match_a_hand_computation():

@@ -55,3 +55,19 @@ def test_a_truncated_pytorch_model_bin_is_named_without_the_remote_code_hint(tmp
         load_checkpoint(str(folder), tmp_path)
     message = str(e.value)
     assert message.startswith(f"{folder / 'pytorch_model.bin'}: cannot load the weights") and "trust_remote_code" not in message
+
+
+def test_an_export_with_its_own_code_says_trust_remote_code_first_on_one_line(tmp_path):
+    """transformers' refusal runs over several lines (and a hub URL made of the local path): the Error
+    line leads with what to do, and stays one line."""
+    import json
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "cramlm", "auto_map": {
+        "AutoConfig": "configuration_cramlm.CramConfig", "AutoModelForMaskedLM": "modeling_cramlm.CramForMaskedLM"}}))
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(str(folder), tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"checkpoint '{folder}': it carries its own model code, which runs only with trust_remote_code=true")
+    assert "\n" not in message

@@ -263,8 +263,7 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
         tok = AutoTokenizer.from_pretrained(name_or_path, **remote)
         config = AutoConfig.from_pretrained(name_or_path, **remote)
     except (OSError, ValueError, StopIteration) as e:
-        raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}"
-                              f"{_remote_hint(e, name_or_path, trust_remote_code)}") from None
+        raise CheckpointError(_cannot_load(name_or_path, e, _needs_remote_code(e, name_or_path, trust_remote_code))) from None
     try:
         auto_map = getattr(config, "auto_map", None) or {}
         if auto_map and "AutoModel" not in auto_map:  # remote code (e.g. a cramlm export): its LM class's base model
@@ -276,12 +275,12 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
         else:
             model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)
     except Exception as e:  # the weights: missing, truncated or tampered (torch, safetensors or pickle errors)
-        hint = _remote_hint(e, name_or_path, trust_remote_code)
+        remote = _needs_remote_code(e, name_or_path, trust_remote_code)
         files = _weight_files(name_or_path)
-        if hint or files.startswith("checkpoint '") or not (_is_weights_error(e) or _local_weights(name_or_path)):
-            if not isinstance(e, (OSError, ValueError, StopIteration)) and not hint:
+        if remote or files.startswith("checkpoint '") or not (_is_weights_error(e) or _local_weights(name_or_path)):
+            if not isinstance(e, (OSError, ValueError, StopIteration)) and not remote:
                 raise
-            raise CheckpointError(f"checkpoint '{name_or_path}': transformers cannot load it: {e}{hint}") from None
+            raise CheckpointError(_cannot_load(name_or_path, e, remote)) from None
         raise CheckpointError(f"{files}: cannot load the weights: {_first_line(e)}") from None
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
     max_length = min(positions, tok.model_max_length)
@@ -299,19 +298,28 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
     )
 
 
-def _remote_hint(e: Exception, name_or_path: str, trust_remote_code: bool) -> str:
-    """The trust_remote_code hint, only where remote code is what is missing: the error says so, or
-    the folder's config.json maps its classes to its own code (``auto_map``)."""
+def _cannot_load(name_or_path: str, e: Exception, remote: bool) -> str:
+    """One line: what to do first where remote code is what is missing, then transformers' words
+    (its messages run over several lines)."""
+    said = " ".join(str(e).split())
+    said = said if len(said) <= 400 else said[:397] + "..."
+    if remote:
+        return f"checkpoint '{name_or_path}': it carries its own model code, which runs only with trust_remote_code=true (transformers: {said})"
+    return f"checkpoint '{name_or_path}': transformers cannot load it: {said}"
+
+
+def _needs_remote_code(e: Exception, name_or_path: str, trust_remote_code: bool) -> bool:
+    """Whether remote code is what is missing: the error says so, or the folder's config.json maps
+    its classes to its own code (``auto_map``)."""
     if trust_remote_code:
-        return ""
+        return False
     text = str(e).lower()
     config = Path(name_or_path) / "config.json"
     try:
         mapped = config.is_file() and "auto_map" in config.read_text(encoding="utf-8", errors="replace")
     except OSError:
         mapped = False
-    needs = "trust_remote_code" in text or "custom code" in text or mapped
-    return " (a remote-code checkpoint needs trust_remote_code=true)" if needs else ""
+    return "trust_remote_code" in text or "custom code" in text or mapped
 
 
 def _local_weights(name_or_path: str) -> bool:

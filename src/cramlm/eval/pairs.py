@@ -3,8 +3,8 @@ files, and the accuracy per paradigm, per phenomenon and macro-averaged. Torch-f
 sentence scorers are in eval/sentence_scores.py.
 
 A pair is two sentences differing in one grammatical point; a model is right when it scores the
-acceptable one higher. A source is a JSONL file (one pair per line) or a folder of them (every
-``*.jsonl``, in name order). The field names are BLiMP's by default (``sentence_good``,
+acceptable one higher. A source is a JSONL file (one pair per line, gzipped or not) or a folder of
+them (every ``*.jsonl`` and ``*.jsonl.gz``, in name order). The field names are BLiMP's by default (``sentence_good``,
 ``sentence_bad``, ``UID`` the paradigm, ``linguistics_term`` the phenomenon) and configurable;
 a file without the paradigm field is one paradigm named after the file's stem. Refused, naming the
 file and line: a paradigm given two phenomena, a paradigm or phenomenon field set to a name (not
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from cramlm.config.base import Config, PositiveInt
 from cramlm.io import package_path
@@ -62,12 +62,19 @@ class PairFields(Config):
     phenomenon: str | None = Field(
         "linguistics_term", description="the phenomenon the paradigm tests (BLiMP's 12); null or absent: the paradigm's name")
 
+    @model_validator(mode="after")
+    def _sentences_apart(self):
+        if self.good == self.bad or {self.good, self.bad} & {self.paradigm, self.phenomenon}:
+            raise ValueError(f"the two sentences need fields of their own: good={self.good!r}, bad={self.bad!r}, "
+                             f"paradigm={self.paradigm!r}, phenomenon={self.phenomenon!r}")
+        return self
+
 
 class PairsConfig(Config):
     """``eval.minimal_pairs``: zero-shot minimal-pair scoring (no fine-tuning), beside the tasks."""
 
     paths: list[str] = Field(
-        [], description="JSONL pair files or folders of them (every *.jsonl), pkg:// or user paths; empty: no "
+        [], description="JSONL pair files or folders of them (every *.jsonl and *.jsonl.gz), pkg:// or user paths; empty: no "
         "minimal-pair scoring. The shared BLiMP paradigms: ${oc.env:CRAMLM_DATA_DIR,../shared/data}/minimal_pairs/blimp")
     fields: PairFields = Field(PairFields(), description="the field names of a pair (BLiMP's by default)")
     max_pairs: PositiveInt | None = Field(
@@ -78,6 +85,13 @@ class PairsConfig(Config):
         "2023: a token's own mask also covers the rest of its word; the default, docs/evaluation.md says why) "
         "or original (Salazar et al. 2020, BabyLM's: the token alone masked). Both: [word-l2r, original] "
         "(the copies they share are scored once)")
+    @field_validator("pll")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        if len(set(value)) < len(value):
+            raise ValueError(f"each variant once: {value}")
+        return value
+
     generator: bool = Field(
         True, description="ELECTRA (rtd) runs: also score with the generator's pseudo-log-likelihood, beside the "
         "discriminator's (the headline)")
@@ -98,20 +112,24 @@ class Pair:
     where: str = ""  # file:line, named by errors about the pair
 
 
+def _is_pairs(path: Path) -> bool:
+    return path.name.endswith((".jsonl", ".jsonl.gz"))
+
+
 def pair_files(spec: str, listed: frozenset[Path] = frozenset()) -> list[Path]:
-    """The JSONL files of one ``paths`` entry: a file, or a folder's ``*.jsonl`` in name order; a
-    subfolder holding pair files that is not ``listed`` (resolved folders of ``paths``) is refused."""
+    """The JSONL files of one ``paths`` entry: a file, or a folder's ``*.jsonl`` and ``*.jsonl.gz`` in
+    name order; a subfolder holding pair files that is not ``listed`` (resolved folders of ``paths``) is refused."""
     path = package_path(spec)
     if path.is_dir():
         nested = sorted(d.name for d in path.iterdir() if d.is_dir() and not d.name.startswith(".")
-                        and d.resolve() not in listed and any(f.is_file() for f in d.rglob("*.jsonl")))
+                        and d.resolve() not in listed and any(f.is_file() for f in d.rglob("*") if _is_pairs(f)))
         if nested:
             raise PairsError(f"eval.minimal_pairs.paths: {path}: subfolder{'s' if len(nested) > 1 else ''} "
                              f"{', '.join(nested)} hold{'' if len(nested) > 1 else 's'} *.jsonl files, which would not be "
                              "read (a folder's own *.jsonl are): list each folder of pairs in paths")
-        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        files = sorted(p for p in path.iterdir() if p.is_file() and _is_pairs(p))
         if not files:
-            raise PairsError(f"eval.minimal_pairs.paths: {path}: no *.jsonl files in this folder")
+            raise PairsError(f"eval.minimal_pairs.paths: {path}: no *.jsonl or *.jsonl.gz files in this folder")
         return files
     if path.is_file():
         return [path]
@@ -123,6 +141,10 @@ def _text(obj: dict, key: str, path: Path, lineno: int) -> str:
     if not isinstance(value, str) or not value.strip():
         raise PairsError(f"{path}:{lineno}: field '{key}' (eval.minimal_pairs.fields) is "
                          + ("missing" if value is None else "not a non-empty string"))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate (JSON's "\ud800" escapes): no text a tokenizer takes
+        raise PairsError(f"{path}:{lineno}: field '{key}' is not valid Unicode text ({e.reason} at character {e.start})") from None
     return value
 
 

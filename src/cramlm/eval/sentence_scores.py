@@ -80,11 +80,11 @@ def pll_copies(sentences: list[Sentence], variants: list[str]) -> tuple[np.ndarr
     per copy, and per variant the copy index of each (sentence, scored token) in order. A copy with
     the l2r flag masks the target and the rest of its word; one without masks the target alone."""
     sent, pos, l2r, key = [], [], [], {}
-    use = {v: [] for v in variants}
+    use = {v: [] for v in dict.fromkeys(variants)}  # each variant once, however often listed
     for i, s in enumerate(sentences):
         for t in s.scored:
             more = t + 1 < len(s.words) and s.words[t] >= 0 and s.words[t + 1] == s.words[t]  # the word goes on
-            for v in variants:
+            for v in use:
                 flag = v == "word-l2r" and more
                 k = (i, t, flag)
                 if k not in key:

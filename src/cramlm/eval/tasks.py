@@ -177,10 +177,20 @@ def from_file(path: Path, text: str) -> str:
 
 
 def _lines(path: Path) -> list[str]:
+    """The file's lines (gunzipped where its name ends in .gz)."""
     if not path.is_file():
         raise TaskError(f"{path}: file not found")
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        import gzip
+        import zlib
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; a cut file an EOFError
+            raise TaskError(f"{path}: not a complete gzip file ({e or type(e).__name__})") from None
     try:
-        text = path.read_text(encoding="utf-8-sig")  # -sig: GLUE's MRPC files start with a BOM
+        text = data.decode("utf-8-sig")  # -sig: GLUE's MRPC files start with a BOM
     except UnicodeDecodeError as e:  # e.object: the bytes after any BOM, e.start indexing them
         line = e.object[: e.start].count(b"\n") + 1
         raise TaskError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}: {e.reason})") from None
