@@ -43,6 +43,19 @@ replaces), a resume refused after the config check or at the load (nothing writt
 removed, a NaN weight with its digest forged (eval, export, resume), every checkpoint damaged (exit 1,
 twice), and two ``data prepare`` of one config at once (both succeed, one cache entry).
 
+Minimal pairs (their own block at the end): zero-shot minimal-pair scoring in ``cramlm eval``
+(``eval.minimal_pairs``). Class ``minimal-pairs``: malformed pair files and settings (a line that is
+not JSON, a field missing / not a string / empty / only spaces / with no token the tokenizer keeps / a
+lone surrogate, an empty file, a folder without pairs or with nested ones, a paradigm in two files or
+with two phenomena, a file read twice, a field name no line has, max_pairs 0, a bogus or repeated PLL
+variant, a truncated .jsonl.gz, a missing path) must be one ``Error:`` naming the file (and line) or
+the key; ties (the same sentence twice, or sentences with the same tokens) count half; BOM + CRLF,
+emoji and non-Latin text are scored; a sentence that fills the model's positions exactly is scored,
+one token more is skipped and recorded. Class ``pairs-checkpoints``: every checkpoint kind scores the
+pairs (tiny MLM, ELECTRA, GPT-2 and hybrid runs, each untrained too, and their HF exports, which must
+score as their runs), and SIGTERM during the scoring or after it (the pairs changed or not) is followed
+by a clean continuation.
+
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
 line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
 any case is a traceback, silent or unclear.
@@ -664,6 +677,7 @@ class Replay:
                    "same-run": lambda: same_run(self)}
         methods.update(getattr(self, "files_and_signals_methods", dict)())  # their own blocks below
         methods.update(getattr(self, "folders_and_digests_methods", dict)())
+        methods.update(getattr(self, "minimal_pairs_methods", dict)())
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -1311,7 +1325,363 @@ class FoldersAndDigests(FilesAndSignals):
                 "nan-weights": self.nan_weights, "all-damaged": self.all_damaged, "prepare-race": self.prepare_race}
 
 
-Replay = FoldersAndDigests  # the replay with the classes of every block (main() builds a Replay)
+# ================================================================ minimal pairs (own block)
+# zero-shot minimal pairs in `cramlm eval` (eval.minimal_pairs): malformed pair files and settings, ties,
+# odd text, the model's positions, every checkpoint kind and its export, stops during the scoring
+
+MINIMAL_PAIRS_CLASSES = ("minimal-pairs", "pairs-checkpoints")
+CLASSES = CLASSES + MINIMAL_PAIRS_CLASSES
+PAIRS_EVAL = ["eval.tasks=[]", "eval.lm_eval=false", "impl.progress=false", "impl.threads=1"]
+# a wide init (as tests/eval/test_minimal_pairs.py): 3 steps give scores that depend on the context, few ties
+PAIR_RUNS = {"mlm": (), "rtd": ("train.objective=rtd",), "gpt": ("arch=gpt2-tiny",), "hybrid": ("train.objective=hybrid",)}
+# kind, scorers in eval.json (the headline first) of each run and of its export
+PAIR_SCORERS = {"mlm": ("mlm", ["pll-word-l2r"]), "rtd": ("rtd", ["detector", "generator pll-word-l2r"]),
+                "gpt": ("clm", ["log-probability"]), "hybrid": ("clm", ["log-probability", "pll-word-l2r"])}
+
+
+def pair(good, bad, uid: str | None = "p", term: str | None = "t", **extra) -> str:
+    """One BLiMP-format line (``uid`` / ``term`` None: the field left out)."""
+    obj = {"sentence_good": good, "sentence_bad": bad, **({"UID": uid} if uid is not None else {}),
+           **({"linguistics_term": term} if term is not None else {}), **extra}
+    return json.dumps(obj)
+
+
+VALID_PAIRS = {  # 2 paradigms x 4 pairs, as tests/eval/fixtures/minimal_pairs
+    "anaphor": [("Ishmael saw himself in the water.", "Ishmael saw herself in the water."),
+                ("The captains admired themselves.", "The captains admired himself."),
+                ("Queequeg hurt himself.", "Queequeg hurt themselves."),
+                ("The whale hid itself.", "The whale hid themselves.")],
+    "subject_verb": [("The whale swims in the sea.", "The whale swim in the sea."),
+                     ("The sailors sing at night.", "The sailors sings at night."),
+                     ("A harpoon hangs on the wall.", "A harpoon hang on the wall."),
+                     ("The boats drift in the fog.", "The boats drifts in the fog.")],
+}
+
+
+def write_valid_pairs(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for uid, rows in VALID_PAIRS.items():
+        (folder / f"{uid}.jsonl").write_text("".join(pair(g, b, uid, f"{uid}_agreement", pairID=str(i)) + "\n"
+                                                     for i, (g, b) in enumerate(rows)))
+    return folder
+
+
+def many_pairs(n: int, words: int = 8) -> str:
+    """``n`` pairs over 4 paradigms (two words swapped), short enough for 32 positions."""
+    lines = []
+    for i in range(n):
+        good = text(i).split()[:words]
+        bad = list(good)
+        bad[1], bad[2] = bad[2], bad[1]
+        lines.append(pair(" ".join(good), " ".join(bad), f"p{i % 4}", "t"))
+    return "\n".join(lines) + "\n"
+
+
+def pairs_record(out: Path) -> dict:
+    """eval.json's (or eval-untrained.json's) ``minimal_pairs`` in ``out`` ({} when there is none)."""
+    files = [p for p in sorted(out.glob("eval*.json")) if not p.name.endswith(".partial.json")] if out.is_dir() else []
+    return (json.loads(files[0].read_text()).get("minimal_pairs") or {}) if files else {}
+
+
+def headline(record: dict) -> dict:
+    return record.get("scores", {}).get(record.get("headline"), {})
+
+
+class MinimalPairs(FoldersAndDigests):
+    """Zero-shot minimal pairs in ``cramlm eval``: pair files and settings, checkpoint kinds, stops
+    (mixed into Replay below)."""
+
+    def pair_run(self, kind: str) -> Path:
+        """A tiny run of ``kind`` (PAIR_RUNS), 3 steps, trained once per replay."""
+        run = self.runs / "outputs" / f"mp-{kind}"
+        if not (run / "model.safetensors").is_file():
+            res = cli(self.pretrain_args(f"mp-{kind}", 3, "arch.init_std=0.5", *PAIR_RUNS[kind]), self.runs, 900)
+            if res.rc != 0:
+                raise RuntimeError(f"the tiny {kind} run failed (exit {res.rc}):\n{res.stderr[-3000:]}")
+        return run
+
+    def pairs_eval(self, checkpoint: Path | str, out: Path, paths: list[Path | str], *extra: str,
+                   timeout: float = 600) -> Result:
+        shutil.rmtree(out, ignore_errors=True)
+        listed = ",".join(str(p) for p in paths)
+        return cli(["eval", f"checkpoint={checkpoint}", f"out_dir={out}", *PAIRS_EVAL,
+                    f"eval.minimal_pairs.paths=[{listed}]", *extra], self.folder("minimal-pairs"), timeout)
+
+    # ------------------------------------------------------------ class minimal-pairs: files and settings
+
+    def minimal_pairs(self) -> None:
+        d = self.folder("minimal-pairs")
+        run = self.pair_run("mlm")
+        valid = write_valid_pairs(d / "valid")
+        ok_line = pair("The whale swims.", "The whale swim.")
+
+        def case(name: str, content: str | bytes | None, expect: str, must: tuple[str, ...] = (), *extra: str,
+                 file: str = "pairs.jsonl", paths: list | None = None, check=None) -> tuple[Result, dict]:
+            """Write ``content`` to ``file`` (unless None), score ``paths`` (default: that file) on the tiny MLM."""
+            path = d / file
+            if content is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8", "surrogatepass"))
+            out = d / "out" / name.replace(" ", "-").replace("/", "-")[:60]
+            res = self.pairs_eval(run, out, paths or [path], *extra)
+            record = pairs_record(out)
+            self.record("minimal-pairs", name, expect, res, must,
+                        check=(lambda r: check(r, record)) if check else None)
+            return res, record
+
+        def scored(pairs: int, tie_paradigm: str | None = None):
+            """On exit 0: the headline scored ``pairs`` pairs; ``tie_paradigm`` all ties, counted half."""
+            def check(_: Result, record: dict) -> str | None:
+                head = headline(record)
+                if not head:
+                    return f"not scored: {record.get('skipped', 'no minimal_pairs in eval.json')}"
+                if head["pairs"] != pairs:
+                    return f"{head['pairs']} pairs scored, the file holds {pairs}"
+                if tie_paradigm:
+                    got = head["paradigms"].get(tie_paradigm, {})
+                    if got.get("accuracy") != 0.5 or got.get("ties") != 1.0:
+                        return f"paradigm {tie_paradigm}: accuracy {got.get('accuracy')}, ties {got.get('ties')}: a tie must count half"
+                return None
+            return check
+
+        # one line of the file is wrong: one Error naming the file and the line, before any scoring
+        case("a line that is not JSON", ok_line + "\n{\"sentence_good\": \"A whale.\",\n", "error", ("pairs.jsonl:2",))
+        case("a line that is a JSON array", '["The whale swims.", "The whale swim."]\n', "error", ("pairs.jsonl:1",))
+        case("sentence_bad missing", ok_line + "\n" + json.dumps({"sentence_good": "A whale swims.", "UID": "p",
+                                                                  "linguistics_term": "t"}) + "\n",
+             "error", ("pairs.jsonl:2",))
+        case("sentence_good a number", pair(7, "The whale swim.") + "\n", "error", ("pairs.jsonl:1",))
+        case("sentence_bad a list", pair("The whale swims.", ["The", "whale"]) + "\n", "error", ("pairs.jsonl:1",))
+        case("sentence_bad an empty string", ok_line + "\n" + pair("The whale swims.", "") + "\n", "error", ("pairs.jsonl:2",))
+        case("sentence_good only whitespace", pair(" \t ", "The whale swim.") + "\n", "error", ("pairs.jsonl:1",))
+        case("sentence_bad a combining accent alone (no token)", ok_line + "\n" + pair("The whale swims.", "\u0301") + "\n",
+             "error", ("pairs.jsonl:2",))
+        case("sentence_bad with a lone surrogate (\\ud800)", ok_line + "\n" + pair("The whale swims.", "The \ud800 swim.") + "\n",
+             "error", ("pairs.jsonl:2",))
+        case("a paradigm whose phenomenon changes", pair("A whale swims.", "A whale swim.", "p", "x") + "\n"
+             + pair("Whales swim.", "Whales swims.", "p", "y") + "\n", "error", ("pairs.jsonl:2",))
+        case("an empty file", "", "error", ("pairs.jsonl",))
+        case("a file of blank lines", "\n \n\r\n", "error", ("pairs.jsonl",))
+        # ties: the same sentence twice, and two sentences with the same tokens (the tokenizer lowercases)
+        case("good == bad on two lines (ties count half)", ok_line + "\n" + pair("A ship sails.", "A ship sails.", "same") + "\n"
+             + pair("The sea is deep.", "The sea is deep.", "same") + "\n", "ok", check=scored(3, "same"))
+        case("good and bad differ in case and spaces only", pair("The whale swims.", "the  WHALE   swims.", "case") + "\n" + ok_line
+             + "\n", "ok", check=scored(2, "case"))
+        # odd text that must simply be scored
+        case("emoji and non-Latin sentences", pair("The whale \U0001F40B swims.", "The whale \U0001F40B swim.", "emoji") + "\n"
+             + pair("鯨は海で泳ぐ。", "鯨は海で泳ぎ。", "kana") + "\n" + pair("Кит плывёт.", "Кит плывут.", "cyrillic") + "\n",
+             "ok", check=scored(3))
+        case("BOM and CRLF", b"\xef\xbb\xbf" + "\r\n".join(pair(g, b, "anaphor", "a") for g, b in VALID_PAIRS["anaphor"]).encode()
+             + b"\r\n", "ok", check=scored(4))
+        # the model's positions (max_seq_length 32): [CLS] + 30 tokens + [SEP] fills them, one more token is too long
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(run / "tokenizer.json"))
+
+        def tokens(n: int, tail: str) -> str:
+            filler = 0
+            while len(tok.encode("the " * filler + tail, add_special_tokens=False).ids) < n:
+                filler += 1
+            return "the " * filler + tail
+
+        limit = 32 - 2
+        for n, expect_scored in ((limit, True), (limit + 1, False)):
+            good, bad = tokens(n, "whale swims."), tokens(n, "whale swim.")
+            sizes = [len(tok.encode(s, add_special_tokens=False).ids) for s in (good, bad)]
+
+            def fits(_: Result, record: dict, sizes=sizes, n=n, expect_scored=expect_scored) -> str | None:
+                if sizes != [n, n]:
+                    return f"the case is wrong: sentences of {sizes} tokens, not {n}"
+                if expect_scored:
+                    return scored(2)(_, record)
+                return None if f"long-{n}.jsonl:2" in record.get("skipped", "") else \
+                    f"not recorded as skipped naming long-{n}.jsonl:2: {str(record)[:160]}"
+            case(f"a sentence of {n} tokens (+ [CLS] [SEP]) on 32 positions", ok_line + "\n" + pair(good, bad) + "\n", "ok",
+                 file=f"long-{n}.jsonl", check=fits)
+        # files and folders
+        (d / "no-pairs").mkdir(exist_ok=True)
+        (d / "no-pairs" / "readme.txt").write_text("nothing here\n")
+        case("a folder without *.jsonl", None, "error", ("no-pairs",), paths=[d / "no-pairs"])
+        nested = d / "nested"
+        shutil.rmtree(nested, ignore_errors=True)
+        write_valid_pairs(nested)
+        (nested / "more").mkdir()
+        (nested / "more" / "extra.jsonl").write_text(pair("A boat floats.", "A boat float.", "extra") + "\n")
+        case("a folder with pairs in a subfolder", None, "error", ("more",), paths=[nested])
+        (d / "copy").mkdir(exist_ok=True)
+        (d / "copy" / "anaphor-again.jsonl").write_text((valid / "anaphor.jsonl").read_text())
+        case("the same paradigm in two files", None, "error", ("anaphor",), paths=[valid, d / "copy"])
+        link = d / "linked.jsonl"
+        if not link.is_symlink():
+            link.symlink_to(valid / "anaphor.jsonl")
+        case("one file twice: listed, then through a symlink", None, "error", ("read twice",),
+             paths=[valid / "anaphor.jsonl", link])
+        gz = d / "pairs.jsonl.gz"
+        raw = gzip.compress(many_pairs(200).encode())
+        gz.write_bytes(raw[: len(raw) // 2])
+        case("a truncated .jsonl.gz", None, "error", ("pairs.jsonl.gz",), paths=[gz])
+        mixed = d / "with-gz"
+        shutil.rmtree(mixed, ignore_errors=True)
+        write_valid_pairs(mixed)
+        (mixed / "more.jsonl.gz").write_bytes(gzip.compress((pair("A boat floats.", "A boat float.", "gz") + "\n").encode()))
+
+        def gz_read(r: Result, record: dict) -> str | None:
+            if headline(record).get("pairs") == 9:
+                return None  # read (the one pair of more.jsonl.gz too)
+            said = "more.jsonl.gz" in r.stdout + r.stderr
+            return None if said else f"more.jsonl.gz left out without a word ({headline(record).get('pairs')} pairs scored)"
+        case("a folder holding *.jsonl and a .jsonl.gz", None, "either", ("more.jsonl.gz",), paths=[mixed], check=gz_read)
+        case("a path that does not exist", None, "error", ("nothere.jsonl",), paths=[d / "nothere.jsonl"])
+        # settings
+        case("fields.paradigm naming a key no line has", None, "error", ("UIDD",), "eval.minimal_pairs.fields.paradigm=UIDD",
+             paths=[valid])
+        case("fields.good and fields.bad the same key", None, "error", ("fields",),
+             "eval.minimal_pairs.fields.good=sentence_bad", paths=[valid])
+        case("max_pairs=0", None, "error", ("max_pairs",), "eval.minimal_pairs.max_pairs=0", paths=[valid])
+        case("max_pairs=1", None, "ok", (), "eval.minimal_pairs.max_pairs=1", paths=[valid], check=scored(2))
+        case("pll=[bogus]", None, "error", ("pll",), "eval.minimal_pairs.pll=[bogus]", paths=[valid])
+        (d / "many.jsonl").write_text(many_pairs(200))
+        _, alone = case("pll=[original] (200 pairs)", None, "ok", (), "eval.minimal_pairs.pll=[original]",
+                        paths=[d / "many.jsonl"], check=scored(200))
+
+        def same_as_alone(_: Result, record: dict) -> str | None:
+            got = {k: v["accuracy"] for k, v in headline(record).get("paradigms", {}).items()}
+            want = {k: v["accuracy"] for k, v in headline(alone).get("paradigms", {}).items()}
+            return None if got == want else f"accuracy per paradigm {got}, with pll=[original] alone {want}"
+        case("pll=[original,original] (a variant twice)", None, "either", ("pll",), "eval.minimal_pairs.pll=[original,original]",
+             paths=[d / "many.jsonl"], check=same_as_alone)
+
+    # ------------------------------------------------------------ class pairs-checkpoints: kinds, exports, stops
+
+    def pairs_checkpoints(self) -> None:
+        d = self.folder("minimal-pairs")
+        valid = write_valid_pairs(d / "valid")
+        scored_by: dict[str, dict] = {}
+
+        def scores_as(kind: str, out: Path, untrained: bool, same_as: str | None = None):
+            want_kind, want_scorers = PAIR_SCORERS[kind]
+
+            def check(r: Result, record: dict) -> str | None:
+                if not record or "scores" not in record:
+                    return f"not scored: {record.get('skipped', 'no minimal_pairs in eval.json')}"
+                if record["kind"] != want_kind or list(record["scores"]) != want_scorers:
+                    return f"kind {record['kind']}, scorers {list(record['scores'])}; expected {want_kind}, {want_scorers}"
+                head = headline(record)
+                if head["pairs"] != 8 or set(head["paradigms"]) != set(VALID_PAIRS):
+                    return f"{head['pairs']} pairs in {sorted(head['paradigms'])} scored, expected 8 in {sorted(VALID_PAIRS)}"
+                if untrained != (out / "eval-untrained.json").is_file():
+                    return f"eval-untrained.json {'missing' if untrained else 'written'} for {'the twin' if untrained else 'the run'}"
+                if same_as:
+                    theirs = scored_by.get(same_as, {}).get("scores", {})
+                    differ = [s for s in want_scorers if record["scores"][s]["paradigms"] != theirs.get(s, {}).get("paradigms")]
+                    if differ:
+                        return f"scores other than the run's ({same_as}) by {differ}"
+                return None
+            return check
+
+        def evaluate(name: str, checkpoint: Path, out: Path, kind: str, *extra: str, untrained: bool = False,
+                     same_as: str | None = None) -> dict:
+            res = self.pairs_eval(checkpoint, out, [valid], *extra)
+            record = pairs_record(out)
+            check = scores_as(kind, out, untrained, same_as)
+            self.record("pairs-checkpoints", name, "ok", res, check=lambda r: check(r, record))
+            return record
+
+        for kind in PAIR_RUNS:
+            run = self.pair_run(kind)
+            scored_by[kind] = evaluate(f"{kind} run", run, d / "out-ck" / kind, kind)
+            evaluate(f"{kind} run, untrained=true", run, d / "out-ck" / f"{kind}-untrained", kind, "untrained=true", untrained=True)
+        for kind in PAIR_RUNS:
+            hf = d / f"hf-{kind}"
+            shutil.rmtree(hf, ignore_errors=True)
+            res = cli(["export", "hf", str(self.pair_run(kind)), str(hf)], d)
+            name = f"HF export of the {kind} run (cramlm export hf), trust_remote_code=true"
+            if res.rc != 0:
+                self.record("pairs-checkpoints", name, "ok", res, outcome=None if TRACEBACK in res.stderr else
+                            ("unclear", f"the export failed (exit {res.rc}): {last_line(res.stderr)}"))
+                continue
+            evaluate(name, hf, d / "out-ck" / f"hf-{kind}", kind, "trust_remote_code=true", same_as=kind)
+            if kind == "mlm":  # crammed-bert exports with remote code: without it, one Error that says so
+                res = self.pairs_eval(hf, d / "out-ck" / "hf-mlm-no-remote", [valid])
+                self.record("pairs-checkpoints", "HF export of the mlm run, without trust_remote_code", "error", res,
+                            ("trust_remote_code",))
+        res = self.pairs_eval(self.pair_run("gpt"), d / "out-ck" / "gpt-pll", [valid], "eval.minimal_pairs.pll=[original]")
+        self.record("pairs-checkpoints", "pll=[original] on the causal run (said not to apply)", "ok", res,
+                    check=lambda r: None if "does not apply" in r.stdout else "pll on a causal LM not said not to apply")
+        self.pairs_stops(d, valid)
+
+    def pairs_stops(self, d: Path, valid: Path) -> None:
+        run = self.pair_run("mlm")
+        # SIGTERM while the pairs are scored (1,000 pairs, small batches), then the same command
+        (d / "stop-many.jsonl").write_text(many_pairs(1000))
+        out = d / "out-stop" / "during"
+        shutil.rmtree(out, ignore_errors=True)
+        args = ["eval", f"checkpoint={run}", f"out_dir={out}", *PAIRS_EVAL, f"eval.minimal_pairs.paths=[{d / 'stop-many.jsonl'}]",
+                "eval.minimal_pairs.batch_tokens=256"]
+        proc = Proc(args, d)
+        started = wait_for_output(proc, "sentences", 300)  # "minimal pairs: mp-mlm pll: scoring 2,000 sentences"
+        time.sleep(0.3)
+        proc.signal(signal.SIGTERM)
+        res = proc.wait(180)
+        label = "SIGTERM while the pairs are scored, then the same command"
+        outcome = None if started else ("unclear", "the scoring never started: " + last_line(res.stderr))
+        outcome = outcome or after_signal(res, signal.SIGTERM)
+        if outcome is None and res.rc != 75:
+            outcome = ("unclear", f"exit {res.rc} after SIGTERM: {last_line(res.stderr)}")
+        if outcome:
+            self.record("pairs-checkpoints", label, "ok", res, outcome=outcome)
+        else:
+            again = cli(args, d)
+            case = self.record("pairs-checkpoints", label, "ok", again,
+                               check=lambda _: None if headline(pairs_record(out)).get("pairs") == 1000
+                               else f"eval.json: {str(pairs_record(out))[:160]}")
+            where = next((line for line in res.stderr.splitlines() if "stopped (" in line), "")
+            case.detail = f"exit 75 ({where.split('stopped (')[-1].split(')')[0]}); again: {case.detail}"
+        # SIGTERM during fine-tuning, after the pairs were scored: the same command reuses them, unless the pairs changed
+        for changed in (False, True):
+            pairs = d / f"stop-after-{changed}"
+            shutil.rmtree(pairs, ignore_errors=True)
+            shutil.copytree(valid, pairs)
+            out = d / "out-stop" / f"after-{changed}"
+            shutil.rmtree(out, ignore_errors=True)
+            args = ["eval", f"checkpoint={run}", f"out_dir={out}", *EVAL_QUICK, "eval.seeds=2", "eval.max_train_examples=400",
+                    "eval.lm_eval=false", f"eval.minimal_pairs.paths=[{pairs}]"]
+            proc = Proc(args, d)
+            started = wait_for_output(proc, " sentences in ", 300)  # the pairs are scored; fine-tuning begins
+            proc.signal(signal.SIGTERM)
+            res = proc.wait(180)
+            label = ("SIGTERM during fine-tuning after the pairs, one pair added, the same command" if changed
+                     else "SIGTERM during fine-tuning after the pairs, the same command")
+            kept = json.loads((out / "eval.partial.json").read_text()).get("minimal_pairs") if (out / "eval.partial.json").is_file() else None
+            outcome = None if started else ("unclear", "the pairs were never scored: " + last_line(res.stderr))
+            outcome = outcome or after_signal(res, signal.SIGTERM)
+            if outcome is None and (res.rc != 75 or not kept):
+                outcome = ("unclear", f"exit {res.rc}, pairs in eval.partial.json: {bool(kept)}: {last_line(res.stderr)}")
+            if outcome:
+                self.record("pairs-checkpoints", label, "ok", res, outcome=outcome)
+                continue
+            if changed:
+                with open(pairs / "anaphor.jsonl", "a") as f:
+                    f.write(pair("The sailor shaved himself.", "The sailor shaved herself.", "anaphor", "anaphor_agreement") + "\n")
+            again = cli(args, d)
+
+            def check(r: Result, changed=changed, out=out) -> str | None:
+                reused = "scored before" in r.stdout
+                got = headline(pairs_record(out)).get("pairs")
+                if changed and (reused or got != 9):
+                    return f"the pairs changed (9 now), yet {'reused' if reused else 'scored'}: {got} pairs in eval.json"
+                if not changed and (not reused or got != 8):
+                    return f"reused: {reused}, {got} pairs in eval.json (8 scored before the stop)"
+                return None
+            case = self.record("pairs-checkpoints", label, "ok", again, check=check)
+            where = next((line for line in res.stderr.splitlines() if "stopped (" in line), "")
+            case.detail = f"exit 75 ({where.split('stopped (')[-1].split(')')[0]}), the pairs kept; again: {case.detail}"
+
+    def minimal_pairs_methods(self) -> dict[str, Callable[[], None]]:
+        return {"minimal-pairs": self.minimal_pairs, "pairs-checkpoints": self.pairs_checkpoints}
+
+
+Replay = MinimalPairs  # the replay with the classes of every block (main() builds a Replay)
 
 
 def table(report: dict) -> str:
