@@ -56,6 +56,14 @@ pairs (tiny MLM, ELECTRA, GPT-2 and hybrid runs, each untrained too, and their H
 score as their runs), and SIGTERM during the scoring or after it (the pairs changed or not) is followed
 by a clean continuation.
 
+Sharded checkpoints (their own block at the end; class ``sharded``): a 2-process FSDP2 run (gloo, one
+thread each) whose newest checkpoint has a shard or ``.metadata`` truncated / flipped / deleted, a stray
+shard, ``digests.json`` deleted or edited, ``state.json`` truncated: ``--resume auto`` sets it aside naming
+the file and continues from the one before; every checkpoint damaged and ``resume=<damaged folder>`` are one
+``Error:``; a resume on one process continues (resharding); eval and export of the run and of a checkpoint
+(equal exports); SIGKILL of one rank during a sharded save leaves the previous checkpoint, which resumes;
+``impl.checkpoint_format=sharded`` on one process writes shards.
+
 Prints one JSON object (every case: class, expectation, outcome, exit code, seconds, the deciding
 line), then a table of counts per class, then the cases that were not ok/clear. Exit status 1 when
 any case is a traceback, silent or unclear.
@@ -678,6 +686,7 @@ class Replay:
         methods.update(getattr(self, "files_and_signals_methods", dict)())  # their own blocks below
         methods.update(getattr(self, "folders_and_digests_methods", dict)())
         methods.update(getattr(self, "minimal_pairs_methods", dict)())
+        methods.update(getattr(self, "sharded_methods", dict)())
         start = time.monotonic()
         for cls in classes:
             methods[cls]()
@@ -1671,7 +1680,262 @@ class MinimalPairs(FoldersAndDigests):
         return {"minimal-pairs": self.minimal_pairs, "pairs-checkpoints": self.pairs_checkpoints}
 
 
-Replay = MinimalPairs  # the replay with the classes of every block (main() builds a Replay)
+# ================================================================ sharded checkpoints (own block)
+# torch.distributed.checkpoint folders written by a 2-process FSDP2 run (gloo, one thread each): a shard or
+# the index truncated / flipped / deleted / added, digests.json and state.json damaged, every checkpoint
+# damaged, resume=<damaged folder>, a resume on 1 process (DCP resharding), eval and export of the run and
+# of a checkpoint, SIGKILL of one rank during a sharded save, the sharded format without FSDP
+
+SHARDED_CLASSES = ("sharded",)
+CLASSES = CLASSES + SHARDED_CLASSES
+SHARDED_STEPS = 4  # the base run: checkpoints at 2 and 4 (sharded, 2 processes)
+SHARDED_RUN = ["impl.microbatch_size=4", "train.checkpoint_every=2", "train.keep_checkpoints=5", "impl.distributed=fsdp",
+               "impl.dist_timeout=30", "train.validate_every=0"]
+
+
+def metrics_lines(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    out = []
+    for line in path.read_text(errors="replace").splitlines() if path.is_file() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def resumed_to(run: Path, step: int, last: int, world: int | None = None, written_by: int | None = None) -> str | None:
+    """None when ``run``'s newest segment resumed from ``step`` (on ``world`` processes, from a checkpoint
+    ``written_by`` processes wrote) and trained on to step ``last``; else what differs."""
+    lines = metrics_lines(run)
+    events = [r for r in lines if r.get("event") == "resumed"]
+    if not events:
+        return "no resumed event in metrics.jsonl (started fresh?)"
+    event = events[-1]
+    if event.get("step") != step:
+        return f"resumed from step {event.get('step')}, expected {step}"
+    if world is not None and (event.get("world_size"), event.get("checkpoint_world_size")) != (world, written_by):
+        return f"resumed event world_size/checkpoint_world_size {event.get('world_size')}/{event.get('checkpoint_world_size')}, expected {world}/{written_by}"
+    steps = [r["step"] for r in lines if r.get("kind") == "train" and isinstance(r.get("step"), int)]
+    if not steps or max(steps) != last:
+        return f"the last train step is {max(steps) if steps else None}, expected {last}"
+    return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_pid(pid: int, rank: int) -> int | None:
+    """The torchrun worker of ``rank`` below ``pid`` (its environment holds RANK=<rank>)."""
+    for child in descendants(pid):
+        try:
+            env = (Path("/proc") / str(child) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and b"LOCAL_RANK=" + str(rank).encode() in env:
+            return child
+    return None
+
+
+class Sharded(MinimalPairs):
+    """Sharded checkpoints (impl.checkpoint_format=sharded, FSDP2's default) damaged, resharded,
+    exported, killed while written (mixed into Replay below)."""
+
+    def sharded_launch(self, name: str, steps: int, *extra: str, timeout: float = 300) -> Result:
+        return LaunchProc(["--nproc_per_node=2"], self.pretrain_args(name, steps, *SHARDED_RUN, *extra), self.runs).wait(timeout)
+
+    def sharded_base(self) -> Path:
+        """A 2-process FSDP2 run of SHARDED_STEPS steps, sharded checkpoints at 2 and 4, made once per replay."""
+        run = self.runs / "outputs" / "shd-base"
+        if not (run / "model.safetensors").is_file():
+            res = self.sharded_launch("shd-base", SHARDED_STEPS)
+            if res.rc != 0:
+                raise RuntimeError(f"the sharded base run failed (exit {res.rc}):\n{res.stderr[-3000:]}")
+        return run
+
+    def sharded_copy(self, name: str) -> Path:
+        dst = self.runs / "outputs" / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(self.sharded_base(), dst, ignore=shutil.ignore_patterns(".cramlm.lock*"))
+        return dst
+
+    def sharded(self) -> None:
+        base = self.sharded_base()
+        assert sorted(p.name for p in (base / "checkpoints" / "step-00000004").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+
+        def truncate(path: Path) -> None:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+        def flip(path: Path) -> None:
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0x01
+            path.write_bytes(bytes(raw))
+
+        def edit_digest(folder: Path) -> None:
+            record = json.loads((folder / "digests.json").read_text())
+            entry = record["files"]["__0_0.distcp"]  # a hex digest: its last digit changed
+            record["files"]["__0_0.distcp"] = entry[:-1] + ("0" if entry[-1] != "0" else "1")
+            (folder / "digests.json").write_text(json.dumps(record))
+
+        damages = (  # what is done to the newest checkpoint (step 4), the file the warning must name
+            ("__1_0.distcp truncated", lambda f: truncate(f / "__1_0.distcp"), "__1_0.distcp"),
+            ("one bit flipped in __0_0.distcp", lambda f: flip(f / "__0_0.distcp"), "__0_0.distcp"),
+            ("__1_0.distcp deleted", lambda f: (f / "__1_0.distcp").unlink(), "__1_0.distcp"),
+            (".metadata truncated", lambda f: truncate(f / ".metadata"), ".metadata"),
+            (".metadata deleted", lambda f: (f / ".metadata").unlink(), ".metadata"),
+            ("a stray __2_0.distcp", lambda f: shutil.copyfile(f / "__1_0.distcp", f / "__2_0.distcp"), "__2_0.distcp"),
+            ("digests.json deleted", lambda f: (f / "digests.json").unlink(), "digests.json"),
+            ("__0_0.distcp's digest edited", edit_digest, "__0_0.distcp"),
+            ("state.json truncated", lambda f: truncate(f / "state.json"), "state.json"),
+        )
+        for i, (what, damage, named) in enumerate(damages):
+            run = self.sharded_copy(f"shd-damage-{i}")
+            newest = run / "checkpoints" / "step-00000004"
+            damage(newest)
+            res = self.sharded_launch(f"shd-damage-{i}", 6, "--resume", "auto")
+
+            def set_aside(r: Result, run=run, newest=newest, named=named) -> str | None:
+                if not newest.with_name(newest.name + ".damaged").is_dir():
+                    return "the damaged step-00000004 was not set aside"
+                warning = next((line for line in (r.stdout + r.stderr).splitlines() if "is damaged" in line), "")
+                if named not in warning:
+                    return f"the warning does not name {named}: {warning[:200] or '(no warning)'}"
+                return resumed_to(run, 2, 6)
+            self.record("sharded", f"--resume auto (2 procs), newest checkpoint: {what}", "ok", res, check=set_aside)
+
+        run = self.sharded_copy("shd-all-damaged")
+        for ckpt in (run / "checkpoints").glob("step-*"):
+            truncate(ckpt / "__0_0.distcp")
+        res = self.sharded_launch("shd-all-damaged", 6, "--resume", "auto")
+        self.record("sharded", "--resume auto (2 procs), __0_0.distcp truncated in every checkpoint", "error", res,
+                    must=("every checkpoint",))
+
+        run = self.sharded_copy("shd-named")
+        newest = run / "checkpoints" / "step-00000004"
+        flip(newest / "__0_0.distcp")
+        before = folder_state(run)
+        res = self.sharded_launch("shd-named", 6, f"resume={newest}")
+        self.record("sharded", "resume=<step-4 folder> (2 procs), a bit flipped in __0_0.distcp", "error", res,
+                    outcome=unchanged(run, before, classify(res, "error", ("__0_0.distcp",))))
+
+        run = self.sharded_copy("shd-to-one")
+        res = cli([*self.pretrain_args("shd-to-one", 6, "impl.microbatch_size=4", "train.checkpoint_every=2",
+                                       "train.keep_checkpoints=5", "train.validate_every=0"), "--resume", "auto"], self.runs)
+        self.record("sharded", "--resume auto on 1 process of a 2-process sharded run (resharding)", "ok", res,
+                    check=lambda _: resumed_to(run, 4, 6, world=1, written_by=2))
+
+        self.sharded_eval_export(base)
+        self.sharded_kill()
+
+        res = cli(self.pretrain_args("shd-one-proc", 2, "train.checkpoint_every=1", "impl.checkpoint_format=sharded"), self.runs)
+        run = self.runs / "outputs" / "shd-one-proc"
+
+        def one_proc(_: Result) -> str | None:
+            folder = run / "checkpoints" / "step-00000002"
+            names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+            if ".metadata" not in names or "__0_0.distcp" not in names or "model.safetensors" in names:
+                return f"step-00000002 holds {names}, not a sharded checkpoint"
+            return None if (run / "model.safetensors").is_file() else "no model.safetensors after the run"
+        self.record("sharded", "impl.checkpoint_format=sharded on one process (no FSDP)", "ok", res, check=one_proc)
+
+    def sharded_eval_export(self, base: Path) -> None:
+        d = self.folder("sharded-eval")
+        valid = write_valid_pairs(d / "pairs")
+        out = d / "eval"
+        shutil.rmtree(out, ignore_errors=True)
+        res = cli(["eval", f"checkpoint={base}", f"out_dir={out}", *PAIRS_EVAL, f"eval.minimal_pairs.paths=[{valid}]"], d)
+        self.record("sharded", "cramlm eval of the sharded run (minimal pairs)", "ok", res,
+                    check=lambda _: None if headline(pairs_record(out)).get("pairs") == 8
+                    else f"eval.json scores {headline(pairs_record(out)).get('pairs')} pairs, not 8")
+        from_run, from_ckpt = self.work / "hf-shd-run", self.work / "hf-shd-step4"
+        for target in (from_run, from_ckpt):
+            shutil.rmtree(target, ignore_errors=True)
+        res = cli(["export", "hf", str(base), str(from_run)], self.runs)
+        self.record("sharded", "export hf of the sharded run", "ok", res,
+                    check=lambda _: None if (from_run / "model.safetensors").is_file() else "no model.safetensors exported")
+        res = cli(["export", "hf", str(base / "checkpoints" / "step-00000004"), str(from_ckpt)], self.runs)
+
+        def same_export(_: Result) -> str | None:
+            if not (from_ckpt / "model.safetensors").is_file():
+                return "no model.safetensors exported"
+            return same_model(from_ckpt, from_run) if (from_run / "model.safetensors").is_file() else None
+        self.record("sharded", "export hf of the final sharded checkpoint (equal to the run's export)", "ok", res,
+                    check=same_export)
+        run = self.sharded_copy("shd-export-damaged")
+        ckpt = run / "checkpoints" / "step-00000004"
+        (ckpt / "__1_0.distcp").write_bytes((ckpt / "__1_0.distcp").read_bytes()[:100])
+        res = cli(["export", "hf", str(ckpt), str(self.work / "hf-shd-damaged")], self.runs)
+        self.record("sharded", "export hf of a sharded checkpoint with __1_0.distcp truncated", "error", res,
+                    must=("__1_0.distcp",))
+
+    def sharded_kill(self) -> None:
+        """SIGKILL of rank 1 while a sharded checkpoint is written (a .tmp-step-* folder exists), then
+        --resume auto (2 processes): the newest complete checkpoint is used, nothing set aside."""
+        name, steps = "shd-kill", 40
+        run = self.runs / "outputs" / name
+        shutil.rmtree(run, ignore_errors=True)
+        proc = LaunchProc(["--nproc_per_node=2"], self.pretrain_args(name, steps, *SHARDED_RUN, "train.checkpoint_every=1",
+                                                                    "train.keep_checkpoints=2"), self.runs)
+        ckpts = run / "checkpoints"
+        started, during, deadline = wait_for_training(run, proc, 300), False, time.monotonic() + 60
+        while started and time.monotonic() < deadline and proc.popen.poll() is None:
+            if ckpts.is_dir() and any(ckpts.glob("step-*")) and any(ckpts.glob(".tmp-step-*")):
+                during = True
+                break
+            time.sleep(0.002)
+        victim = rank_pid(proc.pid, 1)
+        if victim:
+            os.kill(victim, signal.SIGKILL)  # one worker of this case's own launch, by its pid
+        res = proc.wait(180)
+        kept = sorted(p.name for p in ckpts.glob("step-*")) if ckpts.is_dir() else []
+        label = "SIGKILL of rank 1 " + ("during a sharded save" if during else "(no save caught in flight)")
+        if not started or not victim:
+            self.record("sharded", label, "ok", res, outcome=("unclear", f"training started {started}, rank 1 found {bool(victim)}: "
+                                                              + last_line(res.stderr)))
+            return
+        if res.timed_out:
+            outcome = ("unclear", f"still running {res.seconds}s after rank 1 was killed")
+        elif res.rc == 0:
+            outcome = ("silent", "exit 0 after a rank was killed")
+        elif not kept:
+            outcome = ("silent", f"exit {res.rc}, no complete checkpoint left")
+        else:
+            outcome = ("ok", f"exit {res.rc}, checkpoints {kept}")
+        self.record("sharded", label, "ok", res, outcome=outcome)
+        if not kept:
+            return
+        newest = int(kept[-1].split("-")[1].split(".")[0])
+        again = self.sharded_launch(name, steps, "train.checkpoint_every=1", "train.keep_checkpoints=2", "--resume", "auto")
+
+        def continued(_: Result) -> str | None:
+            damaged = sorted(p.name for p in ckpts.glob("step-*.damaged*"))
+            if damaged:
+                return f"the kill left a damaged checkpoint, set aside: {damaged}"
+            if leftovers := sorted(p.name for p in ckpts.glob(".tmp-step-*")):
+                return f"partial folders left: {leftovers}"
+            return resumed_to(run, newest, steps)
+        self.record("sharded", f"--resume auto (2 procs) after the SIGKILL (newest {kept[-1]})", "ok", again, check=continued)
+
+    def sharded_methods(self) -> dict[str, Callable[[], None]]:
+        return {"sharded": self.sharded}
+
+
+Replay = Sharded  # the replay with the classes of every block (main() builds a Replay)
 
 
 def table(report: dict) -> str:

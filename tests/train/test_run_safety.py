@@ -134,6 +134,19 @@ def test_torchrun_ranks_all_stop_when_the_run_is_locked(tmp_path):
     assert done.stderr.count(f"Error: run folder {tmp_path / 't'} is in use by pid {proc.pid}") == 2, done.stderr[-3000:]
 
 
+def test_torchrun_ranks_all_stop_when_the_resume_is_refused(tmp_path):
+    """Rank 0 alone looks for the checkpoint; its refusal reaches every rank (was: rank 1 died in the
+    broadcast on a closed connection, with a traceback)."""
+    from .helpers import torchrun_cmd
+
+    folder = tmp_path / "nope" / "step-00000002"
+    done = subprocess.run(torchrun_cmd(2, tmp_path, "t", *STEPS, f"resume={folder}"), env=env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert done.stderr.count(f"Error: resume={folder}: not a checkpoint folder (no state.json)") == 2, done.stderr[-3000:]
+    assert "[rank1]: Traceback" not in done.stderr and "Connection closed" not in done.stderr, done.stderr[-3000:]
+
+
 # ------------------------------------------------------------------ item 10: devices and checkpoint files
 
 

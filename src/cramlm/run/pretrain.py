@@ -60,7 +60,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     from cramlm.train import checkpoint as ckpt
     from cramlm.train.batches import StepData
     from cramlm.train.build import build_trainer, dryrun_config
-    from cramlm.train.distributed import barrier, broadcast_object, buffers_recomputable
+    from cramlm.train.distributed import barrier, broadcast_object, buffers_recomputable, on_main
     from cramlm.train.optim import resolve_optimizer
     from cramlm.train.sharded import is_sharded
 
@@ -70,7 +70,7 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     data = load_data(cfg, dist)
     vocab_size = data.tokenizer.get_vocab_size()
     # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
-    resume_from = broadcast_object(ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints") if dist.main else None, dist)
+    resume_from = on_main(lambda: ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints"), dist)
     # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
     # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights;
     # resumed from a sharded checkpoint, rank 0 too: no process holds the whole model

@@ -202,3 +202,21 @@ def broadcast_object(obj, d: Dist):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_main(fn, d: Dist):
+    """``fn()`` run on rank 0 alone, its result on every rank; what it raises there is raised on every
+    rank (the same exception), so that no rank is left waiting in a collective for one that stopped:
+    each then exits with the same ``Error:`` line instead of a broken connection's traceback."""
+    if not d.enabled:
+        return fn()
+    outcome = None
+    if d.main:
+        try:
+            outcome = (True, fn())
+        except Exception as e:  # noqa: BLE001 - handed to every rank, raised there
+            outcome = (False, e)
+    done, value = broadcast_object(outcome, d)
+    if not done:
+        raise value
+    return value
