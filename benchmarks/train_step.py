@@ -86,8 +86,8 @@ def ours(arch: dict, vocab: int, micro: int, run_dir: Path, compile_: bool, devi
         for group in trainer.optimizer.param_groups:
             group["lr"] = 1e-4
         trainer.train_step(accumulate)
-        if trainer.batches.pending is not None:  # the next batch's preparation (prefetch on CUDA) is this
-            trainer.batches.pending[1].result()  # contender's work: done in its own timed step, not the next one's
+        trainer.batches.wait_prefetch()  # the next batch's preparation (prefetch on CUDA) is this contender's
+        # work: done in its own timed step, not the next one's
 
     step.precision = trainer.precision  # what impl.precision resolved to, and why
     return step, trainer.meter.costs.flops_per_token, params

@@ -2,7 +2,7 @@
 
     python -m cramlm.launch --nproc_per_node 2 -m cramlm pretrain ... --resume auto
 
-takes torchrun's arguments unchanged and runs ``python -m torch.distributed.run`` with them. On
+takes torchrun's arguments unchanged and runs torchrun (``torch.distributed.run``) with them. On
 SIGTERM or SIGINT torchrun passes the signal on to its workers, which finish their step, checkpoint
 and exit 75 (train/preemption.py), but torchrun itself then ends with ``SignalException`` and exit
 status 1, the same as a crash. This wrapper passes SIGTERM and SIGINT on to torchrun (SIGUSR1, which
@@ -13,6 +13,12 @@ exits with
 - 75 when every worker of the last attempt recorded 75 (stopped on a signal after its checkpoint:
   a job script requeues and resumes),
 - otherwise torchrun's own status (0 when the run finished, non-zero on a failure).
+
+When every worker of the last attempt recorded its own exit, each has already said why it stopped (its
+``Error:`` line, or that it checkpointed on a signal), so torchrun's closing traceback
+(``ChildFailedError``'s report, or ``SignalException`` after a stop signal) is replaced by one line
+naming each rank's status. A worker that did not record (killed, or a crash past cramlm's own exit)
+keeps torchrun's report, which is then the only account of it.
 """
 
 from __future__ import annotations
@@ -45,20 +51,48 @@ def record_exit(code: object) -> None:
         pass
 
 
-def workers_interrupted(folder: Path) -> bool:
-    """Whether every worker of the last attempt recorded 75 (and all of them recorded)."""
-    records: dict[int, list[tuple[int, int]]] = {}
+def last_attempt(folder: Path) -> dict[str, int] | None:
+    """Local rank -> exit status of every worker of the last attempt, or None unless all of them recorded."""
+    records: dict[int, dict[str, tuple[int, int]]] = {}
     for path in folder.iterdir():
         try:
-            attempt = int(path.name.split("-", 1)[0])
+            attempt, rank = path.name.split("-", 1)
             status, world = (int(v) for v in path.read_text().split())
+            records.setdefault(int(attempt), {})[rank] = (status, world)
         except (OSError, ValueError):
-            return False
-        records.setdefault(attempt, []).append((status, world))
+            return None
     if not records:
-        return False
+        return None
     last = records[max(records)]
-    return len(last) == last[0][1] and all(status == EXIT_INTERRUPTED for status, _ in last)
+    if len(last) != next(iter(last.values()))[1]:
+        return None
+    return {rank: status for rank, (status, _) in sorted(last.items(), key=lambda kv: (len(kv[0]), kv[0]))}
+
+
+def workers_interrupted(folder: Path) -> bool:
+    """Whether every worker of the last attempt recorded 75 (and all of them recorded)."""
+    statuses = last_attempt(folder)
+    return bool(statuses) and all(status == EXIT_INTERRUPTED for status in statuses.values())
+
+
+def torchrun(args: list[str]) -> None:
+    """torchrun itself (in the wrapper's child process), its closing traceback replaced by one line
+    where every worker recorded its own exit."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(args)
+    except (ChildFailedError, SignalException) as e:
+        statuses = last_attempt(Path(os.environ[EXIT_DIR_ENV]))
+        if statuses is None:
+            raise
+        ranks = ", ".join(f"local rank {rank}: {status}" for rank, status in statuses.items())
+        why = "on a stop signal" if isinstance(e, SignalException) else "as a worker failed"
+        print(f"cramlm.launch: torchrun stopped {why}; every worker gave its reason above (exit status {ranks})",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip())
         return 0 if args else 2
     with tempfile.TemporaryDirectory(prefix="cramlm-launch-") as folder:
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env={**os.environ, EXIT_DIR_ENV: folder})
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from cramlm.launch import torchrun; torchrun(sys.argv[1:])", *args],
+                                env={**os.environ, EXIT_DIR_ENV: folder})
 
         def forward(signum: int, frame) -> None:
             proc.send_signal(signal.SIGTERM if signum == getattr(signal, "SIGUSR1", None) else signum)

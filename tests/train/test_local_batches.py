@@ -106,6 +106,9 @@ def test_prefetched_batches_are_the_same_batches():
         a, b = list(plain.step(4)), list(ahead.step(4))
         assert all(torch.equal(x[k], y[k]) for x, y in zip(a, b) for k in x)
         assert plain.host_seconds > 0 and ahead.host_seconds > 0
+        plain.wait_prefetch()  # nothing in flight: returns at once
+        ahead.wait_prefetch()
+        assert ahead.pending is not None and ahead.pending[1].done()
     finally:
         ahead.close()
 

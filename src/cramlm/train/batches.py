@@ -147,6 +147,12 @@ class LocalBatches:
             after = _positions(self.data.order.step, n_micro, self.m, self.rank, self.world)
             self.pending = (after, self.pool.submit(self._prepare, after))
 
+    def wait_prefetch(self) -> None:
+        """Wait until the next step's batch, if one is being prepared, is ready (a benchmark that times
+        steps one by one counts that work in the step that started it)."""
+        if self.pending is not None:
+            self.pending[1].result()
+
     def _prepare(self, positions: np.ndarray) -> dict[str, torch.Tensor]:
         return self._ready(self.data.sequences(positions))
 
