@@ -54,6 +54,8 @@ def test_field_names_are_configurable_and_a_file_without_a_paradigm_is_its_stem(
     ('{"sentence_good": "A b.", "sentence_bad": "A c.", "UID": ["p"]}', "bad.jsonl:1: field 'UID' (eval.minimal_pairs.fields) is not a name"),
     ('{"sentence_good": "A b.", "sentence_bad": "A c."}\n{"sentence_good": "A b.", "sentence_bad": "A \\ud800 c."}',
      "bad.jsonl:2: field 'sentence_bad' is not valid Unicode text"),  # a lone surrogate: was a tokenizer's TypeError
+    ('{"sentence_good": "A b.", "sentence_bad": "A c.", "UID": "p", "linguistics_term": "x\\ud800"}',
+     "bad.jsonl:1: field 'linguistics_term' is not valid Unicode text"),  # was: an error writing eval.md, after scoring
 ])
 def test_a_bad_pair_file_is_one_error_naming_file_and_line(tmp_path, line, message):
     (tmp_path / "bad.jsonl").write_text(line + "\n")
@@ -78,6 +80,19 @@ def test_a_folder_reads_gzipped_pair_files_too(tmp_path):
         return [(p.good, p.bad, p.paradigm, p.phenomenon, Path(p.where).name) for p in load_pairs(PairsConfig(paths=[str(folder)]))]
 
     assert read(tmp_path) == [(*pair[:4], where.replace("subject_verb.jsonl", "subject_verb.jsonl.gz")) for *pair, where in read(FIXTURES)]
+
+
+def test_a_gzipped_file_without_paradigms_is_named_as_its_plain_twin_would_be(tmp_path):
+    import gzip
+
+    line = json.dumps({"sentence_good": "A cat runs.", "sentence_bad": "A cat run."}) + "\n"
+    (tmp_path / "agreement.jsonl").write_text(line)
+    with gzip.open(tmp_path / "agreement.jsonl.gz", "wt") as f:
+        f.write(line)
+    fields = PairFields(paradigm=None, phenomenon=None)
+    assert {p.paradigm for p in read_pairs(tmp_path / "agreement.jsonl.gz", fields)} == {"agreement"}  # was: agreement.jsonl
+    with pytest.raises(PairsError, match="paradigm 'agreement' is also in"):  # the same pairs twice: refused, not counted twice
+        load_pairs(PairsConfig(paths=[str(tmp_path)], fields=fields))
 
 
 def test_the_config_refuses_one_field_for_both_sentences_and_a_variant_twice():
@@ -106,7 +121,7 @@ def test_a_folder_whose_subfolders_hold_pairs_is_refused_not_read_in_part(tmp_pa
     (tmp_path / "sub").mkdir()
     for path in (tmp_path / "top.jsonl", tmp_path / "sub" / "inner.jsonl"):
         path.write_text(json.dumps({"sentence_good": "A cat runs.", "sentence_bad": "A cat run."}) + "\n")
-    with pytest.raises(PairsError, match=r"subfolder sub holds \*.jsonl files, which would not be read"):
+    with pytest.raises(PairsError, match=r"subfolder sub holds pair files \(\*.jsonl, \*.jsonl.gz\), which would not be read"):
         load_pairs(PairsConfig(paths=[str(tmp_path)]))  # was: top.jsonl alone, the subfolder's pairs silently left out
     assert len(load_pairs(PairsConfig(paths=[str(tmp_path), str(tmp_path / "sub")]))) == 2
 

@@ -295,3 +295,21 @@ def test_a_file_without_a_header_keeps_its_first_rows_field_count(tmp_path):
         load_task(str(folder))
     task = load_task({"path": str(folder), "skip_malformed": True})
     assert [e.text_a for e in task.train] == ["a sentence", "fine"] and sum(task.skipped.values()) == 2
+
+
+def test_gzipped_task_files_are_found_and_read_as_their_plain_twins(tmp_path):
+    import gzip
+
+    plain = _write(tmp_path / "plain", {"train.tsv": "sentence\tlabel\nx\tb\ny\ta\n", "dev.tsv": "sentence\tlabel\nz\ta\n"})
+    zipped = tmp_path / "zipped"
+    zipped.mkdir()
+    for name in ("train.tsv", "dev.tsv"):
+        (zipped / f"{name}.gz").write_bytes(gzip.compress((plain / name).read_bytes()))
+    a, b = load_task(str(plain)), load_task(str(zipped))
+    assert [(x.text_a, x.label) for x in b.train] == [(x.text_a, x.label) for x in a.train] and b.labels == a.labels
+    (zipped / "train.tsv.gz").write_bytes((zipped / "train.tsv.gz").read_bytes()[:-6])  # cut short
+    with pytest.raises(TaskError, match=r"train.tsv.gz: not a complete gzip file \(\S"):
+        load_task(str(zipped))
+    (zipped / "train.tsv.gz").unlink()
+    with pytest.raises(TaskError, match=r"no train file \(looked for .*train.tsv.* \(or .gz\)"):
+        load_task(str(zipped))

@@ -84,3 +84,25 @@ def test_auto_batch_from_measured_throughput():
     assert p.microbatches(0.0, Usage(), None) == 1  # probing until throughput is measured
     assert p.microbatches(0.1, Usage(), 10_000.0) == 36_000_000 // (1000 * 8 * 32)
     assert p.microbatches(0.1, Usage(), 1e9) == 8192 // 8  # fast hardware: the full batch
+
+
+def test_the_plan_reads_the_agreed_clock_so_every_process_sizes_its_step_alike():
+    """Two processes of one run book the same steps on the agreed (slowest) clock, each with its own
+    step time; the rate the plan reads is the agreed one, so under a seconds budget with min_updates
+    both cut the last steps to the same microbatch count (their own rates would not: a hang)."""
+    from cramlm.train.budget import Costs, Meter
+
+    p, budget = plan(batch_size="auto", max_batch_size=8192, batch_ramp=0, min_updates=1000, hours=1.0)
+    meters = [Meter(budget, Costs(flops_per_token=1.0, flops_source="test", peak=None, peak_source="test")) for _ in range(2)]
+    for meter, own in zip(meters, (0.020, 0.027)):  # each process's own step seconds
+        meter.start()
+        assert meter.agreed_tokens_per_second is None  # nothing booked yet
+        for step in range(1, 40):
+            meter.record(tokens=36_000, step_seconds=own, agreed_seconds=3500 * step / 39)
+    a, b = meters
+    assert a.tokens_per_second != b.tokens_per_second  # measured here: they differ
+    assert a.agreed_tokens_per_second == b.agreed_tokens_per_second == pytest.approx(36_000 * 38 / (3500 * 38 / 39))
+    sizes = {p.microbatches(m.t, m.used, m.agreed_tokens_per_second) for m in meters}
+    assert len(sizes) == 1 and sizes.pop() < 8192 // 8  # the budget's end cuts both alike
+    own = {p.microbatches(m.t, m.used, m.tokens_per_second) for m in meters}
+    assert len(own) == 2  # what each process's own rate would have planned

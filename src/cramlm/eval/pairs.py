@@ -125,8 +125,8 @@ def pair_files(spec: str, listed: frozenset[Path] = frozenset()) -> list[Path]:
                         and d.resolve() not in listed and any(f.is_file() for f in d.rglob("*") if _is_pairs(f)))
         if nested:
             raise PairsError(f"eval.minimal_pairs.paths: {path}: subfolder{'s' if len(nested) > 1 else ''} "
-                             f"{', '.join(nested)} hold{'' if len(nested) > 1 else 's'} *.jsonl files, which would not be "
-                             "read (a folder's own *.jsonl are): list each folder of pairs in paths")
+                             f"{', '.join(nested)} hold{'' if len(nested) > 1 else 's'} pair files (*.jsonl, *.jsonl.gz), which would not be "
+                             "read (a folder's own are): list each folder of pairs in paths")
         files = sorted(p for p in path.iterdir() if p.is_file() and _is_pairs(p))
         if not files:
             raise PairsError(f"eval.minimal_pairs.paths: {path}: no *.jsonl or *.jsonl.gz files in this folder")
@@ -136,16 +136,20 @@ def pair_files(spec: str, listed: frozenset[Path] = frozenset()) -> list[Path]:
     raise PairsError(f"eval.minimal_pairs.paths: {spec}: no such file or folder")
 
 
+def _unicode(value: str, key: str, path: Path, lineno: int) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate (JSON's "\ud800" escapes): no text a tokenizer or a report takes
+        raise PairsError(f"{path}:{lineno}: field '{key}' is not valid Unicode text ({e.reason} at character {e.start})") from None
+    return value
+
+
 def _text(obj: dict, key: str, path: Path, lineno: int) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or not value.strip():
         raise PairsError(f"{path}:{lineno}: field '{key}' (eval.minimal_pairs.fields) is "
                          + ("missing" if value is None else "not a non-empty string"))
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:  # a lone surrogate (JSON's "\ud800" escapes): no text a tokenizer takes
-        raise PairsError(f"{path}:{lineno}: field '{key}' is not valid Unicode text ({e.reason} at character {e.start})") from None
-    return value
+    return _unicode(value, key, path, lineno)
 
 
 def _name(obj: dict, key: str | None, path: Path, lineno: int) -> str | None:
@@ -155,7 +159,13 @@ def _name(obj: dict, key: str | None, path: Path, lineno: int) -> str | None:
         return None
     if isinstance(value, (dict, list, bool)):
         raise PairsError(f"{path}:{lineno}: field '{key}' (eval.minimal_pairs.fields) is not a name: {json.dumps(value)[:60]}")
-    return str(value)
+    return _unicode(str(value), key, path, lineno)
+
+
+def file_paradigm(path: Path) -> str:
+    """The paradigm of a file whose lines name none: its name without .jsonl(.gz)."""
+    name = path.name.removesuffix(".gz")
+    return name.removesuffix(".jsonl") if name.endswith(".jsonl") else Path(name).stem
 
 
 def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> list[Pair]:
@@ -168,7 +178,7 @@ def read_pairs(path: Path, fields: PairFields, max_pairs: int | None = None) -> 
         raise PairsError(str(e)) from None
     pairs, counts, first = [], {}, {}
     for lineno, obj in rows:
-        paradigm = _name(obj, fields.paradigm, path, lineno) or path.stem
+        paradigm = _name(obj, fields.paradigm, path, lineno) or file_paradigm(path)
         phenomenon = _name(obj, fields.phenomenon, path, lineno) or paradigm
         was, at = first.setdefault(paradigm, (phenomenon, lineno))
         if was != phenomenon:

@@ -188,7 +188,7 @@ def _lines(path: Path) -> list[str]:
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; a cut file an EOFError
-            raise TaskError(f"{path}: not a complete gzip file ({e or type(e).__name__})") from None
+            raise TaskError(f"{path}: not a complete gzip file ({str(e) or type(e).__name__})") from None
     try:
         text = data.decode("utf-8-sig")  # -sig: GLUE's MRPC files start with a BOM
     except UnicodeDecodeError as e:  # e.object: the bytes after any BOM, e.start indexing them
@@ -344,16 +344,17 @@ def _find_file(folder: Path, given: str | None, stem: str, fmt: str | None, wher
     if given:
         return _inside(folder, given, where or str(folder), key or stem)
     for ext in [fmt] if fmt else FORMATS:
-        if (folder / f"{stem}.{ext}").is_file():
-            return folder / f"{stem}.{ext}"
-    tried = ", ".join(f"{stem}.{ext}" for ext in ([fmt] if fmt else FORMATS))
+        for name in (f"{stem}.{ext}", f"{stem}.{ext}.gz"):  # gzipped files are read as they are
+            if (folder / name).is_file():
+                return folder / name
+    tried = ", ".join(f"{stem}.{ext}" for ext in ([fmt] if fmt else FORMATS)) + " (or .gz)"
     raise TaskError(f"{folder}: no {stem} file (looked for {tried})")
 
 
 def _format_of(path: Path, fmt: str | None) -> str:
     if fmt:
         return fmt
-    ext = path.suffix.lstrip(".").lower()
+    ext = Path(path.name.removesuffix(".gz")).suffix.lstrip(".").lower()  # train.tsv.gz: tsv
     if ext not in FORMATS:
         raise TaskError(f"{path}: cannot tell the format from the extension; set \"format\" to one of {FORMATS}")
     return ext

@@ -26,6 +26,19 @@ from cramlm.models.hf_configuration import CramlmConfig  # export: from .configu
 from cramlm.models.model import ACTIVATIONS, IGNORE_INDEX, MLMHead, PositionEmbedding, Rotary, Trunk, make_norm, sinusoidal_table, soft_cap  # export: above
 
 
+def masked_loss(logits, labels):
+    """Cross-entropy of ``logits[:, t]`` against token t's label (IGNORE_INDEX where none: a token not
+    masked, or not labelled)."""
+    return None if labels is None else F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def causal_loss(logits, labels):
+    """Cross-entropy of ``logits[:, t]`` against token t + 1's label (transformers' causal convention)."""
+    if labels is None:
+        return None
+    return F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
+
+
 class CramlmPreTrainedModel(PreTrainedModel):
     config_class = CramlmConfig
     base_model_prefix = "trunk"
@@ -69,10 +82,7 @@ class CramlmForMaskedLM(CramlmPreTrainedModel):
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         logits = self.head(hidden)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return MaskedLMOutput(loss=loss, logits=logits)
+        return MaskedLMOutput(loss=masked_loss(logits, labels), logits=logits)
 
 
 class CramlmForCausalLM(CramlmPreTrainedModel):
@@ -93,11 +103,7 @@ class CramlmForCausalLM(CramlmPreTrainedModel):
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         logits = soft_cap(self.lm_head(hidden), getattr(self.arch, "logit_softcap", None))  # (B, T, V)
-        loss = None
-        if labels is not None:
-            shifted = logits[:, :-1].float().flatten(0, 1)
-            loss = F.cross_entropy(shifted, labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutput(loss=causal_loss(logits, labels), logits=logits)
 
 
 class CramlmHybridForMaskedLM(CramlmForMaskedLM):
@@ -111,10 +117,7 @@ class CramlmHybridForMaskedLM(CramlmForMaskedLM):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         logits = self.head(hidden)  # (B, T, V): at t, token t + 1's
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # at t, token t's
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return MaskedLMOutput(loss=loss, logits=logits)
+        return MaskedLMOutput(loss=masked_loss(logits, labels), logits=logits)
 
 
 class CramlmHybridForCausalLM(CramlmForMaskedLM):
@@ -129,10 +132,7 @@ class CramlmHybridForCausalLM(CramlmForMaskedLM):
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         logits = self.head(hidden)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutput(loss=causal_loss(logits, labels), logits=logits)
 
 
 class CramlmForPreTraining(CramlmPreTrainedModel):
@@ -180,10 +180,7 @@ class CramlmGeneratorForMaskedLM(CramlmPreTrainedModel):
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, h)
         logits = self.norm(self.act(self.dense(hidden))) @ self.trunk.tokens[0].weight.T  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return MaskedLMOutput(loss=loss, logits=logits)
+        return MaskedLMOutput(loss=masked_loss(logits, labels), logits=logits)
 
 
 def classification_loss(config, logits, labels):
@@ -247,7 +244,4 @@ class CramlmForTokenClassification(CramlmPreTrainedModel):
                 token_type_ids=None, **kwargs):
         hidden = self.trunk(input_ids, attention_mask, position_ids, document_ids, token_type_ids)  # (B, T, H)
         logits = self.classifier(self.dropout(hidden))  # (B, T, C)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return TokenClassifierOutput(loss=loss, logits=logits)
+        return TokenClassifierOutput(loss=masked_loss(logits, labels), logits=logits)

@@ -197,10 +197,12 @@ class Meter:
         self._clock: float | None = None
         self._base = self._excluded = 0.0
         self._first = True
+        self._origin: tuple[int, float] | None = None  # (tokens, seconds) booked after the first step
         self.booked_rate: float | None = None  # FLOPs per token the resumed checkpoint recorded
 
     def start(self) -> None:
         self._clock, self._base, self._excluded, self._first = time.perf_counter(), self.used.seconds, 0.0, True
+        self._origin = None
 
     @property
     def t(self) -> float:
@@ -226,12 +228,14 @@ class Meter:
             self.rate_tokens += tokens
             self.rate_seconds += step_seconds
             self.rate_steps += 1
-        self._first = False
         used = self.used
         used.seconds = self._base + agreed_seconds
         used.steps += 1
         used.tokens += tokens
         used.flops = used.tokens * self.costs.flops_per_token + used.steps * self.costs.optimizer_flops_per_step
+        if self._first:
+            self._origin = (used.tokens, used.seconds)
+        self._first = False
 
     def waited(self, seconds: float) -> None:
         """Book the host's wait for the device at a metrics line into the throughput (the budget's
@@ -254,6 +258,17 @@ class Meter:
     @property
     def tokens_per_second(self) -> float | None:
         return self.rate_tokens / self.rate_seconds if self.rate_seconds > 0 else None
+
+    @property
+    def agreed_tokens_per_second(self) -> float | None:
+        """Tokens per counted second since the first step, by the agreed clock: the same on every
+        process, so the batch plan, which reads it, sizes every process's step alike (each process's
+        own ``tokens_per_second`` differs a little, and microbatch counts that differ would hang the
+        step's collectives)."""
+        if self._origin is None:
+            return None
+        tokens, seconds = self.used.tokens - self._origin[0], self.used.seconds - self._origin[1]
+        return tokens / seconds if tokens > 0 and seconds > 0 else None
 
     @property
     def steps_per_second(self) -> float | None:

@@ -282,7 +282,7 @@ class Trainer:
             self.checkpoint_due.last_seconds = used.seconds
             while not meter.done:
                 lr = self._set_lr(meter.t)
-                step = self.train_step(self.plan.microbatches(meter.t, used, meter.tokens_per_second))
+                step = self.train_step(self.plan.microbatches(meter.t, used, meter.agreed_tokens_per_second))
                 self.nonfinite.observe(step)
                 window.add(step)
                 t, last = meter.t, meter.done or bool(step.stop)
