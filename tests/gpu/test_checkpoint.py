@@ -51,4 +51,6 @@ def test_resume_on_the_device_continues_the_same_run(device, tmp_path):
     # and the losses above would differ by far more than rounding
     training = torch.load(tmp_path / "ref" / "checkpoints" / "step-00000004" / "training.pt", weights_only=True)
     if device.type == "cuda":
-        assert len(training["cuda_rng"]) == torch.cuda.device_count()
+        # this process's own device's generator alone (a node with fewer devices resumes it too)
+        assert "cuda_rng" not in training
+        assert training["cuda_rng_device"].dtype == torch.uint8 and training["cuda_rng_device"].numel() > 0

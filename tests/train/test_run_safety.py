@@ -68,6 +68,36 @@ def test_fresh_run_removes_only_its_own_checkpoint_folders(tmp_path):
     assert not (ckpts / ".tmp-step-00000008-99").exists()
 
 
+def test_a_fresh_run_leaves_no_interrupted_rewrite_behind(tmp_path):
+    """An earlier run killed while rewriting a step (its old folder set aside, the new one not yet in
+    place): the old folder must not come back under its final name after the clearing."""
+    from cramlm.cli.common import resolve_or_exit
+    from cramlm.run.pretrain import pretrain
+
+    ckpts = tmp_path / "again" / "checkpoints"
+    (ckpts / ".old-step-00000900-123").mkdir(parents=True)
+    (ckpts / ".old-step-00000900-123" / "state.json").write_text("{}")
+    pretrain(resolve_or_exit("pretrain", overrides(tmp_path, "again", *STEPS)), replace=True)
+    assert [p.name for p in checkpoint_dirs(ckpts)] == ["step-00000002"]  # was: step-900 back, the newest
+    assert not list(ckpts.glob(".old-*"))
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside(tmp_path, capsys):
+    """A rewind (resume from a checkpoint older than the folder's newest): the later checkpoints are
+    kept as <name>.superseded, so that pruning, --resume auto and a rollback follow the line that goes
+    on (before: keep_checkpoints kept the abandoned step-4 as the newest and deleted the new ones)."""
+    run_inprocess(tmp_path, "rw", "budget=null", "train.budget.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=2")
+    ckpts = tmp_path / "rw" / "checkpoints"
+    assert [p.name for p in checkpoint_dirs(ckpts)] == ["step-00000002", "step-00000004"]
+    capsys.readouterr()
+    run_inprocess(tmp_path, "rw", "budget=null", "train.budget.steps=3", "train.checkpoint_every=1", "train.keep_checkpoints=2",
+                  f"resume={ckpts / 'step-00000002'}", "allow_change=[train.budget.steps,train.checkpoint_every]")
+    assert [p.name for p in checkpoint_dirs(ckpts)] == ["step-00000002", "step-00000003"]  # the new line, newest kept
+    assert (ckpts / "step-00000004.superseded" / "state.json").is_file()  # the abandoned one, kept aside
+    assert "the later step-00000004 of this folder is renamed step-00000004.superseded" in capsys.readouterr().out
+    assert latest_checkpoint(ckpts).name == "step-00000003"
+
+
 # ------------------------------------------------------------------ item 2: one run per folder
 
 

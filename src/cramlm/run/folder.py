@@ -111,16 +111,24 @@ def record_segment(run_dir: Path, step: int, changes: dict, config: dict, fresh:
 
 
 def prepare_run_dir(cfg: PretrainConfig, resume_from: Path | None, say) -> None:
-    """Rank 0: the run folder, no checkpoints of an earlier run of this name (`cramlm run` retraining
-    in its own folder; any other fresh run has claimed an empty one), no interrupted checkpoint writes."""
-    from cramlm.train.checkpoint import clear_checkpoints, remove_partial_checkpoints
+    """Rank 0: the run folder, no interrupted checkpoint writes, no checkpoints of an earlier run of
+    this name (`cramlm run` retraining in its own folder; any other fresh run has claimed an empty
+    one), and on a resume from an older checkpoint than the folder's newest, the later ones set aside."""
+    from cramlm.train.checkpoint import (clear_checkpoints, remove_partial_checkpoints, supersede_later_checkpoints,
+                                         written_state)
 
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    if resume_from is None:
-        clear_checkpoints(run_dir / "checkpoints")
+    # first: an interrupted rewrite's old folder comes back here, and must not outlive the clearing below
     for partial in remove_partial_checkpoints(run_dir / "checkpoints"):
         say(f"cramlm: removed {partial.name}, an interrupted checkpoint write")
+    if resume_from is None:
+        clear_checkpoints(run_dir / "checkpoints")
+        return
+    step = (written_state(resume_from).get("usage") or {}).get("steps")
+    for old, new in supersede_later_checkpoints(run_dir / "checkpoints", step) if isinstance(step, int) else []:
+        say(f"cramlm: resuming from {resume_from.name}: the later {old.name} of this folder is renamed {new.name} "
+            "(kept; the run goes on from the older step)")
 
 
 def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict) -> None:

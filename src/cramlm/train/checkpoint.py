@@ -88,11 +88,13 @@ def load_state_dict(path: Path, aliases: dict[str, str]) -> dict[str, torch.Tens
 
 
 def rng_state() -> tuple[dict, dict]:
-    """Every generator a training step draws from: (tensors for training.pt, JSON for state.json)."""
-    tensors = {
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
+    """Every generator a training step draws from: (tensors for training.pt, JSON for state.json).
+    On CUDA the generator of this process's own device only (``cuda_rng_device``): every process seeds
+    its device alike and draws alike, so rank 0's, restored on each process's device, is each one's;
+    the other devices' generators, which this process never advanced, are not saved."""
+    tensors = {"torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda_rng_device"] = torch.cuda.get_rng_state()  # the current device's (impl: set per process)
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
     return tensors, {"python_rng": random.getstate(), "numpy_rng": np_state}
@@ -100,8 +102,11 @@ def rng_state() -> tuple[dict, dict]:
 
 def set_rng_state(training: dict, state: dict) -> None:
     torch.set_rng_state(training["torch_rng"])
-    if training.get("cuda_rng") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(training["cuda_rng"])
+    if torch.cuda.is_available():
+        # older checkpoints hold every visible device's ("cuda_rng"), of which rank 0 advanced its first
+        own = training.get("cuda_rng_device", (training.get("cuda_rng") or [None])[0])
+        if own is not None:
+            torch.cuda.set_rng_state(own)
     np_state = dict(state["numpy_rng"])
     np_state["state"] = dict(np_state["state"], key=np.asarray(np_state["state"]["key"], dtype=np.uint32))
     np.random.set_state(np_state)
@@ -335,15 +340,34 @@ def resumable_checkpoint(root: Path, warn=print) -> Path | None:
         problem = checkpoint_problem(folder)
         if problem is None:
             return folder
-        damaged = folder.with_name(f"{folder.name}.damaged")
-        n = 1
-        while damaged.exists():
-            n += 1
-            damaged = folder.with_name(f"{folder.name}.damaged{n}")
+        damaged = _aside_name(folder, "damaged")
         os.replace(folder, damaged)
         warn(f"cramlm: warning: checkpoint {folder.name} is damaged ({problem}); renamed it {damaged.name} "
              "and trying the next older one")
     return None
+
+
+def _aside_name(folder: Path, why: str) -> Path:
+    """``<name>.<why>``, or ``<name>.<why>N`` where that is taken: a name no longer seen as a checkpoint."""
+    aside, n = folder.with_name(f"{folder.name}.{why}"), 1
+    while aside.exists():
+        n += 1
+        aside = folder.with_name(f"{folder.name}.{why}{n}")
+    return aside
+
+
+def supersede_later_checkpoints(root: Path, step: int) -> list[tuple[Path, Path]]:
+    """A run resumed from step ``step`` while its folder holds later checkpoints (a rewind: the user
+    chose an older checkpoint): those are renamed ``<name>.superseded`` (kept, no longer seen as
+    checkpoints), so that pruning, ``--resume auto`` and a rollback see only the line that goes on.
+    Returns (old, new) names."""
+    moved = []
+    for folder in checkpoint_dirs(root):
+        if int(STEP_DIR.fullmatch(folder.name).group(1)) > step:
+            aside = _aside_name(folder, "superseded")
+            os.replace(folder, aside)
+            moved.append((folder, aside))
+    return moved
 
 
 def read_checkpoint(folder: Path, aliases: dict[str, str], weights: bool = True) -> tuple[dict, dict, dict]:
