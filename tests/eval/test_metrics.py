@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cramlm.eval.metrics import harmonic_mean, score, score_all
-from cramlm.eval.tables import markdown, means, task_rows, to_csv, versus, versus_text
+from cramlm.eval.tables import markdown, means, task_rows, to_csv, verdict, versus, versus_text
 from cramlm.eval.tasks import Example, Task
 
 PRED = np.array([1, 1, 1, 0, 0, 1])
@@ -128,8 +128,6 @@ def _scored(task: str, score: float, seeds: list[float]) -> dict:
 
 
 def test_verdict_counts_gains_losses_and_seed_noise():
-    from cramlm.eval.tables import verdict
-
     lm = {"objective": "mlm", "loss": 5.1}
     twin_lm = {"objective": "mlm", "loss": 9.0}
     twin = {"results": [_scored("a", 0.70, [0.69, 0.70, 0.71]), _scored("b", 0.80, [0.80, 0.80, 0.80]),
@@ -204,3 +202,16 @@ def test_a_held_out_loss_is_named_as_its_objective_names_it():
     twin = {"results": [], "mean": {"last": {"arithmetic": 0.5}}, "heldout": {"objective": "hybrid", "loss": 9.0}}
     run = {**twin, "heldout": {"objective": "hybrid", "loss": 6.0}}
     assert "held-out hybrid masked next-token loss" in versus_text(run, twin)
+
+
+def test_a_twin_of_another_objective_is_not_set_against_the_runs_held_out_loss():
+    """A twin scored as an MLM beside a hybrid run (a twin left from another objective): its held-out
+    loss measures another task, so neither the table nor the verdict compares the two."""
+    twin = {"results": [], "mean": {"last": {"arithmetic": 0.5}}, "heldout": {"objective": "mlm", "loss": 9.0},
+            "minimal_pairs": _pairs({"swap": 0.5})}
+    run = {**twin, "heldout": {"objective": "hybrid", "loss": 6.0}, "minimal_pairs": _pairs({"swap": 0.78})}
+    row = next(line for line in versus_text(run, twin).splitlines() if line.startswith("held-out"))
+    assert row.split()[-2:] == ["-", "-"], row  # the twin's column and the margin
+    assert "against the twin's" not in verdict(run, twin)
+    same = {**twin, "heldout": {"objective": "hybrid", "loss": 9.0}}
+    assert "loss 6.00 against the twin's 9.00" in verdict(run, same)

@@ -548,3 +548,18 @@ def test_ahead_of_needs_two_standard_errors_and_two_points():
     assert ahead_of(0.56, 300, 0.50, 300) == 0  # 6 points, within two standard errors
     assert ahead_of(0.515, 10 ** 6, 0.50, 10 ** 6) == 0  # beyond the noise of a million pairs, but under 2 points
     assert ahead_of(0.53, 10 ** 6, 0.50, 10 ** 6) == 1
+
+
+def test_sentences_are_scored_without_tf32_and_the_setting_comes_back():
+    """TF32 (impl.tf32, on for training on CUDA) would move a score by more than a tie's 1e-4 nats."""
+    from cramlm.eval.pair_models import exact_fp32
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        with pytest.raises(KeyboardInterrupt), exact_fp32():
+            assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+            raise KeyboardInterrupt  # a stop while scoring
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

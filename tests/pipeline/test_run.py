@@ -95,6 +95,21 @@ def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_p
     assert stages_to_run(cfg, read_record(run)) == ["eval", "eval-untrained", "report"]
 
 
+def test_the_twin_is_evaluated_again_when_the_objective_changes():
+    """What is built and scored of the random weights depends on the objective (ELECTRA's generator
+    beside the detector, the hybrid's scorer, PLL for a masked LM): a run re-trained in its folder
+    with another objective or generator must not keep the twin of the last one."""
+    from cramlm.pipeline.recipe import TWIN
+
+    def twin(*extra):
+        return stage_keys(resolve_recipe("default", [*TINY_RUN, *extra]))[TWIN]
+
+    keys = {twin("train.objective=mlm"), twin("train.objective=hybrid"), twin("train.objective=rtd"),
+            twin("train.objective=rtd", "train.rtd.generator_size=0.5")}
+    assert len(keys) == 4
+    assert twin("train.optim.lr=2e-3") == twin()  # the training alone: the same twin
+
+
 def test_untrained_twin_switch():
     on = resolve_recipe("default", TINY_RUN)
     assert on.untrained_twin and "eval-untrained" in selected(on)

@@ -60,7 +60,8 @@ class PairFields(Config):
     paradigm: str | None = Field(
         "UID", description="the paradigm's name; null or absent from a line: the file's stem")
     phenomenon: str | None = Field(
-        "linguistics_term", description="the phenomenon the paradigm tests (BLiMP's 12); null or absent: the paradigm's name")
+        "linguistics_term", description="the phenomenon the paradigm tests (BLiMP's files label its paper's 12 and s-selection, "
+        "animate_subject_passive's, which the paper counts under argument structure); null or absent: the paradigm's name")
 
     @model_validator(mode="after")
     def _sentences_apart(self):

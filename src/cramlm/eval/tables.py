@@ -199,6 +199,15 @@ def _seed_spread(row: dict | None) -> float | None:
     return max(scores) - min(scores) if len(scores) > 1 else None
 
 
+def twin_heldout(pretrained: dict, untrained: dict | None) -> dict | None:
+    """The twin's held-out loss where it is the same objective's as the run's (a loss of another
+    objective, e.g. an MLM twin beside a hybrid run's masked next-token loss, compares nothing)."""
+    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
+    if not isinstance(lm_b, dict) or not isinstance(lm_a, dict) or lm_a.get("objective") != lm_b.get("objective"):
+        return None
+    return lm_b
+
+
 def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     """What pretraining bought, in a few sentences, what paid first: per fine-tuned task, ahead of the untrained twin
     by >= 2 points, behind by > 1 point, or level (and whether a margin lies within the seeds'
@@ -216,7 +225,7 @@ def verdict(pretrained: dict, untrained: dict | None) -> str | None:
     zero_shot_first = bool(zero_shot) and zero_shot.startswith("zero-shot, pretraining paid") and not paid
     said = [s for s in ((zero_shot, finetuned) if zero_shot_first else (finetuned, zero_shot)) if s]
     text = ". ".join(s[0].upper() + s[1:] if i else s for i, s in enumerate(said))
-    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
+    lm_a, lm_b = pretrained.get("heldout"), twin_heldout(pretrained, untrained)
     if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
         text += (f". Held-out {objective_label(lm_a['objective'])} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
@@ -265,7 +274,7 @@ def versus_text(pretrained: dict, untrained: dict | None, say_verdict: bool = Tr
                   f"{100 * (pretrained['mean']['last']['arithmetic'] - twin_mean):+.2f}" if untrained and twin_mean is not None else "-", ""]
     if rows:
         cells.append(means_row)
-    lm_a, lm_b = pretrained.get("heldout"), (untrained or {}).get("heldout")
+    lm_a, lm_b = pretrained.get("heldout"), twin_heldout(pretrained, untrained)
     if lm_a:
         cells.append([f"held-out {objective_label(lm_a['objective'])} loss", "", f"{lm_a['loss']:.3f}",
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])

@@ -205,8 +205,10 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
-    # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed
-    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION])
+    # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed;
+    # what is built and scored of them from the objective (ELECTRA's generator, the hybrid's scorer)
+    objective = {k: pre["train"][k] for k in ("objective", "rtd", "hybrid", "objective_options") if k in pre["train"]}
+    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION, *([objective] if objective else [])])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
 

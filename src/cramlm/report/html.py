@@ -139,6 +139,13 @@ def _budget(run: RunData) -> str | None:
     return str(run.summary["budget"]) if run.summary.get("budget") else None
 
 
+def _twin_heldout(r: RunData) -> dict | None:
+    """The twin's held-out block where it measured the run's objective (eval/tables.py: twin_heldout)."""
+    from cramlm.eval.tables import twin_heldout
+
+    return twin_heldout(r.eval or {}, r.eval_untrained) if r.eval_untrained else None
+
+
 def _heldout_loss(heldout: Any) -> str | None:
     if not isinstance(heldout, dict) or not is_number(heldout.get("loss")):
         return None
@@ -198,8 +205,8 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Validation bits per byte at the end of training", lambda r: f"{r.summary['val_bpb']:.3f}" if is_number(r.summary.get("val_bpb")) else None),
     ("Held-out loss, evaluation (nats per token)", lambda r: _heldout_loss(r.heldout)),
     ("Held-out bits per byte, evaluation", lambda r: _heldout_bpb(r.heldout)),
-    ("Held-out loss, untrained twin (nats per token)", lambda r: _heldout_loss(r.eval_untrained.get("heldout"))),
-    ("Held-out bits per byte, untrained twin", lambda r: _heldout_bpb(r.eval_untrained.get("heldout"))),
+    ("Held-out loss, untrained twin (nats per token)", lambda r: _heldout_loss(_twin_heldout(r))),
+    ("Held-out bits per byte, untrained twin", lambda r: _heldout_bpb(_twin_heldout(r))),
     ("Non-finite steps skipped", lambda r: r.summary.get("nonfinite_steps") or None),
     ("Rollbacks", lambda r: r.summary.get("rollbacks") or None),
     ("Task mean (arithmetic, %)", lambda r: _pct(_eval_means(r)[0]) or None),
