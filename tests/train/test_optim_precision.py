@@ -68,6 +68,32 @@ def test_nonfinite_skip_rollback_raise(tmp_path):
         run_inprocess(tmp_path, "raise", *base, "train.on_nonfinite=raise")
 
 
+def test_a_rollback_skips_a_damaged_checkpoint_as_resume_auto_does(tmp_path, monkeypatch, capsys):
+    """The rollback's checkpoint is verified like a resume's: a damaged newest one is set aside and
+    the next older one is loaded (was: loaded unchecked)."""
+    from cramlm.train import checkpoint as ckpt
+
+    drop = ckpt.drop_old_checkpoints
+
+    def damage_step_3(root, keep):  # after each write: step 3's weights get one byte changed
+        if (root / "step-00000003").is_dir() and not (root / "damaged-once").exists():
+            weights = root / "step-00000003" / "model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-1] ^= 1
+            weights.write_bytes(bytes(data))
+            (root / "damaged-once").touch()
+        return drop(root, keep)
+
+    monkeypatch.setattr(ckpt, "drop_old_checkpoints", damage_step_3)
+    base = [*CAUSAL, "budget=null", "train.budget.steps=6", "train.checkpoint_every=1", "train.keep_checkpoints=5",
+            "arch.nan_at=[5]", "train.on_nonfinite=rollback"]  # call 5 = step 4
+    rolled = run_inprocess(tmp_path, "rb", *base)
+    assert rolled["rollbacks"] == 1
+    assert "rolled back weights and optimizer to step-00000002" in records(tmp_path / "rb", "event")[0]["message"]
+    assert (tmp_path / "rb" / "checkpoints" / "step-00000003.damaged").is_dir()
+    assert "checkpoint step-00000003 is damaged" in capsys.readouterr().out
+
+
 def test_activation_checkpointing_changes_nothing_but_memory(tmp_path):
     args = ["budget=null", "train.budget.steps=3"]
     plain = losses(run_inprocess(tmp_path, "plain", *args) and tmp_path / "plain")

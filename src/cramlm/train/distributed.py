@@ -214,7 +214,7 @@ def on_main(fn, d: Dist):
     if d.main:
         try:
             outcome = (True, fn())
-        except Exception as e:  # noqa: BLE001 - handed to every rank, raised there
+        except BaseException as e:  # noqa: BLE001 - handed to every rank, raised there (a Ctrl-C or exit too)
             outcome = (False, e)
     done, value = broadcast_object(outcome, d)
     if not done:

@@ -54,7 +54,7 @@ from cramlm.train import sharded as shards
 from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
-from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, sync_replicated_grads
+from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, on_main, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
 from cramlm.train.optim import own_implementation
 from cramlm.train.parallelize import Parallel
@@ -507,8 +507,9 @@ class Trainer:
                                              state, self.cfg.keep_checkpoints, self.dist)
 
     def _rollback(self) -> str | None:
-        """on_nonfinite=rollback: weights and optimizer from the newest checkpoint (its name), if any."""
-        folder = ckpt.latest_checkpoint(self.checkpoints)
+        """on_nonfinite=rollback: weights and optimizer from the newest checkpoint whose files verify
+        (its name; a damaged one is set aside as ``--resume auto`` does, by rank 0 for all), if any."""
+        folder = on_main(lambda: ckpt.resumable_checkpoint(self.checkpoints), self.dist)
         if folder is None:
             return None
         self.load_weights_and_optimizer(folder)
