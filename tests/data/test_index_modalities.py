@@ -20,7 +20,8 @@ from .conftest import document
 
 def test_index_offsets_match_lines(tmp_path):
     lines = [json.dumps({"text": document(i)}) for i in range(50)]
-    raw = ("\n".join(lines[:10]) + "\n\n  \n" + "\n".join(lines[10:])).encode()  # blank lines, no final newline
+    raw = ("\n".join(lines[:10]) + "\n\n  \n        \r\n" + "\n".join(lines[10:20]) + "\n  \t "
+           + "\n" + "\n".join(lines[20:])).encode()  # blank lines (a long one too: was an entry), no final newline
     path = tmp_path / "c.jsonl"
     path.write_bytes(raw)
     index = load_index(build_index(path))

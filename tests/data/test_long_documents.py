@@ -76,3 +76,28 @@ def test_a_4mb_document_packs_in_bounded_memory(tmp_path):
     base = _pack_peak_mb(tmp_path, "tiny", "call me ishmael")
     big = _pack_peak_mb(tmp_path, "big", text)
     assert big - base < 250, (base, big)  # memory, not time: the bound holds under load
+
+
+def test_a_consumer_that_fails_after_the_reader_is_done_does_not_hang():
+    """The reader thread has read everything and the queue is full when packing fails (disk full,
+    Ctrl-C): the failure must come out, not wait forever on the reader's last hand-over."""
+    import threading
+
+    from cramlm.data.packing import prefetch
+
+    outcome = []
+
+    def consume():
+        try:
+            for _ in prefetch(iter(range(3)), depth=2):
+                import time
+
+                time.sleep(0.3)  # the reader is done and the queue full by now
+                raise OSError("disk full")
+        except OSError as e:
+            outcome.append(str(e))
+
+    worker = threading.Thread(target=consume, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive() and outcome == ["disk full"]  # was: blocked in the reader's join

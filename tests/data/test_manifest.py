@@ -109,3 +109,38 @@ def test_damaged_cached_manifest_names_the_file(tmp_path):
     (folder / "manifest.json").write_text('{"documents": ')
     with pytest.raises(ValueError, match=f"{folder / 'manifest.json'}: unreadable"):
         prepare_data(cfg, tmp_path / "cache", progress=False)
+
+
+def test_a_cache_is_never_reused_for_other_input_files(tmp_path, monkeypatch, capsys):
+    """The cache is keyed by the config: a relative path read from two folders is two corpora (absolute
+    in the key), and a file changed, added or removed since the cache was prepared is refused, naming
+    it; a file only modified (same size) is said in a line."""
+    import os
+
+    for name, word in (("a", "alpha"), ("b", "beta")):
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "c.jsonl", [{"text": f"{word} " + document(i)} for i in range(8)])
+    cfg = tiny_data([{"type": "jsonl", "path": "c.jsonl"}])
+    monkeypatch.chdir(tmp_path / "a")
+    a = prepare_data(cfg, tmp_path / "cache", progress=False)
+    monkeypatch.chdir(tmp_path / "b")
+    b = prepare_data(cfg, tmp_path / "cache", progress=False)
+    assert a.folder != b.folder  # was: b read a's tokens
+    assert [f["path"] for f in b.manifest["inputs"]] == [str((tmp_path / "b" / "c.jsonl").resolve())]
+
+    source = tmp_path / "b" / "c.jsonl"
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, same text
+    capsys.readouterr()
+    assert prepare_data(cfg, tmp_path / "cache", progress=False).folder == b.folder
+    assert "c.jsonl was modified since" in capsys.readouterr().out
+    with source.open("a") as f:
+        f.write(json.dumps({"text": "beta " + document(99)}) + "\n")
+    with pytest.raises(DataError, match=r"prepared from other files than data.sources reads now \(changed size: .*c.jsonl\); remove"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)
+
+    folder_cfg = tiny_data([{"type": "jsonl", "path": str(tmp_path / "a")}])
+    prepare_data(folder_cfg, tmp_path / "cache", progress=False)
+    write_jsonl(tmp_path / "a" / "d.jsonl", [{"text": document(50)}])
+    with pytest.raises(DataError, match=r"\(new: .*d.jsonl\)"):
+        prepare_data(folder_cfg, tmp_path / "cache", progress=False)

@@ -39,6 +39,14 @@ def test_jsonl_plain_gz_zst_and_key_path(tmp_path):
     assert docs == TEXTS * 3
     with pytest.raises(DataError, match="no string field 'text'"):
         _read({"type": "jsonl", "path": str(tmp_path / "a.jsonl")})
+    # frames one after another read as one stream; a file cut inside a frame is an error, as a cut .gz is
+    frames = b"".join(zstandard.ZstdCompressor().compress(raw[i:i + 300]) for i in range(0, len(raw), 300))
+    (tmp_path / "d.jsonl.zst").write_bytes(frames)
+    assert _read({"type": "jsonl", "path": str(tmp_path / "d.jsonl.zst"), "text_key": "meta.body"})[0] == TEXTS
+    for cut, name in ((len(frames) - 7, "e"), (len(frames) // 2, "f")):
+        (tmp_path / f"{name}.txt.zst").write_bytes(frames[:cut])
+        with pytest.raises(DataError, match=rf"{name}.txt.zst: cannot read \(EOFError: the file ends inside a zstd frame"):
+            _read({"type": "text", "path": str(tmp_path / f"{name}.txt.zst")})  # was: the documents before, nothing said
 
 
 def test_text_per_file_and_per_block_in_a_directory(tmp_path):
@@ -99,12 +107,14 @@ def test_mixture_weights_cap_and_curriculum(tmp_path):
 
 
 def _mixed_folder(folder):
-    """Two .jsonl files (one gzipped), a .txt file and a hidden file, in nested folders."""
+    """Two .jsonl files (one gzipped), a .txt file, a hidden file and a hidden folder, in nested folders."""
     (folder / "sub").mkdir(parents=True)
     write_jsonl(folder / "a.jsonl", [{"text": t} for t in TEXTS[:4]])
     (folder / "sub" / "b.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[4:7]).encode()))
     (folder / "sub" / "c.txt").write_text(TEXTS[7])
     (folder / ".hidden.jsonl").write_text("not read\n")
+    (folder / ".git" / "objects").mkdir(parents=True)  # a hidden folder's files are left out too (were read)
+    (folder / ".git" / "objects" / "notes.txt").write_text("not read either\n")
     return folder
 
 

@@ -52,10 +52,16 @@ def build_index(jsonl: str | Path, out: str | Path | None = None) -> Path:
 
 
 def _drop_blank(jsonl: Path, index: np.ndarray) -> np.ndarray:
-    """Remove whitespace-only lines (short ones are checked through a memory map)."""
+    """Remove whitespace-only lines: the empty ones and those that start with whitespace are checked
+    through a memory map (a record's line starts with its JSON, so that is few lines)."""
     with open(jsonl, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        short = np.flatnonzero(index[:, 1] <= 4)
-        blank = [i for i in short if not m[index[i, 0] : index[i, 0] + index[i, 1]].strip()]
+        data = np.frombuffer(m, np.uint8)
+        nonempty = index[:, 1] > 0
+        first = np.zeros(len(index), np.uint8)
+        first[nonempty] = data[index[nonempty, 0]]
+        candidates = np.flatnonzero(~nonempty | np.isin(first, np.frombuffer(b" \t\r\n\x0b\x0c", np.uint8)))
+        blank = [i for i in candidates if not m[index[i, 0] : index[i, 0] + index[i, 1]].strip()]
+        del data  # the map closes only once no array views it
     return np.delete(index, blank, axis=0)
 
 

@@ -82,20 +82,24 @@ def prefetch(items: Iterator, depth: int = 2) -> Iterator:
     done = object()
     stop = threading.Event()
 
+    def put(item) -> bool:
+        """Hand ``item`` on unless the consumer has stopped (then False): never blocks past a stop."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(item):
                     return
-            q.put(done)
+            put(done)
         except BaseException as e:  # handed to the consumer, which raises it
-            q.put(e)
+            put(e)
 
     thread = threading.Thread(target=work, name="cramlm-reader", daemon=True)
     thread.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from tokenizers import Tokenizer
 from cramlm.config.base import KEYLESS_DEFAULT, RESUME_FREE, Config, PositiveInt, SafeName, key_dump
 from cramlm.config.registry import component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
-from cramlm.data.sources import JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
+from cramlm.data.sources import DataError, JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
 from cramlm.io import atomic_dir, atomic_write
 from cramlm.locks import FolderLock
@@ -39,6 +40,11 @@ if TYPE_CHECKING:
 
 PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of the cache key (4: deterministic tokenizers)
 
+
+
+def _absolute(path: str) -> str:
+    """A local path as an absolute one; a scheme's (pkg://, python://, npm://) as given."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 class DataConfig(Config):
@@ -70,8 +76,37 @@ class DataConfig(Config):
         "weights apply to the documents kept", json_schema_extra=KEYLESS_DEFAULT)
 
     def cache_key(self) -> str:
-        blob = json.dumps([PIPELINE_VERSION, key_dump(self)], sort_keys=True)
+        """The config's hash, with each local source and tokenizer path made absolute: the same
+        relative path read from two folders is two corpora (an absolute path keys as it always did)."""
+        dump = key_dump(self)
+        for source in dump.get("sources", []):
+            if source.get("type") != "hf" and isinstance(source.get("path"), str):
+                source["path"] = _absolute(source["path"])
+        if isinstance((dump.get("tokenizer") or {}).get("path"), str):
+            dump["tokenizer"]["path"] = _absolute(dump["tokenizer"]["path"])
+        blob = json.dumps([PIPELINE_VERSION, dump], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def input_files(self) -> list[dict] | None:
+        """Each local file the sources and the tokenizer read (a plain path: pkg://, python:// and
+        npm:// files are fixed by their version): its path, size and modification time, what a changed
+        input shows; None where a source cannot be listed here (gone, a hub dataset, a plugin's own),
+        and then a cache's inputs are not checked."""
+        from cramlm.data.sources import expand_paths
+
+        paths = []
+        try:
+            for source in self.sources:
+                path = getattr(source, "path", None)
+                if source.type == "hf" or not isinstance(path, str):
+                    return None
+                if "://" not in path:
+                    paths += expand_paths(path)
+            if self.tokenizer.path and "://" not in self.tokenizer.path:
+                paths.append(Path(self.tokenizer.path))
+            return [{"path": str(p.resolve()), "bytes": (st := p.stat()).st_size, "mtime_ns": st.st_mtime_ns} for p in paths]
+        except (DataError, OSError):
+            return None
 
     def resolve_tokenizer(self, objective: str) -> None:
         """Make the tokenizer's ``auto`` choices for a masked ("mlm") or causal ("clm") model, in
@@ -245,17 +280,43 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
         "shards": num_shards,
         "shard_seconds": [read_shard_info(f)["seconds"] for f in shard_folders],
         "merge_seconds": round(time.perf_counter() - start, 3),
+        "inputs": cfg.input_files(),  # checked when the cache is reused (reuse_prepared)
     }
     manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
                              for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
+def reuse_prepared(cfg: DataConfig, folder: Path, say=print) -> PreparedData:
+    """The prepared data in ``folder``, if the files it was prepared from are the ones ``cfg`` reads
+    now (the same files and sizes; a file only modified since is said in a line): a cache prepared
+    from other text is refused, never trained on."""
+    prepared = load_prepared(folder)
+    then, now = prepared.manifest.get("inputs"), cfg.input_files()
+    if then is None or now is None:  # prepared before inputs were recorded, or not listable here
+        return prepared
+    before = {f["path"]: f for f in then}
+    current = {f["path"]: f for f in now}
+    changed = sorted(p for p in before.keys() & current.keys() if before[p]["bytes"] != current[p]["bytes"])
+    added, gone = sorted(current.keys() - before.keys()), sorted(before.keys() - current.keys())
+    if changed or added or gone:
+        what = "; ".join(f"{label} {names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
+                         for label, names in (("changed size:", changed), ("new:", added), ("gone:", gone)) if names)
+        raise DataError(f"{folder}: this data cache was prepared from other files than data.sources reads now ({what}); "
+                        f"remove {folder} to prepare it again, or set data.name to keep both")
+    touched = sorted(p for p in before if before[p].get("mtime_ns") != current[p]["mtime_ns"])
+    if touched:
+        say(f"cramlm: note: {touched[0]}" + (f" and {len(touched) - 1} more input files were" if len(touched) > 1 else " was")
+            + f" modified since {folder.name} was prepared (same size): its tokens are those of the files then; "
+            f"remove {folder} to prepare again if their text changed")
+    return prepared
+
+
 def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
     """Merge the ``num_shards`` finished shards into the output folder."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
-        return load_prepared(folder)
+        return reuse_prepared(cfg, folder)
     start = time.perf_counter()
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
@@ -272,7 +333,7 @@ def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool 
     it and reuses its result, so neither removes the other's work in progress."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
-        return load_prepared(folder)
+        return reuse_prepared(cfg, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     lock = folder.with_name(f".{folder.name}.lock")
     prepared = None

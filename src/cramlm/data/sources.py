@@ -138,7 +138,7 @@ def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:
     except MissingPackage as e:
         raise DataError(str(e)) from None
     if path.is_dir():
-        found = [p for p in path.rglob("*") if not p.name.startswith(".")]
+        found = [p for p in path.rglob("*") if not any(part.startswith(".") for part in p.relative_to(path).parts)]  # nor in .git/
     elif any(ch in pattern for ch in "*?["):
         found = [Path(p) for p in glob.glob(str(path), recursive=True)]
     else:
@@ -163,8 +163,45 @@ def open_binary(path: Path):
             import zstandard
         except ImportError:
             raise DataError(f"{path}: reading .zst needs the zstandard package (pip install 'cramlm[zstd]')") from None
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True), 1 << 20)
+        return io.BufferedReader(ZstdFrames(open(path, "rb"), zstandard.ZstdDecompressor()), 1 << 20)
     return open(path, "rb")
+
+
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file's frames, one after another; a file that ends inside a
+    frame (cut short) raises EOFError, as gzip does (zstandard's stream reader just stops there)."""
+
+    def __init__(self, raw, decompressor) -> None:
+        self.raw, self.dctx = raw, decompressor
+        self.obj, self.fed = decompressor.decompressobj(), False
+        self.pending, self.pos = b"", 0  # decompressed bytes not yet read: pending[pos:]
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.pos == len(self.pending):
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.fed and not self.obj.eof:
+                    raise EOFError("the file ends inside a zstd frame (cut short)")
+                return 0
+            out = []
+            while chunk:
+                if self.obj.eof:  # the frame before ended: the next one starts here
+                    self.obj, self.fed = self.dctx.decompressobj(), False
+                self.fed = True
+                out.append(self.obj.decompress(chunk))
+                chunk = self.obj.unused_data if self.obj.eof else b""
+            self.pending, self.pos = b"".join(out), 0
+        n = min(len(buffer), len(self.pending) - self.pos)
+        buffer[:n] = memoryview(self.pending)[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 def field(obj, key_path: str):
