@@ -122,6 +122,9 @@ def _bert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
         yield f"cls.predictions.transform.LayerNorm.{s}", f"head.norm.{s}", None
     yield "cls.predictions.decoder.weight", "head.decoder.weight", None
     yield "cls.predictions.bias", "head.decoder.bias", None
+    # the decoder's own name too: BertForMaskedLM ties it to cls.predictions.bias only when it ties the
+    # embeddings, and an untied export without it loaded a zero bias (logits off by the bias)
+    yield "cls.predictions.decoder.bias", "head.decoder.bias", None
 
 
 def _modernbert_names(L: int, qkv, halves) -> Iterator[tuple[str, str, object]]:
