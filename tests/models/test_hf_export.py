@@ -110,3 +110,11 @@ def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokeniz
     ids = random_ids()
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, model(ids)["logits"], rtol=1e-4, atol=1e-4)
+    if auto == "AutoModelForCausalLM":  # it generates (was: no generate at all), greedy as our model's argmax
+        prompt = ids[:, :6]
+        out = hf.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False)
+        greedy = prompt
+        with torch.no_grad():
+            for _ in range(4):
+                greedy = torch.cat([greedy, model(greedy)["logits"][:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert torch.equal(out, greedy)

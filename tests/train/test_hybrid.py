@@ -119,6 +119,12 @@ def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path)
         ours = model.head(model.encode(ids))
         assert torch.allclose(masked(input_ids=ids).logits[:, 1:], ours[:, :-1], atol=1e-4)  # at i, token i's
         assert torch.allclose(causal(input_ids=ids).logits, model.causal_logits(ids), atol=1e-4)
+        # and it generates, greedy as the run's causal mode (GPT-BERT as a generator)
+        out = causal.generate(input_ids=ids[:, :5], attention_mask=torch.ones_like(ids[:, :5]), max_new_tokens=3, do_sample=False)
+        greedy = ids[:, :5]
+        for _ in range(3):
+            greedy = torch.cat([greedy, model.causal_logits(greedy)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert torch.equal(out, greedy)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["objective"] == "hybrid"
     from cramlm.eval.pair_models import pair_models  # zero-shot: the export scored as its run is, both modes
     from cramlm.eval.sentence_scores import score_sentences

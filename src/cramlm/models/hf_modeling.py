@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput, MaskedLMOutput, SequenceClassifierOutput, TokenClassifierOutput
 
 from cramlm.models.heads import pool  # export: copied in
@@ -85,7 +85,19 @@ class CramlmForMaskedLM(CramlmPreTrainedModel):
         return MaskedLMOutput(loss=masked_loss(logits, labels), logits=logits)
 
 
-class CramlmForCausalLM(CramlmPreTrainedModel):
+class NoCacheGeneration(GenerationMixin):
+    """``generate`` and the text-generation pipeline without a key-value cache: the trunk keeps no keys
+    and values, so each new token runs the whole sequence again (fine at the sizes cramlm trains)."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False
+
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+class CramlmForCausalLM(CramlmPreTrainedModel, NoCacheGeneration):
     _tied_weights_keys = {"lm_head.weight": "trunk.tokens.weight"}
 
     def __init__(self, config):
@@ -120,7 +132,7 @@ class CramlmHybridForMaskedLM(CramlmForMaskedLM):
         return MaskedLMOutput(loss=masked_loss(logits, labels), logits=logits)
 
 
-class CramlmHybridForCausalLM(CramlmForMaskedLM):
+class CramlmHybridForCausalLM(CramlmForMaskedLM, NoCacheGeneration):
     """GPT-BERT's causal mode (cramlm's hybrid objective): the same weights with causal attention;
     ``logits[:, t]`` are token t + 1's."""
 
