@@ -140,5 +140,20 @@ def test_causal_hf_model_pools_its_last_real_token(tmp_path):
     mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
     hidden = ckpt.encoder.encode(x, mask)
     reference = ckpt.encoder.model(input_ids=x, attention_mask=mask).last_hidden_state
-    assert torch.allclose(hidden[1, 0], reference[1, len(ids[1]) - 1])  # the short row: its last real token
-    assert torch.allclose(hidden[0, 0], reference[0, width - 1]) and torch.allclose(hidden[:, 1:], reference[:, 1:])
+    assert torch.allclose(hidden, reference)  # the causal states as they are: mean pooling means the same as for a run
+    from cramlm.eval.finetune import pooling_for
+    from cramlm.models.heads import pool
+
+    pooled = pool(hidden, mask, pooling_for(ckpt.encoder, "first"))
+    assert torch.allclose(pooled[1], reference[1, len(ids[1]) - 1])  # the short row: its last real token
+    assert torch.allclose(pooled[0], reference[0, width - 1])
+    assert pooling_for(ckpt.encoder, "mean") == "mean"
+
+
+def test_a_causal_run_pools_as_its_export_does():
+    """A causal cramlm run's first-token pooling is its last real token too (was: token 0, which has
+    seen only itself, while its export pooled the last); an encoder's first stays first."""
+    from cramlm.eval.finetune import pooling_for
+    from tests.models.helpers import tiny_model
+
+    assert [pooling_for(tiny_model(n), "first") for n in ("gpt2-tiny", "llama-tiny", "crammed-bert-tiny")] == ["last", "last", "first"]

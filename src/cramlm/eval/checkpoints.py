@@ -77,8 +77,8 @@ def is_causal(config) -> bool:
 class HFEncoder(nn.Module):
     """``transformers.AutoModel`` (or a remote-code model's base model) behind the encoder
     contract. Segment ids (BERT's token types) are derived from the input: everything after the
-    first [SEP] is segment 1. For causal models the last real token's state is put at position 0,
-    so the first-token pooler pools the one position that has seen the whole input."""
+    first [SEP] is segment 1. ``causal``: a decoder-only model, whose first-token pooling pools its
+    last real token instead (eval/finetune.py), as for a causal cramlm run."""
 
     def __init__(self, model: nn.Module, config, sep_id: int | None):
         super().__init__()
@@ -95,9 +95,6 @@ class HFEncoder(nn.Module):
             extra["token_type_ids"] = ((sep.cumsum(1) - sep) > 0).long()  # (B, T): 0 up to the first [SEP]
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
         hidden = out if isinstance(out, torch.Tensor) else out[0]  # (B, T, H): last_hidden_state
-        if self.causal:
-            last = (attention_mask.sum(1) - 1) if attention_mask is not None else torch.full_like(input_ids[:, 0], input_ids.shape[1] - 1)
-            hidden = torch.cat([hidden[torch.arange(len(hidden)), last][:, None], hidden[:, 1:]], dim=1)
         return hidden
 
 

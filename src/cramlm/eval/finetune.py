@@ -81,6 +81,13 @@ class Abandoned(Exception):
     """A stop signal arrived during a fine-tuning: it was given up after the current step."""
 
 
+def pooling_for(encoder, how: str) -> str:
+    """``eval.pooling`` for this encoder: a causal model's first token has seen only itself, so its
+    ``first`` is the last real token, the one state that has seen the whole input (a causal cramlm
+    run and its export alike: both carry ``causal``)."""
+    return "last" if how == "first" and getattr(encoder, "causal", False) else how
+
+
 def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, device: torch.device, stop=None) -> dict:
     """Fine-tune a copy of ``checkpoint.encoder`` on ``task`` with ``seed``. ``stop`` (a
     train/preemption.py ``StopRequest``) is looked at after every step: once it holds a signal,
@@ -99,7 +106,8 @@ def finetune(checkpoint, task: Task, hp: Hparams, seed: int, impl: ImplConfig, d
     train_y = torch.tensor([e.label for e in train], dtype=label_dtype)
     dev_y = {split: np.asarray([e.label for e in exs]) for split, exs in dev.items()}
 
-    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout, pooling=hp.pooling).to(device)
+    model = SequenceClassifier(copy.deepcopy(checkpoint.encoder), task.num_outputs, hp.dropout,
+                               pooling=pooling_for(checkpoint.encoder, hp.pooling)).to(device)
     if hp.freeze_encoder:  # a probe: the optimizer gets the pooler and classifier only
         model.encoder.requires_grad_(False)
     optimizer = build_optimizer(AdamWConfig(lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay), model)
