@@ -39,6 +39,36 @@ def test_export_hf_of_a_run_loads_in_transformers(in_tmp):
         torch.testing.assert_close(hf(input_ids=ids).logits, ours(ids)["logits"], rtol=1e-4, atol=1e-4)
 
 
+def test_an_export_replaces_its_folder_whole_and_never_a_run_or_other_files(in_tmp, monkeypatch):
+    runner = CliRunner()
+    assert runner.invoke(main, ["pretrain", "arch=bert-original-tiny", "name=tiny", "dryrun=true", *TINY_PRETRAIN]).exit_code == 0
+    run = in_tmp / "outputs" / "tiny"
+    before = (run / "model.safetensors").read_bytes()
+    for target in ("outputs/tiny", "outputs"):  # the run itself, or a folder holding it
+        result = runner.invoke(main, ["export", "hf", "tiny", target])
+        assert result.exit_code == 1 and "would replace the run folder" in result.output, result.output
+    (in_tmp / "mine").mkdir()
+    (in_tmp / "mine" / "notes.txt").write_text("not an export")
+    result = runner.invoke(main, ["export", "hf", "tiny", "mine"])
+    assert result.exit_code == 1 and "holds other files (notes.txt) and no config.json" in result.output
+    assert (run / "model.safetensors").read_bytes() == before and (in_tmp / "mine" / "notes.txt").is_file()
+    assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0
+    (in_tmp / "hf-out" / "modeling_cramlm.py").write_text("# a leftover of an earlier export")
+    import cramlm.models.hf as hf_module  # a failure half-way (disk full while writing the weights)
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(in_tmp / "hf-out" / "model.safetensors"))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(hf_module, "save_safetensors", fail)
+        result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
+    assert result.exit_code == 1 and "disk full" in result.output, result.output
+    assert (in_tmp / "hf-out" / "modeling_cramlm.py").is_file()  # the earlier export untouched
+    assert not [p for p in in_tmp.iterdir() if p.name.startswith(".hf-out")]  # no half-written folder left
+    assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0
+    assert not (in_tmp / "hf-out" / "modeling_cramlm.py").exists()  # replaced whole: no leftover
+
+
 def test_export_hf_of_a_missing_run_fails_cleanly(in_tmp):
     result = CliRunner().invoke(main, ["export", "hf", "nope", "out"])
     assert result.exit_code == 1 and "no such run" in result.output

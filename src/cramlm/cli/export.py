@@ -33,16 +33,19 @@ def resolve_checkpoint(run_or_checkpoint: str) -> tuple[Path, Path]:
 
 def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     """Export a run or one of its checkpoints; a sharded checkpoint's weights are assembled first (on
-    this process, a tensor at a time, into a temporary file removed afterwards)."""
+    this process, a tensor at a time, into a temporary file beside the output, removed afterwards)."""
     import tempfile
 
     from cramlm.train.checkpoint import assemble_weights
     from cramlm.train.sharded import is_sharded
 
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
+    check_output_folder(Path(out_dir), run_dir)  # before any work
     if weights.is_file() or not is_sharded(weights.parent):
         return export_weights(run_dir, weights, out_dir)
-    with tempfile.TemporaryDirectory(prefix="cramlm-export-") as tmp:
+    parent = Path(out_dir).resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{Path(out_dir).name}.assembled-", dir=parent) as tmp:  # beside the output
         return export_weights(run_dir, assemble_weights(weights.parent, Path(tmp)), out_dir)
 
 
@@ -59,21 +62,43 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
         load_encoder(model, objective, weights)
     model = objective_export_model(run_dir, objective, model, weights)
+    from cramlm.io import atomic_dir
+
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if objective.config.arch_kind == "clm" else None
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    cls = objective.export(model.eval(), tok, Path(out_dir), eos)
-    remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
+    out = Path(out_dir)
+    check_output_folder(out, run_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written whole beside it, then put in place: a failure leaves the folder as it was, and nothing
+    # of an earlier export into it stays behind
+    with atomic_dir(out) as tmp:
+        cls = objective.export(model.eval(), tok, tmp, eos)
+        remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
+        lines = objective.load_lines(out, cls)
+        lines.append(f"also: {', '.join(served_classes(tmp, objective.auto_class))}.from_pretrained(... same "
+                     "arguments) (the encoder alone; classification heads new, to fine-tune)")
+        if eos is not None:
+            lines.append(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
+        write_model_card(tmp, run_dir, cfg, cls, lines)
     click.echo(f"exported {run_dir} as {cls} to {out_dir}")
-    lines = objective.load_lines(Path(out_dir), cls)
-    lines.append(f"also: {', '.join(served_classes(Path(out_dir), objective.auto_class))}.from_pretrained(... same "
-                 "arguments) (the encoder alone; classification heads new, to fine-tune)")
-    if eos is not None:
-        lines.append(f"generate: transformers.pipeline('text-generation', '{out_dir}'{remote}) (stops at {eos})")
     for line in lines:
         click.echo(line)
-    write_model_card(Path(out_dir), run_dir, cfg, cls, lines)
     return cls
+
+
+def check_output_folder(out: Path, run_dir: Path) -> None:
+    """Refuse an output folder whose contents an export would replace and that is not a model folder:
+    the run itself (or a folder holding it), or a folder of other files (an export replaces the
+    whole folder: it may be new, empty, or an earlier export / Hugging Face model folder)."""
+    target, run = out.resolve(), run_dir.resolve()
+    if target == run or target in run.parents:
+        raise ValueError(f"{out}: the export would replace the run folder {run_dir}: export into a folder of its own")
+    if target.is_file():
+        raise ValueError(f"{out}: a file; export into a folder")
+    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
+        held = sorted(p.name for p in target.iterdir())
+        raise ValueError(f"{out}: holds other files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) and no "
+                         "config.json: an export replaces its folder whole; export into a new or empty folder")
 
 
 def load_encoder(model, objective, weights: Path) -> None:
