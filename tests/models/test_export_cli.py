@@ -147,3 +147,20 @@ def test_export_is_readable_like_any_file_and_stores_the_tied_embedding_once(in_
     ids = torch.randint(5, 500, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, ours.eval()(ids)["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_of_a_run_that_never_finished_exports(in_tmp):
+    """A run killed (or still training) has checkpoints but no final model.safetensors: its newest
+    checkpoint exports as the weights it holds (was: refused for want of the final weights)."""
+    runner = CliRunner()
+    result = runner.invoke(main, ["pretrain", "arch=bert-original-tiny", "name=cut", *TINY_PRETRAIN, "budget=null",
+                                  "train.budget.steps=4", "train.checkpoint_every=2"])
+    assert result.exit_code == 0, result.output
+    run = in_tmp / "outputs" / "cut"
+    (run / "model.safetensors").unlink()  # as if killed before its end
+    (run / "summary.json").unlink()
+    result = runner.invoke(main, ["export", "hf", str(run / "checkpoints" / "step-00000002"), "hf-cut"])
+    assert result.exit_code == 0, result.output
+    with safe_open(run / "checkpoints" / "step-00000002" / "model.safetensors", "pt") as ours, \
+            safe_open(in_tmp / "hf-cut" / "model.safetensors", "pt") as theirs:
+        assert torch.equal(ours.get_tensor("trunk.tokens.weight"), theirs.get_tensor("bert.embeddings.word_embeddings.weight"))

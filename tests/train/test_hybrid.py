@@ -136,7 +136,9 @@ def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path)
                                          pm.full_logits_vocab)
                 for pm in pair_models(ckpt, "cpu")}
 
-    run, export = scores(load_checkpoint(str(tmp_path / "hy"), tmp_path)), scores(load_checkpoint(str(tmp_path / "hf"), tmp_path, trust_remote_code=True))
+    run_ckpt, export_ckpt = load_checkpoint(str(tmp_path / "hy"), tmp_path), load_checkpoint(str(tmp_path / "hf"), tmp_path, trust_remote_code=True)
+    assert export_ckpt.max_length == run_ckpt.max_length  # the trained length (was: 512 for any remote-code export)
+    run, export = scores(run_ckpt), scores(export_ckpt)
     assert list(run) == list(export) == ["log-probability", "pll"]
     for name in run:
         for method in run[name]:

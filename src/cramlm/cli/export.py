@@ -57,9 +57,12 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     from cramlm.models.objectives.base import build_objective
     from cramlm.run.build import load_run
 
-    model, tok, cfg = load_run(run_dir)
+    own = weights == run_dir / "model.safetensors"
+    # a checkpoint's weights replace every parameter: the run's own final file is not needed (a run
+    # still training, or killed, has none yet)
+    model, tok, cfg = load_run(run_dir, untrained=not own)
     objective = build_objective(cfg)
-    if weights != run_dir / "model.safetensors":  # (load_run checked the run's own against its digest)
+    if not own:  # (load_run checked the run's own against its digest)
         load_encoder(model, objective, weights)
     model = objective_export_model(run_dir, objective, model, weights)
     from cramlm.io import atomic_dir

@@ -279,7 +279,8 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
                 raise
             raise CheckpointError(_cannot_load(name_or_path, e, remote)) from None
         raise CheckpointError(f"{files}: cannot load the weights: {_first_line(e)}") from None
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    positions = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+                 or (getattr(config, "cramlm", None) or {}).get("max_seq_length") or 512)  # cramlm's remote code: its own field
     max_length = min(positions, tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
     return Checkpoint(
