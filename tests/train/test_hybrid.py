@@ -137,7 +137,12 @@ def test_hybrid_exports_a_masked_and_a_causal_lm_over_the_same_weights(tmp_path)
                 for pm in pair_models(ckpt, "cpu")}
 
     run_ckpt, export_ckpt = load_checkpoint(str(tmp_path / "hy"), tmp_path), load_checkpoint(str(tmp_path / "hf"), tmp_path, trust_remote_code=True)
-    assert export_ckpt.max_length == run_ckpt.max_length  # the trained length (was: 512 for any remote-code export)
+    assert export_ckpt.max_length == run_ckpt.max_length
+    from types import SimpleNamespace
+
+    from cramlm.eval.checkpoints import positions_of  # a remote-code config's own length (was: 512 for any)
+    assert positions_of(transformers.AutoConfig.from_pretrained(tmp_path / "hf", trust_remote_code=True)) == run_ckpt.max_length
+    assert positions_of(SimpleNamespace(cramlm={"max_seq_length": 2048})) == 2048 and positions_of(SimpleNamespace()) == 512
     run, export = scores(run_ckpt), scores(export_ckpt)
     assert list(run) == list(export) == ["log-probability", "pll"]
     for name in run:

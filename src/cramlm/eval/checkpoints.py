@@ -174,6 +174,13 @@ def load_checkpoint(
     )
 
 
+def positions_of(config) -> int:
+    """The longest input an HF config's model takes: its position table's size (cramlm's remote code
+    keeps it as its own field), 512 where none is said."""
+    return (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+            or (getattr(config, "cramlm", None) or {}).get("max_seq_length") or 512)
+
+
 def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
     from cramlm.data.tokenizer import tokenizer_label
     from cramlm.run.build import load_run
@@ -279,9 +286,7 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
                 raise
             raise CheckpointError(_cannot_load(name_or_path, e, remote)) from None
         raise CheckpointError(f"{files}: cannot load the weights: {_first_line(e)}") from None
-    positions = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-                 or (getattr(config, "cramlm", None) or {}).get("max_seq_length") or 512)  # cramlm's remote code: its own field
-    max_length = min(positions, tok.model_max_length)
+    max_length = min(positions_of(config), tok.model_max_length)
     label = Path(label).name.replace("/", "-") + (UNTRAINED if untrained else "")
     return Checkpoint(
         label=label,
