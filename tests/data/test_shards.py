@@ -43,6 +43,16 @@ def test_two_shards_plus_merge_equal_one_shard(tmp_path):
     assert not shards_folder(cfg, tmp_path / "two").exists()  # cleaned up after the merge
 
 
+def test_a_kept_single_shard_stays_whole_after_its_merge(tmp_path):
+    """One shard, nothing removed: the merge takes the shard's file as the output; with --keep-shards
+    the shard must keep it (it was moved out, leaving a shard that later merges could not read)."""
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}])
+    prepare_shard(cfg, tmp_path / "cache", 1, 0, progress=False)
+    shard = shards_folder(cfg, tmp_path / "cache") / "shard-00000-of-00001"
+    merged = merge_prepared(cfg, tmp_path / "cache", 1, keep_shards=True)
+    assert (shard / "train.cramtok").read_bytes() == (merged.folder / "train.cramtok").read_bytes()
+
+
 def test_a_stale_tokenizer_lock_is_taken_over(tmp_path):
     import socket
     import subprocess

@@ -8,6 +8,7 @@ number, so ``N`` shards merge to exactly what one shard gives.
 from __future__ import annotations
 
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -119,7 +120,12 @@ def merge_split(cfg, shard_folders: list[Path], split: str, out: Path, vocab_siz
     in_output[sequence] = True
     drop(keep & ~in_output, "capped")  # every copy fell beyond max_seq_in_tokenized_dataset
     if len(parts) == 1 and len(sequence) == parts[0].num_documents and np.array_equal(local[sequence], np.arange(len(sequence))):
-        os.replace(parts[0].path, out)  # one shard, nothing removed or reordered: the shard file is the output
+        # one shard, nothing removed or reordered: the shard file is the output, linked (copied where
+        # links fail), so the shard stays whole: kept shards, or a merge that fails later, still hold it
+        try:
+            os.link(parts[0].path, out)
+        except OSError:
+            shutil.copyfile(parts[0].path, out)
     else:
         with PackedWriter(out, vocab_size, fp) as writer:
             write_documents(parts, part_of[sequence], local[sequence], writer)
