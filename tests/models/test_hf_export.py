@@ -118,3 +118,17 @@ def test_remote_code_export_gives_the_same_logits(name, auto, overrides, tokeniz
             for _ in range(4):
                 greedy = torch.cat([greedy, model(greedy)["logits"][:, -1].argmax(-1, keepdim=True)], dim=1)
         assert torch.equal(out, greedy)
+
+
+def test_the_untrained_twin_of_a_remote_code_export_starts_as_cramlm_starts(tokenizer, tmp_path):
+    """checkpoint=<export>-untrained: cramlm's initialisation (normal at init_std, zero-init out where
+    the arch says), not transformers' defaults (embeddings at std 1, as before), so it is the run's twin."""
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    model = tiny_model("crammed-bert-tiny", zero_init_out=True)
+    export_hf(model, tokenizer, tmp_path / "hf")
+    twin = load_checkpoint(f"{tmp_path / 'hf'}-untrained", tmp_path / "out", trust_remote_code=True).encoder.model
+    std = model.cfg.init_std
+    assert abs(twin.tokens.weight.std().item() - std) < 0.2 * std
+    assert abs(twin.blocks[0].attn.qkv.weight.std().item() - std) < 0.2 * std
+    assert not twin.blocks[0].attn.out.weight.any() and not twin.blocks[0].ffn.down.weight.any()  # zero_init_out

@@ -257,6 +257,19 @@ def find_val_file(run_dir: Path, cfg: Any) -> Path | None:
     return None
 
 
+def untrained_as_cramlm(model: nn.Module) -> nn.Module:
+    """A remote-code cramlm export built from its config (an untrained twin): initialised as cramlm
+    initialises the run's model (``init_std``, the arch's scheme, ``zero_init_out``), with the
+    export's own copy of model.py, not transformers' defaults (embeddings at std 1). Other models as given."""
+    import sys
+
+    arch = getattr(getattr(model, "config", None), "cramlm", None)
+    own = getattr(sys.modules.get(type(model).__module__), "init_weights", None)
+    if getattr(model.config, "model_type", None) == "cramlm" and isinstance(arch, dict) and own is not None:
+        own(model, arch["init_std"], arch.get("init", "normal"), arch["num_layers"], arch.get("zero_init_out", False))
+    return model
+
+
 def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trust_remote_code: bool = False) -> Checkpoint:
     try:
         from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -274,7 +287,7 @@ def load_hf(name_or_path: str, label: str, base_dir: Path, untrained: bool, trus
             import transformers
 
             auto = getattr(transformers, next(k for k in auto_map if k.startswith("AutoModelFor")))
-            full = auto.from_config(config, **remote) if untrained else auto.from_pretrained(name_or_path, **remote)
+            full = untrained_as_cramlm(auto.from_config(config, **remote)) if untrained else auto.from_pretrained(name_or_path, **remote)
             model = full.base_model
         else:
             model = AutoModel.from_config(config, **remote) if untrained else AutoModel.from_pretrained(name_or_path, **remote)

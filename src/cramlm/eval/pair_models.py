@@ -162,7 +162,9 @@ def load_hf_lm(source: str, kind: str, untrained: bool, remote: bool, seed: int)
     if untrained:
         torch.manual_seed(seed)
         config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=remote)
-        return auto.from_config(config, trust_remote_code=remote)
+        from cramlm.eval.checkpoints import untrained_as_cramlm
+
+        return untrained_as_cramlm(auto.from_config(config, trust_remote_code=remote))
     try:
         model, info = auto.from_pretrained(source, trust_remote_code=remote, output_loading_info=True)
     except ValueError as e:
