@@ -266,6 +266,10 @@ def test_the_shipped_law_follows_the_recipes_optimizer():
     assert planned["adamw"]["law"]["source"] == adamw_law["source"] and planned["adamw"]["choice"]["lr"] == 0.001
     assert not any(line.startswith("note: the law was fitted") for p in planned.values() for line in p["why"])
     assert plan_key(muon) != plan_key(adamw) and plan_key(muon) == plan_key(resolve_recipe("cpu-1h-mlm", ["budget=15m", "name=other"]))
+    # an optimizer without a law of its own, another lr or objective: planned again (was: the old plan's lr reused)
+    others = [resolve_recipe("cpu-1h-mlm", ["budget=15m", *extra]) for extra in
+              (["train.optim.type=lion"], ["train.optim.lr=8e-3"], ["train.objective=hybrid"])]
+    assert len({plan_key(muon), *map(plan_key, others)}) == 4
     # cpu-1h trains ELECTRA's objective: planned with the MLM law as a proxy, and the plan says so
     rtd = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", **quiet)
     assert rtd["law"]["source"] == muon_law["source"] and muon_law["data"]["objective"] == "mlm"

@@ -198,7 +198,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     data = cfg.data.model_dump(mode="json")
     del data["train_subset"]
     assert cfg.data.cache_key() == hashlib.sha256(json.dumps([PIPELINE_VERSION, data], sort_keys=True).encode()).hexdigest()[:12]
-    pre.pop("overwrite", None)
+    for how in ("overwrite", "resume", "allow_change"):
+        pre.pop(how, None)
     pre["impl"].pop("progress", None)
     if pre["train"]["objective"] == "mlm":  # (stage_keys' rule for the default objective)
         pre["train"].pop("objective")
@@ -218,5 +219,9 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert chosen["pretrain"] == keys["pretrain"] and chosen["eval"] != keys["eval"]
     fp32 = stage_keys(resolve_recipe("default", [*at_defaults, "train.optim.ns_dtype=float32"]))
     assert fp32["data"] == keys["data"] and fp32["pretrain"] != keys["pretrain"]
+    # how pretraining runs is not what it makes: a run finished with --resume auto is skipped by a plain
+    # `cramlm run` (was: trained again from scratch), and --resume auto on a finished run skips it
+    resumed = stage_keys(resolve_recipe("default", [*at_defaults, "resume=auto", "allow_change=[train.optim.lr]"]))
+    assert resumed == keys
     shipped = stage_keys(resolve_recipe("default", TINY_RUN))  # ns_dtype: auto
     assert shipped["data"] == keys["data"] and shipped["pretrain"] not in (keys["pretrain"], fp32["pretrain"])

@@ -132,14 +132,16 @@ PLAN = "plan.json"
 
 def plan_key(cfg: PipelineConfig, law_path: str | None = None) -> str:
     """What a plan depends on: the budget, the starting arch, sequence length and vocabulary, the
-    implementation it was measured with and the law (the shipped one follows the optimizer: another
-    optimizer, another law and lr; not the run's name, resume or dryrun flags, checkpoint or logging settings)."""
+    implementation it was measured with, the optimizer (its type and the recipe's lr), the objective
+    and the law (the shipped one follows the optimizer); not the run's name, resume or dryrun flags,
+    checkpoint or logging settings."""
     from cramlm.pipeline.plan import default_law
 
-    impl = cfg.impl
+    impl, train = cfg.impl, cfg.train
+    # the optimizer, its lr and the objective: the plan writes an lr and measures a training step of them
     return _hash([cfg.budget, cfg.arch.model_dump(mode="json"), cfg.data.seq_length, cfg.data.tokenizer.vocab_size,
-                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], cfg.train.mlm_probability,
-                  law_path or default_law(cfg.train.optim.type)])
+                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], train.mlm_probability,
+                  law_path or default_law(train.optim.type), [train.optim.type, train.optim.lr, train.objective]])
 
 
 def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any]) -> list[str]:
@@ -194,7 +196,8 @@ def _hash(obj: Any) -> str:
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
     pre = key_dump(cfg.pretrain_config())
-    pre.pop("overwrite", None)
+    for how in ("overwrite", "resume", "allow_change"):  # how the stage runs, not what it makes: a run finished
+        pre.pop(how, None)  # with --resume auto is the same result as one that ran through (and is skipped)
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
