@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from cramlm.cli.common import resolve_or_exit
 from cramlm.data.prepare import output_folder, prepare_data
@@ -64,6 +65,21 @@ def test_allow_change_records_the_change_and_the_history(finished):
     assert max(r["step"] for r in records(run)) == 3  # trained on, with the new lr from step 3
     # a budget that extends the run needs no opt-in (recorded all the same)
     assert history[1]["changes"]["train.budget.steps"] == [2, 3]
+
+
+def test_an_allowed_optimizer_change_takes_effect(finished):
+    """The checkpoint brings the optimizer's state, the resume's config its settings: an allowed
+    weight decay (or Muon lr, momentum, ...) change trains with the new value (was: recorded as a
+    change, but the checkpoint's param groups, with the old value, overwrote it)."""
+    from safetensors.torch import load_file
+
+    for name, extra in (("kept", ()), ("decayed", ("train.optim.weight_decay=0.5",))):
+        copy_run(finished, name)
+        allow = ("--allow-change", "train.optim.weight_decay") if extra else ()
+        result = resume(finished, name, *extra, cli=("--resume", "auto", *allow))
+        assert result.exit_code == 0, result.output
+    kept, decayed = (load_file(str(finished.parent / n / "model.safetensors")) for n in ("kept", "decayed"))
+    assert any(not torch.equal(kept[k], decayed[k]) for k in kept)
 
 
 def test_a_resume_goes_on_at_the_flops_per_token_its_steps_were_booked_at(finished):

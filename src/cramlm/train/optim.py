@@ -291,20 +291,22 @@ def optimizer_flops_per_step(optimizer: torch.optim.Optimizer) -> float:
     return float(count()) if count else 0.0
 
 
-# an optimizer's kernel choice, not its maths: each process keeps the one it built with
-IMPLEMENTATION_KEYS = ("foreach", "fused", "capturable", "differentiable")
-
-
 @contextmanager
-def own_implementation(optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    """Load a state dict (``with own_implementation(opt): opt.load_state_dict(...)``) keeping this
-    optimizer's kernel choice (``IMPLEMENTATION_KEYS`` in its param groups). A state dict carries the
-    writer's choice: an FSDP2 run's Adam is unfused (sharded parameters), a one-process run's fused,
-    and torch's Adam takes the device-side skip flag (``OptimizerStep.step(skip=...)``) only fused."""
-    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+def config_hyperparameters(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Load a state dict keeping every hyperparameter this optimizer's groups were built with from the
+    run's config (lr, betas, weight decay, Muon's momentum, peak lrs, Newton-Schulz settings, ...):
+    a checkpoint brings the state (moments, step counts), a resume's config the settings. Without a
+    change they are the same values; with an allowed one (``--allow-change train.optim.lr``) the new
+    value takes effect (torch's load_state_dict restores the writer's groups). The kernel choice
+    (foreach, fused, ...) stays this process's too: an FSDP2 run's Adam is unfused (sharded
+    parameters), a one-process run's fused, and torch's Adam takes the device-side skip flag
+    (``OptimizerStep.step(skip=...)``) only fused."""
+    built = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     yield
-    for group, keys in zip(optimizer.param_groups, chosen):
-        group.update(keys)
+    if len(built) != len(optimizer.param_groups):
+        raise RuntimeError(f"the checkpoint's optimizer has {len(optimizer.param_groups)} parameter groups, this run's {len(built)}")
+    for group, settings in zip(optimizer.param_groups, built):
+        group.update(settings)
 
 
 def build_optimizer(cfg: OptimizerConfig, model: nn.Module) -> torch.optim.Optimizer:

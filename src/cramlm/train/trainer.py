@@ -56,7 +56,7 @@ from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, on_main, sync_replicated_grads
 from cramlm.train.metrics import MetricsLog
-from cramlm.train.optim import own_implementation
+from cramlm.train.optim import config_hyperparameters
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
 from cramlm.train.hardware import PrecisionChoice
@@ -528,7 +528,7 @@ class Trainer:
         else:
             set_model_state_dict(self.module, model_state, options=StateDictOptions(full_state_dict=True))
         optim_state = training["optimizer"] if self.dist.main or not sharded else {}
-        with own_implementation(self.optimizer):  # (the writer's may not run here: another layout)
+        with config_hyperparameters(self.optimizer):  # (the writer's implementation may not run here: another layout)
             set_optimizer_state_dict(self.module, self.optimizer, optim_state,
                                      options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=sharded))
         self.update.load_state_dict(training.get("scaler"))
@@ -547,7 +547,7 @@ class Trainer:
         missing = sorted(set(keys.missing_keys) - set(self.aliases))
         if missing or keys.unexpected_keys:
             raise RuntimeError(f"sharded weights: missing {missing[:5]}, unexpected {sorted(keys.unexpected_keys)[:5]}")
-        with own_implementation(self.optimizer):
+        with config_hyperparameters(self.optimizer):
             set_optimizer_state_dict(self.module, self.optimizer, shards.merge(tensors, training["optimizer"]))
         self.update.load_state_dict(training.get("scaler"))
         return training, state
