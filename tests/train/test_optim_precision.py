@@ -35,6 +35,16 @@ def test_no_decay_on_norms_biases_and_optional_embeddings():
     cfg.decay_embeddings = False
     decay, no_decay = param_groups(net, cfg)
     assert [id(p) for p in decay["params"]] == [id(net.lin.weight)] and no_decay["weight_decay"] == 0.0
+    # a learned position table is an embedding too (was: decayed under decay_embeddings=false)
+    from tests.models.helpers import tiny_model
+
+    gpt = tiny_model("gpt2-tiny")
+    assert gpt.trunk.positions.kind == "learned"
+    decay, _ = param_groups(gpt, cfg)
+    assert not {id(gpt.trunk.positions.table), id(gpt.trunk.tokens.weight)} & {id(p) for p in decay["params"]}
+    cfg.decay_embeddings = True
+    decay, _ = param_groups(gpt, cfg)
+    assert {id(gpt.trunk.positions.table), id(gpt.trunk.tokens.weight)} <= {id(p) for p in decay["params"]}
 
 
 @pytest.mark.parametrize("name,lr", [("adamw", 1e-2), ("adam", 1e-2), ("lion", 1e-3), ("adafactor", 1e-2), ("sgd", 0.5)])

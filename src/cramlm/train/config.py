@@ -39,7 +39,8 @@ class OptimizerConfig(ComponentConfig):
     weight_decay: NonNegativeFloat = Field(
         0.01, description="weight decay coefficient (decoupled for adamw, lion and adafactor; L2 for adam and sgd); never "
         "applied to biases and norm weights")
-    decay_embeddings: bool = Field(True, description="apply weight decay to embedding matrices too")
+    decay_embeddings: bool = Field(True, description="apply weight decay to the embedding matrices too (token "
+                                   "embeddings and learned position tables)")
 
 class AdamWConfig(OptimizerConfig):
     type: Literal["adamw"] = "adamw"

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cramlm.config.registry import register
+from cramlm.models.model import PositionEmbedding
 # the configs live torch-free in train/config.py (validating a config imports no torch)
 from cramlm.train.config import AdafactorConfig, AdamConfig, AdamWConfig, LionConfig, MuonConfig, OptimizerConfig, SGDConfig
 
@@ -25,7 +26,9 @@ def param_groups(model: nn.Module, cfg: OptimizerConfig) -> list[dict]:
     """Decay matrices; never biases, norm weights or scalars (any parameter with ndim < 2).
     Tied parameters (decoder = embedding) appear once. Muon: the hidden matrices (``hidden_matrices``)
     form a first group of their own (``"muon": True``), the rest are AdamW's two groups."""
+    # token embeddings and learned position tables (Modalities' "embedding" group holds both)
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings |= {id(m.table) for m in model.modules() if isinstance(m, PositionEmbedding) and isinstance(m.table, nn.Parameter)}
     hidden = {id(p) for p in hidden_matrices(model)} if isinstance(cfg, MuonConfig) else set()
     muon, decay, no_decay, seen = [], [], [], set()
     for p in model.parameters():
