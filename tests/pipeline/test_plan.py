@@ -181,6 +181,20 @@ def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
         resolve_recipe("default", [f"base_dir={tmp_path}", "budget=null", "arch=auto", "name=x"], {"throughput": THROUGHPUT})
 
 
+def test_overwrite_keeps_the_plan_it_was_resolved_with(tmp_path):
+    """overwrite=true empties the run folder before the run; the plan.json made (or reused) for this
+    very config while it was resolved stays, so the run is not measured into another shape later."""
+    from cramlm.pipeline.recipe import PLAN, claim_folder
+
+    run = tmp_path / "default"
+    run.mkdir()
+    for name, text in (("pipeline.json", json.dumps({"name": "default", "recipe": "default", "stages": {}})),
+                       ("config.yaml", "old"), ("metrics.jsonl", "{}\n"), (PLAN, '{"choice": {"size": "128x4"}}')):
+        (run / name).write_text(text)
+    claim_folder(resolve_recipe("default", [f"base_dir={tmp_path}", "overwrite=true"]), "default")
+    assert sorted(p.name for p in run.iterdir() if not p.name.startswith(".")) == [PLAN]  # was: deleted with the rest
+
+
 def test_arch_auto_never_measures_when_it_must_not(law_file, tmp_path, monkeypatch):
     import cramlm.pipeline.plan as plan_module
     from cramlm.config.loader import ConfigError

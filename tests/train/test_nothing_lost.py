@@ -84,6 +84,12 @@ def test_cramlm_run_refuses_a_folder_of_another_recipe_or_a_bare_pretrain(finish
     copy_run(finished, "bare")  # `cramlm pretrain`'s folder: no pipeline record
     result = invoke("run", "default", f"base_dir={finished.parent}", "name=bare")
     assert result.exit_code == 1 and "`cramlm pretrain` run" in result.output, result.output
+    # a resume continues its own recipe's run, never takes over another's (was: the record renamed)
+    result = invoke("run", "default", f"base_dir={finished.parent}", "name=other-recipe", "--resume", "auto")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert "holds recipe cpu-1h's run: resume it with `cramlm run cpu-1h name=other-recipe --resume auto`" in line, line
+    assert contents(run) == before
 
 
 def test_eval_refuses_an_out_dir_holding_another_checkpoints_results(finished, tmp_path):

@@ -307,16 +307,23 @@ def claim_folder(cfg: PipelineConfig, recipe: str | None) -> None:
 
     record = read_record(cfg.run_dir)
     theirs = record.get("recipe")
-    if record and (theirs is None or recipe is None or theirs == recipe) and not cfg.overwrite:
+    mine = bool(record) and (theirs is None or recipe is None or theirs == recipe)
+    if mine and not cfg.overwrite:
         return  # the pipeline's own folder: finished stages are skipped, changed ones redone
-    if cfg.resume is not None or not cfg.run_dir.is_dir():
+    if cfg.resume is not None:
+        if record and not mine:  # a resume continues its own recipe's run, never takes over another's
+            raise ValueError(f"run folder {cfg.run_dir} holds recipe {theirs}'s run: resume it with `cramlm run {theirs} "
+                             f"name={cfg.name} --resume auto`, or give this run another name")
+        return
+    if not cfg.run_dir.is_dir():
         return
     if cfg.overwrite and launcher_env()[2] > 1:
         raise ValueError("overwrite=true under torchrun: overwrite once without torchrun (`cramlm run ... overwrite=true "
                          "stages=[data]`), then run every process")
     whose = f"recipe {theirs}'s run" if record else "a `cramlm pretrain` run"
     with FolderLock(cfg.run_dir / RUN_LOCK, f"run folder {cfg.run_dir}"):
-        claim_run_dir(cfg.run_dir, cfg.overwrite, f"`cramlm run {recipe}`" if recipe else "`cramlm run`", whose)
+        # (arch=auto's plan.json, just made or reused for this very config, stays: overwrite must not re-measure)
+        claim_run_dir(cfg.run_dir, cfg.overwrite, f"`cramlm run {recipe}`" if recipe else "`cramlm run`", whose, keep=(PLAN,))
 
 
 def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, Any]:

@@ -38,10 +38,10 @@ def held_run(run_dir: Path) -> list[str]:
             or ((run_dir / name).is_dir() and any((run_dir / name).iterdir()))]
 
 
-def empty_run_dir(run_dir: Path) -> None:
-    """Delete everything in ``run_dir`` but its lock (which the caller holds)."""
+def empty_run_dir(run_dir: Path, keep: tuple[str, ...] = ()) -> None:
+    """Delete everything in ``run_dir`` but its lock (which the caller holds) and the files named in ``keep``."""
     for entry in run_dir.iterdir():
-        if entry.name in (RUN_LOCK, RUN_LOCK + ".owner"):
+        if entry.name in (RUN_LOCK, RUN_LOCK + ".owner", *keep):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -49,14 +49,14 @@ def empty_run_dir(run_dir: Path) -> None:
             entry.unlink()
 
 
-def claim_run_dir(run_dir: Path, overwrite: bool, command: str, whose: str = "a run") -> None:
+def claim_run_dir(run_dir: Path, overwrite: bool, command: str, whose: str = "a run", keep: tuple[str, ...] = ()) -> None:
     """A fresh run takes a folder that holds no run; ``overwrite``: it deletes the one there whole
-    first; otherwise the folder is refused (HF Trainer's ``overwrite_output_dir``, the other way round)."""
+    first (but ``keep``); otherwise the folder is refused (HF Trainer's ``overwrite_output_dir``, the other way round)."""
     held = held_run(run_dir)
     if not held:
         return
     if overwrite:
-        empty_run_dir(run_dir)
+        empty_run_dir(run_dir, keep)
         return
     raise RunFolderTaken(
         f"{run_dir} holds {whose} already ({', '.join(held)}); {command} never starts over it. Continue it with "
