@@ -71,6 +71,20 @@ def test_sweep_refuses_a_one_point_grid_before_running(tmp_path, monkeypatch):
     assert not (tmp_path / "outputs").exists()  # nothing ran
 
 
+def test_sweep_specs_with_spaces_and_a_bad_or_taken_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["sweep", "--sizes", "16x1", "--budgets", "1s, 2s", "default", *TINY_RUN])
+    assert result.exit_code == 1 and "needs at least 4" in result.output, result.output  # (was: an Error about name)
+    for name in ("../x", ".hidden"):
+        result = CliRunner().invoke(main, ["sweep", "--name", name, "default", *TINY_RUN])
+        assert result.exit_code == 1 and result.output.startswith(f"Error: --name {name!r}: must be one folder name"), result.output
+    (tmp_path / "outputs" / "default").mkdir(parents=True)
+    (tmp_path / "outputs" / "default" / "summary.json").write_text("{}")
+    result = CliRunner().invoke(main, ["sweep", "--name", "default", "default", *TINY_RUN])
+    assert result.exit_code == 1 and "holds a run (summary.json)" in result.output, result.output
+    assert not (tmp_path / "outputs" / "x").exists() and not (tmp_path / "x").exists()
+
+
 def test_axis_labels_are_plain_numbers():
     assert _plain(8.85) == "8.85" and _plain(1e12) == "1e+12" and _plain(3.0) == "3"
 

@@ -91,7 +91,8 @@ def sweep_command(sizes: str, budgets: str, name: str, report: bool, args: tuple
 
     recipe, overrides = split_recipe(args, DEFAULT_RECIPE)
     resolve_recipe_or_exit(recipe, overrides)  # a config error exits before any training
-    run_or_exit(sweep, recipe, [s for s in sizes.split(",") if s], [b for b in budgets.split(",") if b], name, overrides, report)
+    run_or_exit(sweep, recipe, [s.strip() for s in sizes.split(",") if s.strip()],
+                [b.strip() for b in budgets.split(",") if b.strip()], name, overrides, report)
 
 
 @click.command("plan", context_settings=OVERRIDES)

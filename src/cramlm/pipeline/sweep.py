@@ -306,10 +306,19 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
     from cramlm.report import write_report
     from cramlm.train.budget import planned_tokens
 
+    from cramlm.config.base import _safe_name
+    from cramlm.run.folder import held_run
+
+    try:
+        _safe_name(name)
+    except ValueError as e:
+        raise ValueError(f"--name {name!r}: {e}") from None
     sizes, budgets = unique_grid(sizes, budgets)
     check_grid(sizes, budgets)  # the specs themselves, before any config is resolved
     base = resolve_recipe(recipe, overrides)
     folder = Path(base.base_dir) / name
+    if held := [f for f in held_run(folder) if f != "report.html"]:  # its report and plots would land in a run's folder
+        raise ValueError(f"--name {name}: {folder} holds a run ({', '.join(held[:3])}): give the sweep a folder of its own")
     zero_shot = bool(base.eval.minimal_pairs.paths)  # eval.minimal_pairs.paths=[...]: each point scores them
     grid = {(size, budget): point_config(recipe, overrides, folder, size, budget, zero_shot)
             for size in sizes for budget in budgets}
