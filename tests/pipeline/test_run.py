@@ -95,6 +95,24 @@ def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_p
     assert stages_to_run(cfg, read_record(run)) == ["eval", "eval-untrained", "report"]
 
 
+def test_results_of_an_earlier_configuration_are_set_aside_not_reported(tiny_run, tmp_path, monkeypatch):
+    """A re-trained run whose evaluation this run does not redo (not in stages; the twin switched
+    off): eval.json and eval-untrained.json are the old model's and the old protocol's, so they are
+    renamed *.stale.* and the report and console leave them out (was: shown as this run's)."""
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    run = tmp_path / "outputs" / "default"
+    old_eval = (run / "eval.json").read_text()
+    out = cramlm("run", *TINY_RUN, "train.optim.lr=2e-3", "eval.epochs=2", "untrained_twin=false", "stages=[data,pretrain,report]",
+                 cwd=tmp_path)  # (the twin's results stand while its own key holds: eval.epochs changes it)
+    assert "renamed eval.stale.*" in out and "renamed eval-untrained.stale.*" in out, out
+    assert not (run / "eval.json").exists() and (run / "eval.stale.json").read_text() == old_eval
+    assert not (run / "eval-untrained.json").exists() and (run / "eval-untrained.stale.json").is_file()
+    record = read_record(run)
+    assert record["stages"]["eval"]["status"] == "stale" and record["stages"]["pretrain"]["status"] == "done"
+    out = cramlm("run", *TINY_RUN, "train.optim.lr=2e-3", cwd=tmp_path)  # evaluating again: it runs, as it must
+    assert "eval ..." in out and (run / "eval.json").is_file()
+
+
 def test_the_twin_is_evaluated_again_when_the_objective_changes():
     """What is built and scored of the random weights depends on the objective (ELECTRA's generator
     beside the detector, the hybrid's scorer, PLL for a masked LM): a run re-trained in its folder

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -298,6 +299,29 @@ def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
     return todo
 
 
+def set_aside_stale(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str], todo: list[str]) -> bool:
+    """Evaluation results made under another configuration than this run's (a changed training or
+    evaluation) that this run does not redo (the stage not selected, or the twin switched off) are
+    renamed ``<stem>.stale.<ext>`` and so recorded: the report and the console never show them as
+    this run's, and nothing is deleted. Whether any was."""
+    changed = False
+    for stage in ("eval", TWIN):
+        entry = record.get("stages", {}).get(stage)
+        if stage in todo or not entry or entry.get("key") == keys[stage] or entry.get("status") == "stale":
+            continue
+        stem = stage_outputs(cfg, stage)[0].stem
+        moved = []
+        for path in sorted(cfg.run_dir.glob(f"{stem}.*")):
+            if path.suffix in (".json", ".md", ".csv") and ".stale." not in path.name:
+                os.replace(path, path.with_name(f"{stem}.stale{path.suffix}"))
+                moved.append(path.name)
+        entry["status"], changed = "stale", True
+        if moved:
+            print(f"cramlm run: {stage}: {', '.join(moved)} came from an earlier configuration and this run does not "
+                  f"redo it: renamed {stem}.stale.* (add '{stage}' to stages, or untrained_twin=true, to evaluate again)")
+    return changed
+
+
 def claim_folder(cfg: PipelineConfig, recipe: str | None) -> None:
     """A run folder is the pipeline's when its record names this recipe (or none: a `cramlm run`
     without a recipe name); a folder holding another recipe's run or a bare `cramlm pretrain`
@@ -356,6 +380,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         return record
     run_dir.mkdir(parents=True, exist_ok=True)
     keys = stage_keys(cfg)
+    if set_aside_stale(cfg, record, keys, todo):
+        write_json(run_dir / RECORD, record)
     for stage in selected(cfg):
         if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
