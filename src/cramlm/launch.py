@@ -17,8 +17,9 @@ exits with
 When every worker of the last attempt recorded its own exit, each has already said why it stopped (its
 ``Error:`` line, or that it checkpointed on a signal), so torchrun's closing traceback
 (``ChildFailedError``'s report, or ``SignalException`` after a stop signal) is replaced by one line
-naming each rank's status. A worker that did not record (killed, or a crash past cramlm's own exit)
-keeps torchrun's report, which is then the only account of it.
+naming each rank's status; so also where a worker failed with its own reason and torchrun then
+stopped the others (SIGTERM) before they had one. A worker that did not record otherwise (killed,
+or a crash past cramlm's own exit) keeps torchrun's report, which is then the only account of it.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def record_exit(code: object) -> None:
         pass
 
 
-def last_attempt(folder: Path) -> dict[str, int] | None:
-    """Local rank -> exit status of every worker of the last attempt, or None unless all of them recorded."""
+def recorded(folder: Path) -> tuple[dict[str, int], int] | None:
+    """(local rank -> exit status, workers per node) of what the last attempt's workers recorded so far."""
     records: dict[int, dict[str, tuple[int, int]]] = {}
     for path in folder.iterdir():
         try:
@@ -64,9 +65,14 @@ def last_attempt(folder: Path) -> dict[str, int] | None:
     if not records:
         return None
     last = records[max(records)]
-    if len(last) != next(iter(last.values()))[1]:
-        return None
-    return {rank: status for rank, (status, _) in sorted(last.items(), key=lambda kv: (len(kv[0]), kv[0]))}
+    ordered = sorted(last.items(), key=lambda kv: (len(kv[0]), kv[0]))
+    return {rank: status for rank, (status, _) in ordered}, next(iter(last.values()))[1]
+
+
+def last_attempt(folder: Path) -> dict[str, int] | None:
+    """Local rank -> exit status of every worker of the last attempt, or None unless all of them recorded."""
+    got = recorded(folder)
+    return got[0] if got is not None and len(got[0]) == got[1] else None
 
 
 def workers_interrupted(folder: Path) -> bool:
@@ -85,13 +91,21 @@ def torchrun(args: list[str]) -> None:
     try:
         torchrun_main(args)
     except (ChildFailedError, SignalException) as e:
-        statuses = last_attempt(Path(os.environ[EXIT_DIR_ENV]))
-        if statuses is None:
+        got = recorded(Path(os.environ[EXIT_DIR_ENV]))
+        if got is None:
             raise
-        ranks = ", ".join(f"local rank {rank}: {status}" for rank, status in statuses.items())
+        statuses, world = got
+        said = {rank: f"exit {status}" for rank, status in statuses.items()}
+        if isinstance(e, ChildFailedError) and any(s not in (0, EXIT_INTERRUPTED) for s in statuses.values()):
+            # the others, torn down by torchrun (SIGTERM) once a worker failed, had nothing to say
+            for failure in e.failures.values():
+                if str(failure.local_rank) not in said and failure.exitcode == -signal.SIGTERM:
+                    said[str(failure.local_rank)] = "stopped by torchrun"
+        if len(said) != world:  # a worker gave no reason of its own: torchrun's report is the only account
+            raise
+        ranks = ", ".join(f"local rank {rank}: {what}" for rank, what in sorted(said.items(), key=lambda kv: (len(kv[0]), kv[0])))
         why = "on a stop signal" if isinstance(e, SignalException) else "as a worker failed"
-        print(f"cramlm.launch: torchrun stopped {why}; every worker gave its reason above (exit status {ranks})",
-              file=sys.stderr, flush=True)
+        print(f"cramlm.launch: torchrun stopped {why}; each worker's reason is above ({ranks})", file=sys.stderr, flush=True)
         sys.exit(1)
 
 

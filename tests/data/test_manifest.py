@@ -112,35 +112,42 @@ def test_damaged_cached_manifest_names_the_file(tmp_path):
 
 
 def test_a_cache_is_never_reused_for_other_input_files(tmp_path, monkeypatch, capsys):
-    """The cache is keyed by the config: a relative path read from two folders is two corpora (absolute
-    in the key), and a file changed, added or removed since the cache was prepared is refused, naming
-    it; a file only modified (same size) is said in a line."""
+    """The cache is keyed by the config, and the manifest lists the files read (by their place under
+    their source, with sizes and times): the same relative path read from another folder, a file
+    changed, added or removed is refused, naming it; a corpus moved whole is the same input; a file
+    only modified (same size) is said in a line."""
     import os
+    import shutil
 
-    for name, word in (("a", "alpha"), ("b", "beta")):
+    for name, word in (("a", "alpha"), ("b", "beta-longer")):
         (tmp_path / name).mkdir()
         write_jsonl(tmp_path / name / "c.jsonl", [{"text": f"{word} " + document(i)} for i in range(8)])
     cfg = tiny_data([{"type": "jsonl", "path": "c.jsonl"}])
     monkeypatch.chdir(tmp_path / "a")
     a = prepare_data(cfg, tmp_path / "cache", progress=False)
+    assert [f["input"] for f in a.manifest["inputs"]] == ["0:c.jsonl"]
+    assert a.manifest["inputs"][0]["path"] == str((tmp_path / "a" / "c.jsonl").resolve())
     monkeypatch.chdir(tmp_path / "b")
-    b = prepare_data(cfg, tmp_path / "cache", progress=False)
-    assert a.folder != b.folder  # was: b read a's tokens
-    assert [f["path"] for f in b.manifest["inputs"]] == [str((tmp_path / "b" / "c.jsonl").resolve())]
+    with pytest.raises(DataError, match=r"prepared from other files than data.sources reads now \(changed size: .*b/c.jsonl\); remove"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)  # was: b trained on a's tokens
+    shutil.copytree(tmp_path / "a", tmp_path / "moved", copy_function=shutil.copy2)  # the same corpus elsewhere
+    monkeypatch.chdir(tmp_path / "moved")
+    assert prepare_data(cfg, tmp_path / "cache", progress=False).folder == a.folder
 
-    source = tmp_path / "b" / "c.jsonl"
+    monkeypatch.chdir(tmp_path / "a")
+    source = tmp_path / "a" / "c.jsonl"
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, same text
     capsys.readouterr()
-    assert prepare_data(cfg, tmp_path / "cache", progress=False).folder == b.folder
+    assert prepare_data(cfg, tmp_path / "cache", progress=False).folder == a.folder
     assert "c.jsonl was modified since" in capsys.readouterr().out
     with source.open("a") as f:
-        f.write(json.dumps({"text": "beta " + document(99)}) + "\n")
-    with pytest.raises(DataError, match=r"prepared from other files than data.sources reads now \(changed size: .*c.jsonl\); remove"):
+        f.write(json.dumps({"text": "alpha " + document(99)}) + "\n")
+    with pytest.raises(DataError, match=r"\(changed size: .*a/c.jsonl\)"):
         prepare_data(cfg, tmp_path / "cache", progress=False)
 
-    folder_cfg = tiny_data([{"type": "jsonl", "path": str(tmp_path / "a")}])
+    folder_cfg = tiny_data([{"type": "jsonl", "path": str(tmp_path / "b")}])
     prepare_data(folder_cfg, tmp_path / "cache", progress=False)
-    write_jsonl(tmp_path / "a" / "d.jsonl", [{"text": document(50)}])
+    write_jsonl(tmp_path / "b" / "d.jsonl", [{"text": document(50)}])
     with pytest.raises(DataError, match=r"\(new: .*d.jsonl\)"):
         prepare_data(folder_cfg, tmp_path / "cache", progress=False)

@@ -2,6 +2,7 @@
 SIGTERM even though its workers checkpointed and exited 75; the wrapper's own status is 75 then,
 so a job script can tell preemption from failure, and a failure stays a failure."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ def test_sigterm_to_the_launcher_gives_75_and_a_checkpoint(tmp_path):
     proc, out, err = sigterm_after_two_steps(cmd, tmp_path / "tr")  # to the launcher only, as from srun
     assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
     # torchrun's own end (SignalException, exit 1), corrected by the launcher's status and told in one line
-    assert "cramlm.launch: torchrun stopped on a stop signal" in err and "Traceback" not in err, err[-3000:]
+    assert "cramlm.launch: torchrun stopped on a stop signal; each worker's reason is above" in err and "Traceback" not in err, err[-3000:]
     (event,) = records(tmp_path / "tr", "event")
     assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 60
     assert [p.name for p in checkpoint_dirs(tmp_path / "tr" / "checkpoints")] == [f"step-{event['step']:08d}"]
@@ -35,10 +36,13 @@ def test_a_failing_run_keeps_its_failure_status(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode not in (0, EXIT_INTERRUPTED), res.stderr[-3000:]
     # each worker's one Error line, then one line for torchrun's end in place of its ChildFailedError traceback
-    assert res.stderr.count("Error: invalid config") == 2 and res.stderr.count("train.batch_size") == 2, res.stderr[-3000:]
+    # (under load torchrun may stop the other worker before it reads its config: then it says nothing itself)
+    assert 1 <= res.stderr.count("Error: invalid config") == res.stderr.count("train.batch_size") <= 2, res.stderr[-3000:]
     assert "Traceback" not in res.stderr and "ChildFailedError" not in res.stderr, res.stderr[-3000:]
-    assert "cramlm.launch: torchrun stopped as a worker failed; every worker gave its reason above (exit status " \
-        "local rank 0: 1, local rank 1: 1)" in res.stderr
+    (line,) = [line for line in res.stderr.splitlines() if line.startswith("cramlm.launch:")]
+    assert re.fullmatch(r"cramlm\.launch: torchrun stopped as a worker failed; each worker's reason is above "
+                        r"\(local rank 0: (exit 1|stopped by torchrun), local rank 1: (exit 1|stopped by torchrun)\)", line), line
+    assert "exit 1" in line
 
 
 def test_a_worker_that_did_not_record_its_exit_keeps_torchruns_report(tmp_path):

@@ -42,11 +42,6 @@ PIPELINE_VERSION = 4  # bump when the output of the same config changes; part of
 
 
 
-def _absolute(path: str) -> str:
-    """A local path as an absolute one; a scheme's (pkg://, python://, npm://) as given."""
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
-
-
 class DataConfig(Config):
     name: SafeName = Field("default", description="the cache folder is <cache>/<name>-<key>", json_schema_extra=RESUME_FREE)
     sources: list[component(SourceConfig)] = Field(
@@ -76,36 +71,32 @@ class DataConfig(Config):
         "weights apply to the documents kept", json_schema_extra=KEYLESS_DEFAULT)
 
     def cache_key(self) -> str:
-        """The config's hash, with each local source and tokenizer path made absolute: the same
-        relative path read from two folders is two corpora (an absolute path keys as it always did)."""
-        dump = key_dump(self)
-        for source in dump.get("sources", []):
-            if source.get("type") != "hf" and isinstance(source.get("path"), str):
-                source["path"] = _absolute(source["path"])
-        if isinstance((dump.get("tokenizer") or {}).get("path"), str):
-            dump["tokenizer"]["path"] = _absolute(dump["tokenizer"]["path"])
-        blob = json.dumps([PIPELINE_VERSION, dump], sort_keys=True)
+        blob = json.dumps([PIPELINE_VERSION, key_dump(self)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     def input_files(self) -> list[dict] | None:
         """Each local file the sources and the tokenizer read (a plain path: pkg://, python:// and
-        npm:// files are fixed by their version): its path, size and modification time, what a changed
-        input shows; None where a source cannot be listed here (gone, a hub dataset, a plugin's own),
-        and then a cache's inputs are not checked."""
+        npm:// files are fixed by their version), named by its source and its place under that
+        source's files (so a corpus moved whole is the same input): with its size and modification
+        time, what a changed input shows, and its path; None where a source cannot be listed here
+        (gone, a hub dataset, a plugin's own), and then a cache's inputs are not checked."""
         from cramlm.data.sources import expand_paths
 
-        paths = []
+        named: list[tuple[str, Path]] = []
         try:
-            for source in self.sources:
+            for index, source in enumerate(self.sources):
                 path = getattr(source, "path", None)
                 if source.type == "hf" or not isinstance(path, str):
                     return None
                 if "://" not in path:
-                    paths += expand_paths(path)
+                    files = [p.resolve() for p in expand_paths(path)]
+                    root = Path(os.path.commonpath(files)) if len(files) > 1 else files[0].parent
+                    named += [(f"{index}:{f.relative_to(root)}", f) for f in files]
             if self.tokenizer.path and "://" not in self.tokenizer.path:
-                paths.append(Path(self.tokenizer.path))
-            return [{"path": str(p.resolve()), "bytes": (st := p.stat()).st_size, "mtime_ns": st.st_mtime_ns} for p in paths]
-        except (DataError, OSError):
+                named.append((f"tokenizer:{Path(self.tokenizer.path).name}", Path(self.tokenizer.path).resolve()))
+            return [{"input": name, "path": str(p), "bytes": (st := p.stat()).st_size, "mtime_ns": st.st_mtime_ns}
+                    for name, p in named]
+        except (DataError, OSError, ValueError):
             return None
 
     def resolve_tokenizer(self, objective: str) -> None:
@@ -295,16 +286,17 @@ def reuse_prepared(cfg: DataConfig, folder: Path, say=print) -> PreparedData:
     then, now = prepared.manifest.get("inputs"), cfg.input_files()
     if then is None or now is None:  # prepared before inputs were recorded, or not listable here
         return prepared
-    before = {f["path"]: f for f in then}
-    current = {f["path"]: f for f in now}
-    changed = sorted(p for p in before.keys() & current.keys() if before[p]["bytes"] != current[p]["bytes"])
-    added, gone = sorted(current.keys() - before.keys()), sorted(before.keys() - current.keys())
+    before = {f.get("input", f["path"]): f for f in then}
+    current = {f["input"]: f for f in now}
+    changed = sorted(current[k]["path"] for k in before.keys() & current.keys() if before[k]["bytes"] != current[k]["bytes"])
+    added = sorted(current[k]["path"] for k in current.keys() - before.keys())
+    gone = sorted(before[k]["path"] for k in before.keys() - current.keys())
     if changed or added or gone:
         what = "; ".join(f"{label} {names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
                          for label, names in (("changed size:", changed), ("new:", added), ("gone:", gone)) if names)
         raise DataError(f"{folder}: this data cache was prepared from other files than data.sources reads now ({what}); "
                         f"remove {folder} to prepare it again, or set data.name to keep both")
-    touched = sorted(p for p in before if before[p].get("mtime_ns") != current[p]["mtime_ns"])
+    touched = sorted(current[k]["path"] for k in before if before[k].get("mtime_ns") != current[k]["mtime_ns"])
     if touched:
         say(f"cramlm: note: {touched[0]}" + (f" and {len(touched) - 1} more input files were" if len(touched) > 1 else " was")
             + f" modified since {folder.name} was prepared (same size): its tokens are those of the files then; "

@@ -197,8 +197,10 @@ def _hash(obj: Any) -> str:
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
     pre = key_dump(cfg.pretrain_config())
-    for how in ("overwrite", "resume", "allow_change"):  # how the stage runs, not what it makes: a run finished
-        pre.pop(how, None)  # with --resume auto is the same result as one that ran through (and is skipped)
+    pre.pop("overwrite", None)
+    # how the stage runs, not what it makes: a run finished with --resume auto is the result of one that ran
+    # through (and is skipped); keyed at their defaults, so the keys of runs recorded before stay as they were
+    pre["resume"], pre["allow_change"] = None, []
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
@@ -211,7 +213,8 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     keys["eval"] = _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed;
     # what is built and scored of them from the objective (ELECTRA's generator, the hybrid's scorer)
-    objective = {k: pre["train"][k] for k in ("objective", "rtd", "hybrid", "objective_options") if k in pre["train"]}
+    objective = {k: pre["train"][k] for k in ("objective", "rtd", "hybrid", "objective_options") if k in pre["train"]} \
+        if "objective" in pre["train"] else {}  # (the default objective, mlm, keys as before it was in this key)
     keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION, *([objective] if objective else [])])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
