@@ -146,3 +146,23 @@ def test_tensorboard_and_wandb_sinks(tmp_path, monkeypatch):
     assert {"train/loss", "train/tokens_per_second", "val/val_loss"} <= set(events.Tags()["scalars"])
     if wandb is not None:
         assert list((tmp_path / "tb" / "wandb").glob("offline-run-*"))
+
+
+def test_an_fp16_loss_scale_overflow_is_not_a_nonfinite_step(tmp_path, monkeypatch):
+    """fp16's GradScaler overflows now and then by design (it grows the scale until it does): the
+    scaler skips that update and backs off. With on_nonfinite=raise such a run must go on (it stopped
+    at the first overflow: a finite loss, an infinite gradient norm). On the CPU, fp16 autocast and
+    the GradScaler are real; a huge initial scale makes the first steps overflow."""
+    import functools
+
+    import cramlm.train.step as step_module
+
+    monkeypatch.setattr(step_module.torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=2.0**40))
+    summary = run_inprocess(tmp_path, "fp16", *CAUSAL, "budget=null", "train.budget.steps=40", "impl.precision=fp16",
+                            "train.on_nonfinite=raise", "train.grad_clip=1.0")
+    assert summary["steps"] == 40 and not summary.get("skipped_steps")
+    assert not [r for r in records(tmp_path / "fp16", "event") if r["event"] == "nonfinite"]
+    import torch as _torch
+
+    scale = _torch.load(tmp_path / "fp16" / "checkpoints" / "step-00000040" / "training.pt", weights_only=True)["scaler"]["scale"]
+    assert scale < 2.0**40  # it overflowed and backed off

@@ -323,7 +323,12 @@ class Trainer:
         sync_replicated_grads(self.module, self.dist)
         norm = self.update.clip()
         loss = torch.stack(losses).sum()
-        bad = ~torch.isfinite(loss) if norm is None else ~(torch.isfinite(loss) & torch.isfinite(norm))
+        # fp16: a non-finite gradient with a finite loss is the loss scale's overflow, which the scaler's
+        # own step skips and backs off from (routine every ~2,000 steps): not a non-finite step
+        if norm is None or self.update.scaler.is_enabled():
+            bad = ~torch.isfinite(loss)
+        else:
+            bad = ~(torch.isfinite(loss) & torch.isfinite(norm))
         clock = self.meter.reading(time.perf_counter() - start)
         if self.dist.enabled:  # the step's one reduction: every process adopts the slowest clock
             clock, stop, flag = all_reduce([clock, float(self.stop.signal), bad], self.dist, "max", self.device)
