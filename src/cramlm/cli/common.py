@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import importlib
 from typing import Any, Callable
 
@@ -49,7 +50,7 @@ def with_allowed_changes(resume: str | None, allow_change: tuple[str, ...]) -> l
     """``--resume X --allow-change K ...`` as overrides (``resume=X``, ``allow_change=[K, ...]``)."""
     if allow_change and not resume:
         raise click.UsageError("--allow-change applies to a resume: add --resume auto (or a checkpoint folder)")
-    out = [f"resume={resume}"] if resume else []
+    out = [f"resume={json.dumps(resume)}"] if resume else []  # quoted: a path is text, whatever it holds ('#', ': ')
     return out + ([f"allow_change=[{','.join(allow_change)}]"] if allow_change else [])
 
 

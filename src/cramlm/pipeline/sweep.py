@@ -235,7 +235,7 @@ def point_config(recipe: str, overrides: list[str], folder: Path, size: str, bud
     its eval stage scores the minimal pairs alone (eval.tasks=[]: no fine-tuning)."""
     stages = ["stages=[data,pretrain,eval]", "eval.tasks=[]"] if zero_shot else ["stages=[data,pretrain]"]
     return resolve_recipe(recipe, [*overrides, *size_overrides(size), *budget_overrides(budget)[0],
-                                   f"base_dir={folder}", f"name={size}-{budget}", *stages])
+                                   f"base_dir={json.dumps(str(folder))}", f"name={size}-{budget}", *stages])
 
 
 def run_point(cfg, size: str, budget: str, zero_shot: bool = False) -> dict[str, Any] | None:
