@@ -228,6 +228,10 @@ def test_config_rejects_inconsistent_shapes():
 
     with pytest.raises(ValidationError, match="do not divide"):
         preset("llama-tiny", num_kv_heads=3)
+    # a post-norm block without its first norm would never normalise layer 0's residual (was: silently so)
+    with pytest.raises(ValidationError, match="under norm_scheme=post it would drop that layer's residual norm"):
+        preset("bert-original-tiny", first_attn_norm=False)
+    assert not preset("crammed-bert-modern", first_attn_norm=False).first_attn_norm  # pre-norm: ModernBERT's choice
 
 
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])

@@ -85,6 +85,9 @@ class TransformerConfig(ModelConfig):
             raise ValueError("rope needs an even head dimension")
         if self.ffn == "glu" and self.intermediate_size % 2:
             raise ValueError("ffn=glu needs an even intermediate_size")
+        if not self.first_attn_norm and self.norm_scheme == "post":
+            raise ValueError("first_attn_norm=false drops layer 0's pre-attention norm (ModernBERT, after its embedding "
+                             "norm); under norm_scheme=post it would drop that layer's residual norm: use norm_scheme=pre")
         if 2 * self.value_embeddings > self.num_layers + 1:
             raise ValueError(f"value_embeddings {self.value_embeddings} > (num_layers + 1) / 2: table i feeds layers i "
                              f"and num_layers-1-i, so {self.num_layers} layers take at most {(self.num_layers + 1) // 2}")
