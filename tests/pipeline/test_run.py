@@ -240,5 +240,7 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     # `cramlm run` (was: trained again from scratch), and --resume auto on a finished run skips it
     resumed = stage_keys(resolve_recipe("default", [*at_defaults, "resume=auto", "allow_change=[train.optim.lr]"]))
     assert resumed == keys
+    logged = stage_keys(resolve_recipe("default", [*at_defaults, "impl.tensorboard=true", "impl.dist_timeout=99"]))
+    assert logged == keys  # where a run is also logged changes nothing it makes (was: every stage again)
     shipped = stage_keys(resolve_recipe("default", TINY_RUN))  # ns_dtype: auto
     assert shipped["data"] == keys["data"] and shipped["pretrain"] not in (keys["pretrain"], fp32["pretrain"])

@@ -194,6 +194,20 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+# where a run is also logged and how long a collective may wait change nothing it makes
+NOT_WHAT_IT_MAKES = ("tensorboard", "wandb", "wandb_mode", "wandb_project", "dist_timeout")
+
+
+def _at_defaults(impl: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """Key ``fields`` of an impl dump at their defaults: a run made with other values is found again,
+    and the keys of runs recorded at them stay as they were."""
+    from cramlm.train.impl import ImplConfig
+
+    for field in fields:
+        if field in impl:
+            impl[field] = ImplConfig.model_fields[field].get_default(call_default_factory=True)
+
+
 def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count."""
     pre = key_dump(cfg.pretrain_config())
@@ -201,12 +215,14 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     # how the stage runs, not what it makes: a run finished with --resume auto is the result of one that ran
     # through (and is skipped); keyed at their defaults, so the keys of runs recorded before stay as they were
     pre["resume"], pre["allow_change"] = None, []
+    _at_defaults(pre["impl"], NOT_WHAT_IT_MAKES)
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
         pre["train"].pop("rtd", None)
     ev = key_dump(cfg.eval_config())
     ev["impl"].pop("progress", None)
+    _at_defaults(ev["impl"], NOT_WHAT_IT_MAKES)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
