@@ -75,6 +75,16 @@ BAD_INPUTS = {  # arguments -> what the one Error: line must name
     "index, out in a missing folder": (["index", "c.jsonl", "--out", "nowhere/i.npy"], "nowhere"),
     "dedup, out in a missing folder": (["dedup", "--out", "nowhere/d.jsonl", "data.max_entries_in_raw_dataset=3"], "nowhere"),
     "inspect, not a prepared folder": (["inspect", "."], "not a prepared data folder"),
+    # an output is never one of the inputs (dedup emptied its corpus; pack, convert and index replaced theirs)
+    "dedup, out is its source": (["dedup", "--out", "c.jsonl", "data.sources=[{type: jsonl, path: c.jsonl}]"],
+                                 "c.jsonl: is a file this command reads (c.jsonl)"),
+    "pack, out is its input": (["pack", "c.jsonl", "--tokenizer", "tok.json", "--out", "c.jsonl"], "c.jsonl: is a file this command reads"),
+    "pack, out is its tokenizer": (["pack", "c.jsonl", "--tokenizer", "tok.json", "--out", "tok.json"], "tok.json: is a file"),
+    "pack, out inside a folder input": (["pack", ".", "--tokenizer", "tok.json", "--out", "c.jsonl"], "c.jsonl: is a file this command reads (.)"),
+    "convert, out is its input": (["convert-modalities", "m.pbin", "m.pbin"], "m.pbin: is a file this command reads"),
+    "index, out is its input": (["index", "c.jsonl", "--out", "c.jsonl"], "c.jsonl: is a file this command reads"),
+    "tokenizer, out is a source": (["tokenizer", "--out", "c.jsonl", "data.sources=[{type: jsonl, path: c.jsonl}]"],
+                                   "c.jsonl: is a file this command reads"),
     "prepare, 0 shards": (["prepare", "--num-shards", "0"], "--num-shards"),
     "prepare, binary tokenizer": (["prepare", "data.tokenizer.path=junk.bin", "cache=cache"], "junk.bin"),
 }
@@ -97,3 +107,4 @@ def test_bad_inputs_give_one_error_line(in_tmp, case):
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and named in errors[0], result.output
     assert not (in_tmp / "o.cramtok").exists()
+    assert (in_tmp / "c.jsonl").read_text().count("\n") == 5 and (in_tmp / "m.pbin").read_bytes()[:8] != b"CRAMTOK\0"

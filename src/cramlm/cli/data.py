@@ -27,12 +27,28 @@ def _echo(obj: dict) -> None:
 
 
 
-def _writable(out: str) -> str:
-    """``out``, after checking that its folder exists (before any work is done)."""
-    folder = Path(out).expanduser().resolve().parent
-    if not folder.is_dir():
-        raise click.ClickException(f"{out}: cannot write there, folder {folder} does not exist")
+def _writable(out: str, reads: list[str | Path] = ()) -> str:
+    """``out``, after checking that its folder exists and that it is none of the files the command
+    reads (``reads``: paths, folders or globs), before any work is done: an output never replaces an input."""
+    target = Path(out).expanduser().resolve()
+    if not target.parent.is_dir():
+        raise click.ClickException(f"{out}: cannot write there, folder {target.parent} does not exist")
+    from cramlm.data.sources import DataError, expand_paths
+
+    for spec in reads:
+        try:
+            files = expand_paths(str(spec)) if not Path(spec).is_file() else [Path(spec)]
+        except DataError:
+            continue  # no such input: the command says so itself
+        if any(f.resolve() == target for f in files):
+            raise click.ClickException(f"{out}: is a file this command reads ({spec}); write the output to another file")
     return out
+
+
+def _source_paths(cfg) -> list[str]:
+    """The local files and folders a data config's sources and tokenizer read."""
+    paths = [s.path for s in cfg.sources if s.type != "hf" and isinstance(getattr(s, "path", None), str) and "://" not in s.path]
+    return paths + ([cfg.tokenizer.path] if cfg.tokenizer.path and "://" not in cfg.tokenizer.path else [])
 
 
 @click.group("data")
@@ -92,7 +108,7 @@ def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
     from cramlm.data.prepare import make_tokenizer
 
     cfg = resolve_or_exit("data", overrides)
-    _writable(out)
+    _writable(out, _source_paths(cfg.data))
     start = time.perf_counter()
     tok = run_or_exit(make_tokenizer, cfg.data)
     run_or_exit(tok.save, out)
@@ -108,7 +124,7 @@ def index(jsonl: str, out: str | None) -> None:
     from cramlm.data.index import build_index, load_index
 
     start = time.perf_counter()
-    path = run_or_exit(build_index, jsonl, out and _writable(out))
+    path = run_or_exit(build_index, jsonl, out and _writable(out, [jsonl]))
     seconds = time.perf_counter() - start
     size = Path(jsonl).stat().st_size
     _echo({"index": str(path), "lines": len(load_index(path)), "mb": round(size / 1e6, 2),
@@ -126,7 +142,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
     from cramlm.data.commands import dedup_sources
 
     cfg = resolve_or_exit("data", overrides)
-    _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out)))
+    _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out, _source_paths(cfg.data))))
 
 
 @data_command.command("pack")
@@ -139,7 +155,7 @@ def pack(inputs: tuple[str, ...], tokenizer_path: str, out: str, text_key: str, 
     """Pack JSONL(.gz/.zst) / text / parquet files into one .cramtok (+ <out>.manifest.json)."""
     from cramlm.data.commands import pack_files
 
-    _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, _writable(out), text_key, on_error))
+    _echo(run_or_exit(pack_files, list(inputs), tokenizer_path, _writable(out, [*inputs, tokenizer_path]), text_key, on_error))
 
 
 @data_command.command("inspect")
@@ -164,7 +180,7 @@ def convert_modalities(pbin: str, out: str, vocab_size: int | None, tokenizer_pa
     from cramlm.data.modalities import convert_pbin
     from cramlm.data.cramtok import read_packed
 
-    _writable(out)
+    _writable(out, [pbin, *([tokenizer_path] if tokenizer_path else [])])
     fp = b"\0" * 16
     if tokenizer_path:
         from cramlm.data.tokenizer import fingerprint, load_tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -12,7 +13,7 @@ import numpy as np
 from cramlm.data.clean import Cleaner, MinHasher, NearDuplicateIndex, text_hash
 from cramlm.data.cramtok import read_packed
 from cramlm.data.sources import SkipReport, check_packages, documents
-from cramlm.io import write_json
+from cramlm.io import atomic_write, write_json
 
 
 def pack_files(inputs: list[str], tokenizer: str, out: str, text_key: str = "text", on_error: str = "raise") -> dict:
@@ -69,28 +70,33 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
     report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
     seen: set[int] = set()
     near = (MinHasher(cfg.dedup), NearDuplicateIndex(cfg.dedup)) if cfg.dedup.near else None
-    kept = 0
-    sink = open(out, "w", encoding="utf-8") if out else None
-    try:
-        for index, source in enumerate(cfg.sources):
-            for text in documents(source, report, index):
-                number = report.last_number
-                text, reason = cleaner(text)
-                if text is None:
-                    report.skip(reason, f"record {number}")
-                    continue
-                h = text_hash(text)
-                if h in seen:
-                    report.skip("duplicate", f"record {number}")
-                    continue
-                seen.add(h)
-                if near is not None and near[1].seen(number, near[0].signature(text)):
-                    report.skip("near_duplicate", f"record {number}")
-                    continue
-                kept += 1
-                if sink:
-                    sink.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    finally:
+    with contextlib.ExitStack() as stack:  # the output under its name only once complete (a kill leaves none)
+        sink = open(stack.enter_context(atomic_write(Path(out))), "w", encoding="utf-8") if out else None
         if sink:
-            sink.close()
+            stack.callback(sink.close)
+        kept = _dedup_into(cfg, report, cleaner, seen, near, sink)
     return {"read": report.read, "kept": kept, "skipped": dict(report.skipped), "examples": report.examples, "out": out}
+
+
+def _dedup_into(cfg, report, cleaner, seen, near, sink) -> int:
+    """The kept documents' count, each written to ``sink`` (if any) as a JSONL record."""
+    kept = 0
+    for index, source in enumerate(cfg.sources):
+        for text in documents(source, report, index):
+            number = report.last_number
+            text, reason = cleaner(text)
+            if text is None:
+                report.skip(reason, f"record {number}")
+                continue
+            h = text_hash(text)
+            if h in seen:
+                report.skip("duplicate", f"record {number}")
+                continue
+            seen.add(h)
+            if near is not None and near[1].seen(number, near[0].signature(text)):
+                report.skip("near_duplicate", f"record {number}")
+                continue
+            kept += 1
+            if sink:
+                sink.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+    return kept
