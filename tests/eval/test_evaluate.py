@@ -85,6 +85,11 @@ def test_eval_our_run_seeds_overrides_untrained(in_tmp):
 def test_eval_config_and_checkpoint_errors(in_tmp, tmp_path):
     bad = _cli("eval", "eval.overrides.rte.lrr=1e-5")
     assert bad.exit_code != 0 and "eval.overrides.rte.lrr: unknown key" in bad.output and "lr" in bad.output
+    # an override of a task this evaluation does not have is refused (was: ignored unsaid), with a close match
+    typo = _cli("eval", "checkpoint=nothing-here", "eval.tasks=[pkg://tasks/rotten_tomatoes_small]",
+                "eval.overrides.rotten_tomatos.epochs=9")
+    assert typo.exit_code != 0 and "eval.overrides.rotten_tomatos: no task of this evaluation is named so" in typo.output, typo.output
+    assert "did you mean 'rotten_tomatoes_small'" in typo.output
     missing = _cli("eval", "checkpoint=nothing-here", "eval.tasks=[pkg://tasks/rotten_tomatoes_small]")
     assert missing.exit_code != 0 and "checkpoint 'nothing-here'" in missing.output
     with pytest.raises(CheckpointError, match="no finished cramlm run"):

@@ -164,6 +164,20 @@ def test_errors_name_file_and_line(tmp_path):
     empty = _write(tmp_path / "empty", {**good, "dev.tsv": "sentence\tlabel\n"})
     with pytest.raises(TaskError, match=r"empty/dev.tsv: no examples"):
         load_task(str(empty))
+    # metrics a task cannot have: refused on loading, not after the first epoch's training (sklearn's error)
+    mixed = _write(tmp_path / "mixed", good, {"metric": ["pearson", "accuracy"]})
+    with pytest.raises(TaskError, match=r"metric accuracy needs classes, but pearson \(the first\) makes this a regression task"):
+        load_task(str(mixed))
+    three = _write(tmp_path / "three", {"train.tsv": "sentence\tlabel\nx\ta\ny\tb\nw\tc\n", "dev.tsv": "sentence\tlabel\nz\ta\n"},
+                   {"metric": "f1"})
+    with pytest.raises(TaskError, match=r"metric f1 is binary F1 \(the second label positive\), but the task has 3 labels"):
+        load_task(str(three))
+    # skip_malformed: a malformed row's fields are no label (was: 'fun' a class, and binary F1 on the wrong one)
+    skipping = _write(tmp_path / "skipping", {"train.tsv": "sentence\tlabel\ngood film\tpos\nbad film\tneg\ngreat\tfun\tpos\n"
+                                                           "broken row\nawful\tneg\n", "dev.tsv": "sentence\tlabel\nz\tpos\n"},
+                      {"metric": "f1", "skip_malformed": True})
+    task = load_task(str(skipping))
+    assert task.labels == ["neg", "pos"] and len(task.train) == 3
     latin1 = _write(tmp_path / "latin1", good)
     (latin1 / "dev.tsv").write_bytes(b"\xef\xbb\xbfsentence\tlabel\nz\t0\ncaf\xe9\t1\n")  # a BOM, then Latin-1 on line 3
     with pytest.raises(TaskError, match=r"latin1/dev.tsv:3: not UTF-8 text \(byte 0xe9: "):

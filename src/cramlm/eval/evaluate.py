@@ -70,6 +70,13 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     ev = cfg.eval
     tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task
+    if unknown := sorted(set(ev.overrides) - {t.name for t in tasks}):  # an override of no task would be ignored unsaid
+        import difflib
+
+        names = [t.name for t in tasks]
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        raise ValueError(f"eval.overrides.{unknown[0]}: no task of this evaluation is named so (tasks: {', '.join(names)})"
+                         + (f"; did you mean '{close[0]}'?" if close else ""))
     if ev.select.active:
         for task in tasks:
             select_split(task, ev.for_task(task.name), ev.select)

@@ -323,9 +323,19 @@ def read_examples(path: Path, spec: TaskSpec, fmt: str, labels: list[str], skipp
 
 
 def _distinct_labels(path: Path, spec: TaskSpec, fmt: str, layouts: list[list[str]] | None = None) -> list[str]:
+    """The labels of the rows ``read_examples`` keeps (with ``skip_malformed``, a row of another width
+    is no example, and its fields no label)."""
     header, rows = _table(path, spec, fmt, layouts)
     il = _index(header, spec.columns.label, path, "label")
-    return sorted({_field(row, il, path, lineno, "label") for lineno, row in rows})
+    width = len(header) if header else None
+    labels = set()
+    for lineno, row in rows:
+        if width is None and fmt != "jsonl":
+            width = len(row)
+        if spec.skip_malformed and width is not None and len(row) != width:
+            continue
+        labels.add(_field(row, il, path, lineno, "label"))
+    return sorted(labels)
 
 
 # ---------------------------------------------------------------- specs -> tasks
@@ -368,6 +378,10 @@ def build_task(spec: TaskSpec, folder: Path, where: str, layouts: list[list[str]
         if m not in METRICS:
             raise TaskError(f"{where}: unknown metric '{m}'; known: {', '.join(METRICS)}")
     regression = metrics[0] in REGRESSION_METRICS
+    if regression and (other := [m for m in metrics if m not in REGRESSION_METRICS]):  # refused now, not after training
+        raise TaskError(f"{where}: metric {other[0]} needs classes, but {metrics[0]} (the first) makes this a regression task")
+    if not regression and (other := [m for m in metrics if m in REGRESSION_METRICS]):
+        raise TaskError(f"{where}: metric {other[0]} needs a regression task, but {metrics[0]} (the first) makes this a classification task")
     train_path = _find_file(folder, spec.train, "train", spec.format, where, "train")
     fmt = _format_of(train_path, spec.format)
     dev_files = spec.dev if isinstance(spec.dev, dict) else {"dev": spec.dev}
@@ -380,6 +394,9 @@ def build_task(spec: TaskSpec, folder: Path, where: str, layouts: list[list[str]
         if len(labels) < 2:
             got = f"{few(labels)}" if spec.labels is not None else f"in {train_path}: {from_file(train_path, few(labels))}"
             raise TaskError(f"{where}: a classification task needs at least two labels, got {len(labels)} {got}")
+        if "f1" in metrics and len(labels) > 2:
+            raise TaskError(f"{where}: metric f1 is binary F1 (the second label positive), but the task has {len(labels)} "
+                            "labels: use accuracy or matthews")
     skipped: dict[str, int] = {}
     notes: list[str] = []
     return Task(
