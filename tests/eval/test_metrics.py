@@ -66,6 +66,21 @@ def test_versus_pairs_pretrained_with_the_untrained_twin():
     assert "untrained" in versus_text(pretrained, None) and versus_text(pretrained, None).splitlines()[1].split()[3] == "-"
 
 
+def test_no_margin_against_a_twin_fine_tuned_by_another_protocol():
+    """`cramlm eval` run twice by hand with other settings for the twin: the margin would measure the
+    protocols (was: shown); hyperparameters eval.select chose for each model apart may differ."""
+    hp = {"lr": 1e-3, "epochs": 3, "batch_size": 16}
+    row = {"task": "a", "metric": "accuracy", "score": 0.7, "train_examples": 100, "dev_examples": 50, "hparams": hp}
+    for other in ({"hparams": {**hp, "lr": 5e-5}}, {"train_examples": 80}, {"metric": "f1"}):
+        twin_row = {**row, "score": 0.6, **other}
+        assert versus({"results": [row]}, {"results": [twin_row]})[0]["margin"] is None, other
+    same = versus({"results": [row]}, {"results": [{**row, "score": 0.6}]})[0]
+    assert same["margin"] == pytest.approx(0.1)
+    chose = {**row, "hparams": {**hp, "lr": 3e-3}, "selected": {"lr": 3e-3, "epochs": 3}}
+    assert versus({"results": [chose]}, {"results": [{**row, "score": 0.6, "selected": {"lr": 1e-3, "epochs": 3}}]})[0]["margin"] \
+        == pytest.approx(0.1)
+
+
 def _task(splits=("dev",), metrics=("f1", "accuracy")):
     ex = [Example("a", None, 0)]
     return Task("t", ["0", "1"], list(metrics), ex, {s: ex for s in splits})

@@ -170,6 +170,24 @@ def to_csv(rows: list[dict], mean: dict) -> str:
     return buf.getvalue()
 
 
+def same_protocol(row: dict, twin: dict | None) -> bool:
+    """Whether the twin's row of a task was fine-tuned as the run's was: the same metric, examples,
+    number of seeds and hyperparameters (those eval.select chose for each model apart): a margin
+    between two protocols measures the protocols."""
+    if not isinstance(twin, dict) or twin.get("metric") != row.get("metric"):
+        return False
+    for key in ("train_examples", "dev_examples"):
+        if key in row and key in twin and row[key] != twin[key]:
+            return False
+    if isinstance(row.get("seeds"), list) and isinstance(twin.get("seeds"), list) and len(row["seeds"]) != len(twin["seeds"]):
+        return False
+    chosen = set((row.get("selected") or {})) | set((twin.get("selected") or {}))
+    a, b = row.get("hparams"), twin.get("hparams")
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {k: v for k, v in a.items() if k not in chosen} == {k: v for k, v in b.items() if k not in chosen}
+    return True  # rows written before hparams were recorded: as before
+
+
 def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
     """Per task of ``pretrained`` (an ``eval.json``): its headline score, the untrained twin's, the
     margin (pretrained - untrained; None where the twin lacks the task) and the majority-class floor."""
@@ -179,7 +197,7 @@ def versus(pretrained: dict, untrained: dict | None) -> list[dict]:
         if not isinstance(row, dict) or not isinstance(row.get("score"), (int, float)):
             continue  # a row without a headline score (an older or hand-made eval.json)
         other = twin.get(row.get("task"))
-        base = other.get("score") if other and other.get("metric") == row.get("metric") else None
+        base = other.get("score") if same_protocol(row, other) else None
         base = base if isinstance(base, (int, float)) else None
         out.append({"task": row.get("task"), "metric": row.get("metric"), "pretrained": row["score"], "untrained": base,
                     "margin": None if base is None else row["score"] - base, "majority": row.get("majority")})

@@ -113,9 +113,15 @@ class RunData:
         return _results(self.eval_untrained)
 
     def untrained_score(self, task: Any) -> float | None:
-        """The untrained twin's headline score on ``task`` (None where it was not evaluated)."""
+        """The untrained twin's headline score on ``task`` (None where it was not evaluated, or
+        fine-tuned by another protocol than the run: eval/tables.py's ``same_protocol``)."""
+        from cramlm.eval.tables import same_protocol
+
         r = next((r for r in self.untrained_results if r.get("task") == task), None)
-        return result_score(r) if r else None
+        mine = next((r for r in self.eval_results if r.get("task") == task), None)
+        if r is None or (mine is not None and not same_protocol(mine, r)):
+            return None
+        return result_score(r)
 
 
 def _pairs(data: dict[str, Any]) -> dict[str, Any]:
