@@ -53,8 +53,10 @@ def test_signal_during_eval_writes_finished_seeds_exits_75_and_rerun_continues(i
     out = "".join(out) + rest
     assert proc.returncode == EXIT_INTERRUPTED == 75, out + err
     assert "Traceback" not in err and f"cramlm eval: {sig.name}: stopped" in err, err
-    seeds = json.loads(partial.read_text())["tasks"]["rotten_tomatoes_small"]["seeds"]
+    written = json.loads(partial.read_text())
+    seeds = written["tasks"]["rotten_tomatoes_small"]["seeds"]
     assert "0" in seeds and len(seeds) < 4, seeds
+    assert written["device"] == "cpu" and written["precision"]  # another device or precision: not continued
     assert not (in_tmp / "outputs" / "tiny" / "eval.json").exists()
     if sig != signal.SIGTERM:
         return

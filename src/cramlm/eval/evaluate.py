@@ -88,8 +88,10 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     if ckpt.lm is None or out_dir.resolve() != ckpt.out_dir.resolve():  # a run's own folder holds its own results
         check_results_folder(stem.with_suffix(".json"), ckpt, cfg.overwrite)
     # the results folder must take files before hours of fine-tuning: its partial file is written now
+    # another device or precision: other numbers, never one median of both
     partial = Partial(Path(f"{stem}.partial.json"), {"checkpoint": ckpt.label, "identity": ckpt.identity,
-                                                      "protocol": ev.protocol})
+                                                      "protocol": ev.protocol, "device": device.type,
+                                                      "precision": cfg.impl.precision})
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         partial.save()
