@@ -111,6 +111,9 @@ def test_results_of_an_earlier_configuration_are_set_aside_not_reported(tiny_run
     assert record["stages"]["eval"]["status"] == "stale" and record["stages"]["pretrain"]["status"] == "done"
     out = cramlm("run", *TINY_RUN, "train.optim.lr=2e-3", cwd=tmp_path)  # evaluating again: it runs, as it must
     assert "eval ..." in out and (run / "eval.json").is_file()
+    # the twin's results are this configuration's again (the protocol as before): restored, not recomputed
+    assert "eval-untrained.stale.* are this configuration's again: restored" in out and "eval-untrained: done already" in out
+    assert (run / "eval-untrained.json").is_file() and not (run / "eval-untrained.stale.json").exists()
 
 
 def test_the_twin_is_evaluated_again_when_the_objective_changes():

@@ -188,10 +188,13 @@ def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
     out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "zs", "default", *args,
                  "eval.minimal_pairs.paths=[]", "--no-report", cwd=tmp_path)
     assert "zero-shot" not in out and not any("zero_shot" in p for p in json.loads((folder / "sweep.json").read_text())["points"])
+    # (that sweep set each point's evaluation aside as another configuration's; the next with pairs restores it)
+    stale = folder / "32x2-4ktok" / "eval.stale.json"
+    assert stale.is_file() and not (folder / "32x2-4ktok" / "eval.json").exists()
     # a pair file changed between two sweeps (its paths the same, so a finished point is not re-scored): not one curve
-    edited = json.loads((folder / "32x2-4ktok" / "eval.json").read_text())
+    edited = json.loads(stale.read_text())
     edited["minimal_pairs"]["scores"][head]["paradigms"]["anaphor"]["pairs"] = 2
-    (folder / "32x2-4ktok" / "eval.json").write_text(json.dumps(edited))
+    stale.write_text(json.dumps(edited))
     out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "zs", "default", *args,
                  f"eval.minimal_pairs.paths=[{pairs}]", "eval.lm_eval=false", "--no-report", cwd=tmp_path)
     assert "zero-shot %" not in out and f"32x2-4ktok {head} on 6 pairs in 2 paradigms" in out

@@ -318,20 +318,31 @@ def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
     return todo
 
 
-def set_aside_stale(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str], todo: list[str]) -> bool:
+def reconcile_results(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str]) -> bool:
     """Evaluation results made under another configuration than this run's (a changed training or
     evaluation) that this run does not redo (the stage not selected, or the twin switched off) are
     renamed ``<stem>.stale.<ext>`` and so recorded: the report and the console never show them as
-    this run's, and nothing is deleted. Whether any was."""
-    changed = False
+    this run's, and nothing is deleted. Set-aside results whose configuration is this run's again
+    come back (nothing is recomputed). Whether the record changed."""
+    changed, chosen = False, selected(cfg)
     for stage in ("eval", TWIN):
         entry = record.get("stages", {}).get(stage)
-        if stage in todo or not entry or entry.get("key") == keys[stage] or entry.get("status") == "stale":
+        if not entry:
             continue
         stem = stage_outputs(cfg, stage)[0].stem
+        if entry.get("status") == "stale" and entry.get("key") == keys[stage]:
+            back = sorted(cfg.run_dir.glob(f"{stem}.stale.*"))
+            for path in back:
+                os.replace(path, path.with_name(f"{stem}{path.suffix}"))
+            if back:
+                entry["status"], changed = "done", True
+                print(f"cramlm run: {stage}: {stem}.stale.* are this configuration's again: restored")
+            continue
+        if stage in chosen or entry.get("key") == keys[stage] or entry.get("status") == "stale":
+            continue  # (a selected stage with another key is redone, its files replaced)
         moved = []
         for path in sorted(cfg.run_dir.glob(f"{stem}.*")):
-            if path.suffix in (".json", ".md", ".csv") and ".stale." not in path.name:
+            if path.suffix in (".json", ".md", ".csv") and ".stale." not in path.name and ".partial." not in path.name:
                 os.replace(path, path.with_name(f"{stem}.stale{path.suffix}"))
                 moved.append(path.name)
         entry["status"], changed = "stale", True
@@ -392,15 +403,15 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     record["name"] = cfg.name
     if recipe is not None:
         record["recipe"] = recipe
+    keys = stage_keys(cfg)
+    if rank == 0 and run_dir.is_dir() and reconcile_results(cfg, record, keys):  # (before deciding what runs)
+        write_json(run_dir / RECORD, record)
     todo = stages_to_run(cfg, record)
     if rank != 0:
         if "pretrain" in todo:
             run_pretrain(cfg)
         return record
     run_dir.mkdir(parents=True, exist_ok=True)
-    keys = stage_keys(cfg)
-    if set_aside_stale(cfg, record, keys, todo):
-        write_json(run_dir / RECORD, record)
     for stage in selected(cfg):
         if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
