@@ -126,8 +126,10 @@ def test_the_untrained_twin_of_a_remote_code_export_starts_as_cramlm_starts(toke
     from cramlm.eval.checkpoints import load_checkpoint
 
     model = tiny_model("crammed-bert-tiny", zero_init_out=True)
-    export_hf(model, tokenizer, tmp_path / "hf")
-    twin = load_checkpoint(f"{tmp_path / 'hf'}-untrained", tmp_path / "out", trust_remote_code=True).encoder.model
+    # (a folder name no other test's remote-code export has: transformers caches remote code by the folder's
+    # name and ties the first class it loaded for a config to it, for the rest of the process)
+    export_hf(model, tokenizer, tmp_path / "twin-of-export")
+    twin = load_checkpoint(f"{tmp_path / 'twin-of-export'}-untrained", tmp_path / "out", trust_remote_code=True).encoder.model
     std = model.cfg.init_std
     assert abs(twin.tokens.weight.std().item() - std) < 0.2 * std
     assert abs(twin.blocks[0].attn.qkv.weight.std().item() - std) < 0.2 * std
