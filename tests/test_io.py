@@ -41,6 +41,27 @@ def test_replace_or_keep_an_existing_folder(tmp_path):
     assert [p.name for p in final.iterdir()] == ["second.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_keep_when_another_writer_finishes_between_the_check_and_the_rename(tmp_path, monkeypatch):
+    """Two merges of one config: the other one's folder appears after this one looked and before its
+    rename (was: 'Directory not empty' naming the hidden temporary folder, which stayed behind)."""
+    import os
+
+    import cramlm.io as io_module
+
+    final, real = tmp_path / "out", os.replace
+
+    def the_other_writer_first(src, dst):
+        if Path(dst) == final and not final.exists():
+            final.mkdir()
+            (final / "theirs.txt").write_text("2")
+        return real(src, dst)
+
+    monkeypatch.setattr(io_module.os, "replace", the_other_writer_first)
+    with atomic_dir(final, if_exists="keep") as tmp:
+        (tmp / "mine.txt").write_text("1")
+    assert [p.name for p in final.iterdir()] == ["theirs.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_a_killed_writers_leftover_is_cleared(tmp_path):
     leftover = tmp_path / ".out.tmp-1"
     leftover.mkdir()

@@ -10,6 +10,7 @@ config, a record or a report is written without paying for it.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import pickle
@@ -75,7 +76,13 @@ def atomic_dir(path: str | Path, tmp: str | Path | None = None, if_exists: str =
             return
         old = Path(aside) if aside is not None else path.with_name(f".{path.name}.old-{os.getpid()}")
         os.replace(path, old)  # a kill from here until it is deleted leaves it to restore
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if if_exists == "keep" and e.errno in (errno.ENOTEMPTY, errno.EEXIST) and path.is_dir():
+            return  # another process finished first, between the check and the rename: its result stands
+        raise OSError(e.errno, e.strerror, str(path)) from None
     if durable:
         fsync(path.parent)
     if old is not None:

@@ -257,3 +257,16 @@ def test_the_resume_policy_is_the_fields_own():
 def test_allow_change_without_a_resume_is_a_usage_error():
     result = invoke("pretrain", "--allow-change", "train.optim.lr")
     assert result.exit_code == 2 and "--allow-change applies to a resume" in result.output, result.output
+
+
+def test_validation_switched_on_at_a_resume_is_periodic_from_there(tmp_path):
+    """A run written with train.validate_every=0 and resumed with it on: validation is due at the next
+    multiple of the fraction past the resumed t (was: never, the checkpoint's 'off' kept)."""
+    from .helpers import run_inprocess
+
+    base = ["budget=null", "train.budget.steps=2", "train.checkpoint_every=2", "train.validate_every=0"]
+    run_inprocess(tmp_path, "v", *base)
+    run_inprocess(tmp_path, "v", "budget=null", "train.budget.steps=8", "train.validate_every=0.25", "resume=auto",
+                  "allow_change=[train.budget.steps]")
+    vals = [r["step"] for r in records(tmp_path / "v", "val")]
+    assert vals == [2, 4, 6, 8], vals  # the first segment's final one, then t 0.5 and 0.75, and the final one (was: [2, 8])

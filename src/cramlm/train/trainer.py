@@ -183,6 +183,9 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         self.meter.load_state_dict(state)
         next_t = state["next_validation"]
+        fraction = self.validation.fraction
+        if next_t is None and fraction > 0:  # off when the checkpoint was written, on now: the next multiple from here
+            next_t = (math.floor(self.meter.t / fraction) + 1) * fraction
         self.validation.next_t = math.inf if next_t is None else next_t
         self.events.update(state["events"])
         self.first_loss = state["first_loss"]
