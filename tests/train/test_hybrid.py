@@ -83,6 +83,27 @@ def test_hybrid_evaluates_fine_tuning_heldout_and_minimal_pairs_in_both_modes(tm
     assert [r["task"] for r in got["results"]] == ["whales"]
 
 
+def test_with_document_attention_a_documents_first_token_is_not_predicted_from_the_last_document(tmp_path):
+    """Masked next-token prediction scores token t + 1 at position t: at a document's first token that
+    position is the previous document's (no context in its own, under document attention): not scored
+    in masked rows (causal rows predict across the separator, as a causal LM does)."""
+    run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=1", "arch.init_std=0.5")
+    from cramlm.eval.checkpoints import load_checkpoint
+
+    model = load_checkpoint(str(tmp_path / "hy"), tmp_path).lm.model.eval()
+    torch.manual_seed(0)
+    ids = torch.randint(5, 512, (1, 16))
+    docs = torch.tensor([[0] * 8 + [1] * 8])
+    both, inner = torch.full_like(ids, IGNORE_INDEX), torch.full_like(ids, IGNORE_INDEX)
+    both[0, [8, 11]] = ids[0, [8, 11]]  # the second document's first token and one inside it
+    inner[0, 11] = ids[0, 11]
+    with torch.no_grad():
+        a = model(ids, labels=both, document_ids=docs)["loss"]
+        b = model(ids, labels=inner, document_ids=docs)["loss"]
+        c = model(ids, labels=both)["loss"]  # without document attention both are scored
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
 def test_the_scorers_read_the_token_from_the_position_before_it(tmp_path):
     run_inprocess(tmp_path, "hy", *HYBRID, "train.budget.steps=2", "arch.init_std=0.5")
     from cramlm.eval.checkpoints import load_checkpoint

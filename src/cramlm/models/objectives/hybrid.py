@@ -105,6 +105,8 @@ class GPTBERT(nn.Module):
         hidden = self.encode(input_ids, *context, causal=rows if counts["causal_loss"] else False)[:, :-1]  # (B, T-1, H)
         targets = labels[:, 1:]  # (B, T-1): position t predicts token t + 1
         scored = targets != IGNORE_INDEX
+        if document_ids is not None:  # document attention: a masked row's document-first token has no context
+            scored &= ~((document_ids[:, 1:] != document_ids[:, :-1]) & ~rows[:, None])  # in its document: not scored
         loss, out = 0.0, {}
         for (name, count), mine in zip(counts.items(), (~rows, rows)):
             if not count:
