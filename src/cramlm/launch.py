@@ -65,8 +65,12 @@ def recorded(folder: Path) -> tuple[dict[str, int], int] | None:
     if not records:
         return None
     last = records[max(records)]
-    ordered = sorted(last.items(), key=lambda kv: (len(kv[0]), kv[0]))
-    return {rank: status for rank, (status, _) in ordered}, next(iter(last.values()))[1]
+    return {rank: status for rank, (status, _) in _by_rank(last)}, next(iter(last.values()))[1]
+
+
+def _by_rank(records: dict[str, object]) -> list[tuple[str, object]]:
+    """Items keyed by local rank (text), in rank order (2 before 10)."""
+    return sorted(records.items(), key=lambda kv: (len(kv[0]), kv[0]))
 
 
 def last_attempt(folder: Path) -> dict[str, int] | None:
@@ -103,7 +107,7 @@ def torchrun(args: list[str]) -> None:
                     said[str(failure.local_rank)] = "stopped by torchrun"
         if len(said) != world:  # a worker gave no reason of its own: torchrun's report is the only account
             raise
-        ranks = ", ".join(f"local rank {rank}: {what}" for rank, what in sorted(said.items(), key=lambda kv: (len(kv[0]), kv[0])))
+        ranks = ", ".join(f"local rank {rank}: {what}" for rank, what in _by_rank(said))
         why = "on a stop signal" if isinstance(e, SignalException) else "as a worker failed"
         print(f"cramlm.launch: torchrun stopped {why}; each worker's reason is above ({ranks})", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -45,12 +45,6 @@ def _writable(out: str, reads: list[str | Path] = ()) -> str:
     return out
 
 
-def _source_paths(cfg) -> list[str]:
-    """The local files and folders a data config's sources and tokenizer read."""
-    paths = [s.path for s in cfg.sources if s.type != "hf" and isinstance(getattr(s, "path", None), str) and "://" not in s.path]
-    return paths + ([cfg.tokenizer.path] if cfg.tokenizer.path and "://" not in cfg.tokenizer.path else [])
-
-
 @click.group("data")
 def data_command() -> None:
     """The data stage on its own: prepare, shard and merge, index, tokenizer, dedup, pack, inspect."""
@@ -108,7 +102,7 @@ def tokenizer(out: str, overrides: tuple[str, ...]) -> None:
     from cramlm.data.prepare import make_tokenizer
 
     cfg = resolve_or_exit("data", overrides)
-    _writable(out, _source_paths(cfg.data))
+    _writable(out, [path for _, path in cfg.data.local_paths()])
     start = time.perf_counter()
     tok = run_or_exit(make_tokenizer, cfg.data)
     run_or_exit(tok.save, out)
@@ -142,7 +136,7 @@ def dedup(out: str | None, overrides: tuple[str, ...]) -> None:
     from cramlm.data.commands import dedup_sources
 
     cfg = resolve_or_exit("data", overrides)
-    _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out, _source_paths(cfg.data))))
+    _echo(run_or_exit(dedup_sources, cfg.data, out and _writable(out, [path for _, path in cfg.data.local_paths()])))
 
 
 @data_command.command("pack")

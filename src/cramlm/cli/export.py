@@ -54,6 +54,7 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     its objective trained (models/objectives/: the arch; ELECTRA's discriminator with its detector,
     and its generator), written as the objective exports it."""
     from cramlm.data.tokenizer import separator_id
+    from cramlm.io import atomic_dir
     from cramlm.models.objectives.base import build_objective
     from cramlm.run.build import load_run
 
@@ -65,12 +66,9 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     if not own:  # (load_run checked the run's own against its digest)
         load_encoder(model, objective, weights)
     model = objective_export_model(run_dir, objective, model, weights)
-    from cramlm.io import atomic_dir
-
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if objective.config.arch_kind == "clm" else None
-    out = Path(out_dir)
-    check_output_folder(out, run_dir)
+    out = Path(out_dir)  # (checked by export_run, before any work)
     out.parent.mkdir(parents=True, exist_ok=True)
     # written whole beside it, then put in place: a failure leaves the folder as it was, and nothing
     # of an earlier export into it stays behind

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
@@ -70,11 +69,11 @@ def dedup_sources(cfg, out: str | None = None) -> dict:
     report, cleaner = SkipReport(limit=cfg.max_entries_in_raw_dataset), Cleaner(cfg.clean)
     seen: set[int] = set()
     near = (MinHasher(cfg.dedup), NearDuplicateIndex(cfg.dedup)) if cfg.dedup.near else None
-    with contextlib.ExitStack() as stack:  # the output under its name only once complete (a kill leaves none)
-        sink = open(stack.enter_context(atomic_write(Path(out))), "w", encoding="utf-8") if out else None
-        if sink:
-            stack.callback(sink.close)
-        kept = _dedup_into(cfg, report, cleaner, seen, near, sink)
+    if out:  # the output under its name only once complete (a kill leaves none)
+        with atomic_write(Path(out)) as tmp, open(tmp, "w", encoding="utf-8") as sink:
+            kept = _dedup_into(cfg, report, cleaner, seen, near, sink)
+    else:
+        kept = _dedup_into(cfg, report, cleaner, seen, near, None)
     return {"read": report.read, "kept": kept, "skipped": dict(report.skipped), "examples": report.examples, "out": out}
 
 

@@ -74,26 +74,31 @@ class DataConfig(Config):
         blob = json.dumps([PIPELINE_VERSION, key_dump(self)], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def local_paths(self) -> list[tuple[str, str]]:
+        """(source index, or "tokenizer"; path) of each plain local path the data reads: pkg://,
+        python:// and npm:// files (fixed by their version) and hub datasets aside."""
+        out = [(str(i), s.path) for i, s in enumerate(self.sources)
+               if s.type != "hf" and isinstance(getattr(s, "path", None), str) and "://" not in s.path]
+        return out + ([("tokenizer", self.tokenizer.path)] if self.tokenizer.path and "://" not in self.tokenizer.path else [])
+
     def input_files(self) -> list[dict] | None:
-        """Each local file the sources and the tokenizer read (a plain path: pkg://, python:// and
-        npm:// files are fixed by their version), named by its source and its place under that
-        source's files (so a corpus moved whole is the same input): with its size and modification
-        time, what a changed input shows, and its path; None where a source cannot be listed here
-        (gone, a hub dataset, a plugin's own), and then a cache's inputs are not checked."""
+        """Each local file the sources and the tokenizer read (``local_paths``), named by its source and
+        its place under that source's files (so a corpus moved whole is the same input): with its size
+        and modification time, what a changed input shows, and its path; None where a source cannot be
+        listed here (gone, a hub dataset, a plugin's own), and then a cache's inputs are not checked."""
         from cramlm.data.sources import expand_paths
 
+        if any(s.type == "hf" or not isinstance(getattr(s, "path", None), str) for s in self.sources):
+            return None
         named: list[tuple[str, Path]] = []
         try:
-            for index, source in enumerate(self.sources):
-                path = getattr(source, "path", None)
-                if source.type == "hf" or not isinstance(path, str):
-                    return None
-                if "://" not in path:
-                    files = [p.resolve() for p in expand_paths(path)]
-                    root = Path(os.path.commonpath(files)) if len(files) > 1 else files[0].parent
-                    named += [(f"{index}:{f.relative_to(root)}", f) for f in files]
-            if self.tokenizer.path and "://" not in self.tokenizer.path:
-                named.append((f"tokenizer:{Path(self.tokenizer.path).name}", Path(self.tokenizer.path).resolve()))
+            for key, path in self.local_paths():
+                if key == "tokenizer":
+                    named.append((f"tokenizer:{Path(path).name}", Path(path).resolve()))
+                    continue
+                files = [p.resolve() for p in expand_paths(path)]
+                root = Path(os.path.commonpath(files)) if len(files) > 1 else files[0].parent
+                named += [(f"{key}:{f.relative_to(root)}", f) for f in files]
             return [{"input": name, "path": str(p), "bytes": (st := p.stat()).st_size, "mtime_ns": st.st_mtime_ns}
                     for name, p in named]
         except (DataError, OSError, ValueError):

@@ -86,18 +86,18 @@ class PairsConfig(Config):
         "2023: a token's own mask also covers the rest of its word; the default, docs/evaluation.md says why) "
         "or original (Salazar et al. 2020, BabyLM's: the token alone masked). Both: [word-l2r, original] "
         "(the copies they share are scored once)")
+    generator: bool = Field(
+        True, description="ELECTRA (rtd) runs: also score with the generator's pseudo-log-likelihood, beside the "
+        "discriminator's (the headline)")
+    batch_tokens: PositiveInt = Field(
+        8192, description="tokens (padded) per forward pass when scoring; no effect on the scores, only on speed and memory")
+
     @field_validator("pll")
     @classmethod
     def _once_each(cls, value: list[str]) -> list[str]:
         if len(set(value)) < len(value):
             raise ValueError(f"each variant once: {value}")
         return value
-
-    generator: bool = Field(
-        True, description="ELECTRA (rtd) runs: also score with the generator's pseudo-log-likelihood, beside the "
-        "discriminator's (the headline)")
-    batch_tokens: PositiveInt = Field(
-        8192, description="tokens (padded) per forward pass when scoring; no effect on the scores, only on speed and memory")
 
 
 class PairsError(ValueError):
