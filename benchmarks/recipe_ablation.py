@@ -190,8 +190,9 @@ def stored_baseline(path: Path, args) -> dict:
         mine["recipe"] = theirs["recipe"]  # a recipe's name is a label: what it trained is compared below (or renamed)
     if diff := [k for k in mine if k != "overrides" and mine[k] != theirs[k]]:
         raise SystemExit(f"Error: --baseline-from {path}: {', '.join(f'{k} {theirs[k]!r} there, {mine[k]!r} here' for k in diff)}")
-    # the shared overrides may differ in where the data cache lives and in threads, never in what is trained
-    where = ("impl.data_cache=", "impl.threads=")
+    # the shared overrides may differ in where the data cache lives, threads, progress and the logging,
+    # validation and checkpoint cadence (NOT_TRAINING), never in what is trained
+    where = ("impl.data_cache=", "impl.threads=", "impl.progress=", *(f"train.{k}=" for k in sorted(NOT_TRAINING - {"lr"})))
     if [o for o in mine["overrides"] if not o.startswith(where)] != [o for o in (theirs["overrides"] or []) if not o.startswith(where)]:
         raise SystemExit(f"Error: --baseline-from {path}: shared overrides {theirs['overrides']} there, {mine['overrides']} here")
     if stored_trained:  # the same words may mean another model today

@@ -118,7 +118,8 @@ def test_a_stored_baseline_gives_the_same_multiplier_and_must_match(tmp_path):
 
     # stored as cpu-1h, the MLM recipe's name until 2026-12-02 (RENAMED): cpu-1h-mlm's baseline today
     args = argparse.Namespace(recipe="cpu-1h-mlm", size="128x4", flops=2e13, clock=None, baseline=["base"],
-                              overrides=["impl.data_cache=elsewhere", "impl.threads=1"], contenders=settings["contenders"])
+                              overrides=["impl.data_cache=elsewhere", "impl.threads=1", "train.checkpoint_every=25"],
+                              contenders=settings["contenders"])
     stored = stored_baseline(saved, args)
     second = tmp_path / "second"
     second.mkdir()
