@@ -26,7 +26,7 @@
 # Results: $OUT when set (the device tool brings it back), else benchmarks/results/gpu/local-<date>/
 # (dry: ...-dry/, ignored by git): gpu_check.json (updated after every step, so a check cut short
 # keeps what it measured), gpu_check.log, model_step.json, train_step.json, pretrain_metrics.jsonl,
-# eval.json. The table printed last summarises them; exit status = number of steps not ok.
+# eval.json, ab.json, model_step_documents.json, train_step_compile.json. The table printed last summarises them; exit status = number of steps not ok.
 # See benchmarks/results/gpu/README.md for what to commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +84,10 @@ if ! "$PY" -c "import pydantic, omegaconf, filelock" 2>/dev/null; then
       && export PYTHONPATH="$WORK/site:$PYTHONPATH"
   else
     echo "Error: pydantic/omegaconf/filelock missing and no .whl/ here: run 'bash benchmarks/gpu_wheels.sh' where pip works, carry .whl"
+  fi
+  if ! "$PY" -c "import pydantic, omegaconf, filelock" 2>/dev/null; then  # every later step would fail at its imports
+    echo "Error: pydantic/omegaconf/filelock still not importable after the carried wheels (.whl/: $(ls .whl 2>/dev/null | wc -l) files); nothing else runs"
+    exit 1
   fi
 fi
 run env 60 "" "${REPORT[@]}" env "$RES" || { "${REPORT[@]}" table "$RES"; exit 1; }
@@ -157,7 +161,8 @@ if want pretrain && run pretrain "$PRETRAIN_TIMEOUT" "" "$PY" -m cramlm pretrain
   cp "$RUN/eval.json" "$RES/eval.json" 2>/dev/null
 else
   kill $COPIER 2>/dev/null
-  cp "$RUN/metrics.jsonl" "$RES/pretrain_metrics.jsonl" 2>/dev/null
+  # cut short (a timeout): the steady rate from the steps it logged
+  cp "$RUN/metrics.jsonl" "$RES/pretrain_metrics.jsonl" 2>/dev/null && "${REPORT[@]}" pretrain "$RES" "$RUN"
 fi
 
 # --- ab: cramlm's GPU-day recipe against cramming's at equal FLOPs (benchmarks/gpu_ab.py); on the GPU
@@ -174,12 +179,12 @@ fi
 # packed documents through FlexAttention against the dense mask, then the trainer's step compiled
 # (what compile=auto buys at base size)
 if [ $DRY = 0 ] && want model_step_documents && [ $((LIMIT - ($(date +%s) - START))) -gt 75 ]; then
-  run model_step_documents 90 "$WORK/model_step_documents.json" "$PY" benchmarks/model_step.py --sizes base --batch 128 \
-    --steps 5 --warmup 2 --precision bf16 --documents 4 --peak-flops "$PEAK" --json "$WORK/model_step_documents.json"
+  run model_step_documents 90 "$RES/model_step_documents.json" "$PY" benchmarks/model_step.py --sizes base --batch 128 \
+    --steps 5 --warmup 2 --precision bf16 --documents 4 --peak-flops "$PEAK" --json "$RES/model_step_documents.json"
 fi
 if [ $DRY = 0 ] && want train_step_compile && [ $((LIMIT - ($(date +%s) - START))) -gt 75 ]; then
-  run train_step_compile 90 "$WORK/train_step_compile.json" "$PY" benchmarks/train_step.py --sizes base --microbatch 128 \
-    --steps 5 --warmup 2 --precision bf16 --compile --peak-flops "$PEAK" --out "$WORK/train_step_compile.json"
+  run train_step_compile 90 "$RES/train_step_compile.json" "$PY" benchmarks/train_step.py --sizes base --microbatch 128 \
+    --steps 5 --warmup 2 --precision bf16 --compile --peak-flops "$PEAK" --out "$RES/train_step_compile.json"
 fi
 
 rm -rf "$WORK"

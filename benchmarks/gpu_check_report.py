@@ -112,10 +112,11 @@ def step(res: Path, name: str, status: str, seconds: str, file: str | None = Non
 def pretrain(res: Path, run_dir: str) -> None:
     """Tokens/s and MFU of `cramlm pretrain`: end to end as its summary states them (every step
     after the first, which holds compilation), steady state (median of the second half of the
-    logged windows), both also against the measured GEMM peak."""
+    logged windows), both also against the measured GEMM peak. A run cut short (no summary.json)
+    still gives its steady state from the metrics it logged."""
     run = Path(run_dir)
     report = load(res)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in records if r.get("kind") == "train" and r.get("step", 0) > 1]
     steady = statistics.median(r["tokens_per_second"] for r in train[len(train) // 2:]) if train else None
@@ -132,7 +133,7 @@ def pretrain(res: Path, run_dir: str) -> None:
             derived[key] = round(tps * fpt / measured, 4) if tps else None
     if steady:
         derived["tokens_in_24h_at_steady_rate"] = round(steady * 86400)
-    report["results"]["pretrain"] = {"summary": summary, "derived": derived}
+    report["results"]["pretrain"] = {"summary": summary or None, "derived": derived}
     if ((summary.get("steps") or 0) < 3 or not steady) and report["steps"].get("pretrain", {}).get("status") == "ok":  # ran, measured nothing steady
         report["steps"]["pretrain"]["status"] = f"no steady state ({summary.get('steps')} steps)"
     save(res, report)

@@ -140,11 +140,15 @@ def test_a_cache_is_never_reused_for_other_input_files(tmp_path, monkeypatch, ca
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched, same text
     capsys.readouterr()
     assert prepare_data(cfg, tmp_path / "cache", progress=False).folder == a.folder
-    assert "c.jsonl was modified since" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "c.jsonl was modified since" in said.err and not said.out  # (stdout: cramlm data prepare's JSON)
     with source.open("a") as f:
         f.write(json.dumps({"text": "alpha " + document(99)}) + "\n")
     with pytest.raises(DataError, match=r"\(changed size: .*a/c.jsonl\)"):
         prepare_data(cfg, tmp_path / "cache", progress=False)
+    # a run resuming from a checkpoint goes on with the cache's tokens (its checkpoint pins them): said, not refused
+    assert prepare_data(cfg, tmp_path / "cache", progress=False, resuming=True).folder == a.folder
+    assert "the run resumed goes on with the cache's tokens" in capsys.readouterr().err
 
     folder_cfg = tiny_data([{"type": "jsonl", "path": str(tmp_path / "b")}])
     prepare_data(folder_cfg, tmp_path / "cache", progress=False)

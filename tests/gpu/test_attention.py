@@ -66,10 +66,14 @@ def test_packed_documents_take_flex_attention_and_match_the_dense_mask(name, dev
     model = tiny_model(name, **WIDE).train().to(device)
     ids, docs, mask = packed(device)
     cpu = device.type == "cpu"
+    head_dim = model.cfg.hidden_size // model.cfg.num_heads
+    # auto takes flex on CUDA only past one 128-token block (flex_pays): not at this batch's 64 tokens
+    assert modeling.use_block_mask(docs, head_dim, 0.0, "auto") == (not cpu and docs.shape[1] > modeling.FLEX_BLOCK)
+    assert modeling.use_block_mask(torch.zeros(2, 256, dtype=torch.long, device=device), head_dim, 0.0, "auto") == (not cpu)
+    model.trunk.document_kernel = "flex"
     if cpu:  # FlexAttention has no CPU backward: compare forwards there
-        model.trunk.document_kernel = "flex"
         model.eval()
-    assert modeling.use_block_mask(docs, model.cfg.hidden_size // model.cfg.num_heads, 0.0, model.trunk.document_kernel)
+    assert modeling.use_block_mask(docs, head_dim, 0.0, model.trunk.document_kernel)
     block, _ = modeling.attention_mask_for(mask, docs, model.trunk.causal, docs.shape[1], block_mask=True)
     assert isinstance(block, modeling.BlockMask)
     keep = mask.bool()

@@ -1,5 +1,5 @@
 """torch.compile with inductor (Triton kernels on the GPU) gives eager's loss and gradients for
-every model family, packed documents (FlexAttention inside the compiled graph) included; and
+every model family, packed documents (FlexAttention inside the compiled graph, and the dense mask) included; and
 ``impl.compile=auto`` compiles a model on the GPU (tests/train/test_compile_auto.py: not on a CPU)."""
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def test_inductor_matches_eager(name, cuda, fresh_dynamo):
         labels[:, 1::3] = -100
     docs = torch.tensor([[0] * 20 + [1] * 44] * 2 + [[0] * 64] * 2, device=cuda)
     compiled = torch.compile(model)  # inductor, the trainer's default
-    for inputs in ({}, {"document_ids": docs}):  # plain (SDPA flash) and packed (FlexAttention)
+    # plain (SDPA flash), packed through FlexAttention (auto takes it past 128 tokens; forced at 64) and packed through the dense mask
+    for kernel, inputs in (("auto", {}), ("flex", {"document_ids": docs}), ("dense", {"document_ids": docs})):
+        model.trunk.document_kernel = kernel
         model.zero_grad(set_to_none=True)
         loss = compiled(ids, labels=labels, **inputs)["loss"]
         loss.backward()

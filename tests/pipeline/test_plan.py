@@ -181,6 +181,40 @@ def test_arch_auto_in_a_run_takes_the_plan_and_reuses_it(law_file, tmp_path):
         resolve_recipe("default", [f"base_dir={tmp_path}", "budget=null", "arch=auto", "name=x"], {"throughput": THROUGHPUT})
 
 
+def test_a_recorded_plan_keeps_its_shape_and_takes_the_configs_lr(law_file, tmp_path, monkeypatch):
+    """A plan records a shape: a resume that changes the lr (--allow-change train.optim.lr) reuses
+    it, under torchrun too (where nothing may be measured), with the lr the planner gives now, never
+    the recorded one; a plan recorded under an earlier form of the key (before the optimizer type and
+    objective were in it, or with the lr in it) is reused as well."""
+    from cramlm.config.loader import ConfigError
+    from cramlm.pipeline.recipe import PLAN, plan_keys
+
+    law = json.loads(json.dumps(load_law(str(law_file))))
+    law_lr = law["data"]["lr"] if law.get("data", {}).get("optimizer", "adamw") == resolve_recipe("default", []).train.optim.type else None
+    overrides = [f"base_dir={tmp_path}", "budget=15m", "arch=auto", "name=planned"]
+    args = {"throughput": THROUGHPUT, "law_path": str(law_file), "say": lambda *_: None}
+    first = resolve_recipe("default", overrides, args)
+    path = first.run_dir / PLAN
+    record = json.loads(path.read_text())
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun process: it never measures, it reuses or refuses
+    moved = resolve_recipe("default", [*overrides, "train.optim.lr=3e-3"], args)
+    assert (moved.arch.hidden_size, moved.arch.num_layers) == (first.arch.hidden_size, first.arch.num_layers)
+    assert moved.train.optim.lr == 3e-3  # the user's lr, applied after the plan's overrides
+    # the lr the plan hands on is the planner's for this config, whatever the record says
+    path.write_text(json.dumps({**record, "overrides": [o for o in record["overrides"] if not o.startswith("train.optim.lr=")]
+                                + ["train.optim.lr=0.5"]}))
+    again = resolve_recipe("default", overrides, args)
+    assert again.train.optim.lr == (law_lr if law_lr is not None else first.train.optim.lr) != 0.5
+    unplanned = resolve_recipe("default", overrides)  # as the key sees it: the planner's starting shape
+    assert record["key"] == plan_keys(unplanned, str(law_file))[0]
+    for old_key in plan_keys(unplanned, str(law_file))[1:]:  # keys of plans recorded before
+        path.write_text(json.dumps({**record, "key": old_key}))
+        assert resolve_recipe("default", overrides, args).arch.hidden_size == first.arch.hidden_size
+    path.write_text(json.dumps({**record, "key": "0" * 12}))  # another config's plan: refused under torchrun
+    with pytest.raises(ConfigError, match="plan once first"):
+        resolve_recipe("default", overrides, args)
+
+
 def test_overwrite_keeps_the_plan_it_was_resolved_with(tmp_path):
     """overwrite=true empties the run folder before the run; the plan.json made (or reused) for this
     very config while it was resolved stays, so the run is not measured into another shape later."""
@@ -280,10 +314,11 @@ def test_the_shipped_law_follows_the_recipes_optimizer():
     assert planned["adamw"]["law"]["source"] == adamw_law["source"] and planned["adamw"]["choice"]["lr"] == 0.001
     assert not any(line.startswith("note: the law was fitted") for p in planned.values() for line in p["why"])
     assert plan_key(muon) != plan_key(adamw) and plan_key(muon) == plan_key(resolve_recipe("cpu-1h-mlm", ["budget=15m", "name=other"]))
-    # an optimizer without a law of its own, another lr or objective: planned again (was: the old plan's lr reused)
-    others = [resolve_recipe("cpu-1h-mlm", ["budget=15m", *extra]) for extra in
-              (["train.optim.type=lion"], ["train.optim.lr=8e-3"], ["train.objective=hybrid"])]
-    assert len({plan_key(muon), *map(plan_key, others)}) == 4
+    # an optimizer without a law of its own or another objective (a step of another cost): planned again;
+    # another lr is the same plan (its lr is written again from the config: test_a_recorded_plan_...)
+    others = [resolve_recipe("cpu-1h-mlm", ["budget=15m", *extra]) for extra in (["train.optim.type=lion"], ["train.objective=hybrid"])]
+    assert len({plan_key(muon), *map(plan_key, others)}) == 3
+    assert plan_key(resolve_recipe("cpu-1h-mlm", ["budget=15m", "train.optim.lr=8e-3"])) == plan_key(muon)
     # cpu-1h trains ELECTRA's objective: planned with the MLM law as a proxy, and the plan says so
     rtd = plan(resolve_recipe("cpu-1h", ["budget=15m"]), "cpu-1h", **quiet)
     assert rtd["law"]["source"] == muon_law["source"] and muon_law["data"]["objective"] == "mlm"

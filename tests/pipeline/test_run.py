@@ -116,6 +116,29 @@ def test_results_of_an_earlier_configuration_are_set_aside_not_reported(tiny_run
     assert (run / "eval-untrained.json").is_file() and not (run / "eval-untrained.stale.json").exists()
 
 
+def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_path, monkeypatch):
+    """A run folder whose stages were recorded before resume, allow_change and the collective
+    timeout left the stage keys (a run requeued with --resume auto): its finished stages are found
+    again, not trained or evaluated again, and its results are not set aside as stale."""
+    from cramlm.pipeline.recipe import migrate_keys, reconcile_results
+
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "outputs" / "default"
+    cfg = resolve_recipe("default", [*TINY_RUN, "resume=auto", "impl.dist_timeout=99"])
+    keys, legacy = stage_keys(cfg), stage_keys(cfg, legacy=True)
+    assert keys == stage_keys(resolve_recipe("default", TINY_RUN)) and legacy["pretrain"] != keys["pretrain"]
+    record = read_record(run)
+    for stage, entry in record["stages"].items():
+        entry["key"] = legacy[stage]  # as the code before recorded them for this config
+    assert stages_to_run(cfg, json.loads(json.dumps(record)))[:1] == ["pretrain"]  # (unmigrated: all again)
+    assert migrate_keys(cfg, record, keys) and stages_to_run(cfg, record) == []
+    report_only = resolve_recipe("default", [*TINY_RUN, "resume=auto", "impl.dist_timeout=99", "stages=[report]"])
+    assert not reconcile_results(report_only, record, keys) and (run / "eval.json").is_file()
+    other = {**record, "stages": {s: {**e, "key": "0" * 12} for s, e in record["stages"].items()}}
+    assert not migrate_keys(cfg, other, keys)  # another config's keys stay another config's
+
+
 def test_the_twin_is_evaluated_again_when_the_objective_changes():
     """What is built and scored of the random weights depends on the objective (ELECTRA's generator
     beside the detector, the hybrid's scorer, PLL for a masked LM): a run re-trained in its folder
@@ -158,6 +181,21 @@ def test_recipe_errors_name_the_key():
         resolve_recipe("cpu1h")
     result = CliRunner().invoke(main, ["run", "default", "stages=[pretrian]"])
     assert result.exit_code == 1 and "stages" in result.output
+
+
+def test_an_eval_override_of_no_task_fails_before_training(tmp_path, monkeypatch):
+    """eval.overrides naming no task of the run's evaluation: one Error line before any stage runs
+    (was: after pretraining); an evaluation of minimal pairs alone (a zero-shot sweep's eval.tasks=[])
+    fine-tunes nothing, so an override there is not refused."""
+    from cramlm.pipeline.recipe import run_pipeline
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["run", "default", *TINY_RUN, "eval.overrides.rotten_tomatos.epochs=2"])
+    assert result.exit_code == 1 and "Error: eval.overrides.rotten_tomatos: no task of this evaluation" in result.output, result.output
+    assert not (tmp_path / "outputs").exists()  # nothing prepared, trained or recorded
+    zero_shot = resolve_recipe("default", [*TINY_RUN, "eval.tasks=[]", "eval.overrides.rotten_tomatos.epochs=2", "dryrun=true",
+                                           "stages=[data]"])
+    run_pipeline(zero_shot, "default")  # the up-front checks pass
 
 
 def test_list_and_show():

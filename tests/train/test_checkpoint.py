@@ -101,3 +101,29 @@ def test_cli_resume_auto_extends_a_finished_run(tmp_path):
     again = CliRunner().invoke(main, ["pretrain", "--resume", "auto", *args, "train.budget.steps=3"])
     assert again.exit_code == 0, again.output
     assert "resumed from" in again.output and sorted(losses(tmp_path / "cli")) == [1, 2, 3]
+
+
+def test_a_resume_goes_on_with_its_data_after_the_corpus_grew(tmp_path):
+    """A corpus file appended to after a run prepared its cache: a fresh run on it is refused (the
+    cache is of other text), a resume goes on with the cache's tokens, the data its checkpoint pins
+    (was: refused, with remedies that do not let it continue)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i}: " + "the whale and the sea and the ship " * 12}) + "\n"
+                              for i in range(40)))
+    args = overrides(tmp_path, "grown", "budget=null", f"data.sources=[{{type: jsonl, path: {corpus}}}]", "data.name=grown")
+    first = CliRunner().invoke(main, ["pretrain", *args, "train.budget.steps=2"])
+    assert first.exit_code == 0, first.output
+    with corpus.open("a") as f:
+        f.write(json.dumps({"text": "a document added later " * 10}) + "\n")
+    again = CliRunner().invoke(main, ["pretrain", "--resume", "auto", *args, "train.budget.steps=3"])
+    assert again.exit_code == 0, again.output
+    assert "resumed from" in again.output and "goes on with the cache's tokens" in again.output
+    fresh = CliRunner().invoke(main, ["pretrain", *overrides(tmp_path, "fresh", "budget=null", f"data.sources=[{{type: jsonl, path: {corpus}}}]",
+                                                             "data.name=grown"), "train.budget.steps=1"])
+    assert fresh.exit_code != 0 and "prepared from other files" in fresh.output

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,10 +284,16 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
-def reuse_prepared(cfg: DataConfig, folder: Path, say=print) -> PreparedData:
+def _note(message: str) -> None:
+    print(message, file=sys.stderr)  # stdout may be a command's JSON (cramlm data prepare)
+
+
+def reuse_prepared(cfg: DataConfig, folder: Path, say=_note, resuming: bool = False) -> PreparedData:
     """The prepared data in ``folder``, if the files it was prepared from are the ones ``cfg`` reads
     now (the same files and sizes; a file only modified since is said in a line): a cache prepared
-    from other text is refused, never trained on."""
+    from other text is refused, never trained on. ``resuming``: a run continues from a checkpoint
+    (which pins the data it trained on: checked against this cache on resume), so changed inputs
+    are said, not refused: the run goes on with the cache's tokens."""
     prepared = load_prepared(folder)
     then, now = prepared.manifest.get("inputs"), cfg.input_files()
     if then is None or now is None:  # prepared before inputs were recorded, or not listable here
@@ -299,6 +306,10 @@ def reuse_prepared(cfg: DataConfig, folder: Path, say=print) -> PreparedData:
     if changed or added or gone:
         what = "; ".join(f"{label} {names[0]}" + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
                          for label, names in (("changed size:", changed), ("new:", added), ("gone:", gone)) if names)
+        if resuming:
+            say(f"cramlm: note: {folder}: the input files changed since this cache was prepared ({what}); the run "
+                "resumed goes on with the cache's tokens, the data it trained on (a fresh run would be refused)")
+            return prepared
         raise DataError(f"{folder}: this data cache was prepared from other files than data.sources reads now ({what}); "
                         f"remove {folder} to prepare it again, or set data.name to keep both")
     touched = sorted(current[k]["path"] for k in before if before[k].get("mtime_ns") != current[k]["mtime_ns"])
@@ -324,13 +335,15 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
     return load_prepared(folder)
 
 
-def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool = True, batch_chars: int = 2_000_000) -> PreparedData:
+def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool = True, batch_chars: int = 2_000_000,
+                 resuming: bool = False) -> PreparedData:
     """Prepare (or reuse) the packed data for ``cfg`` under ``cache_root``: one shard, then merge.
     One process prepares a config at a time (``.<folder>.lock`` beside it): a second one waits for
-    it and reuses its result, so neither removes the other's work in progress."""
+    it and reuses its result, so neither removes the other's work in progress. ``resuming``: for a
+    run that continues from a checkpoint (``reuse_prepared``)."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
-        return reuse_prepared(cfg, folder)
+        return reuse_prepared(cfg, folder, resuming=resuming)
     folder.parent.mkdir(parents=True, exist_ok=True)
     lock = folder.with_name(f".{folder.name}.lock")
     prepared = None

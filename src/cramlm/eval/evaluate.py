@@ -59,6 +59,24 @@ def evaluate(cfg: EvalRunConfig) -> list[dict]:
         return _evaluate(cfg, stop)
 
 
+def check_overrides(ev, tasks=None) -> None:
+    """Every ``eval.overrides`` entry names a task of this evaluation (an override of no task would be
+    ignored unsaid); ``tasks``: the loaded tasks (None: loaded here, so `cramlm run` checks before
+    training). An evaluation without tasks (minimal pairs alone, as a zero-shot sweep) fine-tunes
+    nothing: its overrides are not checked."""
+    if not ev.overrides or not ev.tasks:
+        return
+    from cramlm.eval.tasks import load_tasks
+
+    names = [t.name for t in (tasks if tasks is not None else load_tasks(ev.tasks, ev.glue_dir))]
+    if unknown := sorted(set(ev.overrides) - set(names)):
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], names, n=1)
+        raise ValueError(f"eval.overrides.{unknown[0]}: no task of this evaluation is named so (tasks: {', '.join(names)})"
+                         + (f"; did you mean '{close[0]}'?" if close else ""))
+
+
 def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     # imported here: EvalRunConfig validates without torch (fast config errors)
     from cramlm.eval.checkpoints import load_checkpoint
@@ -70,13 +88,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
 
     ev = cfg.eval
     tasks = load_tasks(ev.tasks, ev.glue_dir)  # fail before any training, naming every bad task
-    if unknown := sorted(set(ev.overrides) - {t.name for t in tasks}):  # an override of no task would be ignored unsaid
-        import difflib
-
-        names = [t.name for t in tasks]
-        close = difflib.get_close_matches(unknown[0], names, n=1)
-        raise ValueError(f"eval.overrides.{unknown[0]}: no task of this evaluation is named so (tasks: {', '.join(names)})"
-                         + (f"; did you mean '{close[0]}'?" if close else ""))
+    check_overrides(ev, tasks)
     if ev.select.active:
         for task in tasks:
             select_split(task, ev.for_task(task.name), ev.select)

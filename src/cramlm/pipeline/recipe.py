@@ -132,17 +132,40 @@ PLAN = "plan.json"
 
 
 def plan_key(cfg: PipelineConfig, law_path: str | None = None) -> str:
-    """What a plan depends on: the budget, the starting arch, sequence length and vocabulary, the
-    implementation it was measured with, the optimizer (its type and the recipe's lr), the objective
-    and the law (the shipped one follows the optimizer); not the run's name, resume or dryrun flags,
-    checkpoint or logging settings."""
+    """What a plan's shape depends on: the budget, the starting arch, sequence length and vocabulary,
+    the implementation it was measured with, the optimizer type and the objective (a training step of
+    them is measured) and the law (the shipped one follows the optimizer); not the run's name, resume
+    or dryrun flags, checkpoint or logging settings, nor the lr (a recorded plan's lr and masking are
+    written again from this config: ``fresh_hyperparameters``)."""
+    return plan_keys(cfg, law_path)[0]
+
+
+def plan_keys(cfg: PipelineConfig, law_path: str | None = None) -> tuple[str, ...]:
+    """This config's plan key, then the keys plans were recorded under before (still accepted: the
+    same shape's inputs, fewer of them named): without the optimizer type and objective, and with
+    the lr among them."""
     from cramlm.pipeline.plan import default_law
 
     impl, train = cfg.impl, cfg.train
-    # the optimizer, its lr and the objective: the plan writes an lr and measures a training step of them
-    return _hash([cfg.budget, cfg.arch.model_dump(mode="json"), cfg.data.seq_length, cfg.data.tokenizer.vocab_size,
-                  [impl.device, impl.precision, impl.threads, impl.microbatch_size], train.mlm_probability,
-                  law_path or default_law(train.optim.type), [train.optim.type, train.optim.lr, train.objective]])
+    common = [cfg.budget, cfg.arch.model_dump(mode="json"), cfg.data.seq_length, cfg.data.tokenizer.vocab_size,
+              [impl.device, impl.precision, impl.threads, impl.microbatch_size], train.mlm_probability,
+              law_path or default_law(train.optim.type)]
+    return (_hash([*common, [train.optim.type, train.objective]]), _hash(common),
+            _hash([*common, [train.optim.type, train.optim.lr, train.objective]]))
+
+
+PLANNED_HYPERPARAMETERS = ("train.optim.lr=", "train.mlm_probability=")
+
+
+def fresh_hyperparameters(cfg: PipelineConfig, overrides: list[str], law_path: str | None) -> list[str]:
+    """A recorded plan's overrides with its lr and masking rate as the planner gives them for this
+    config now (the law's where the recipe has its optimizer, else the recipe's own): a plan records
+    a shape, and an lr changed since is never undone by it."""
+    from cramlm.pipeline.plan import load_law, planned_hyperparameters
+
+    hp = planned_hyperparameters(cfg, load_law(law_path, cfg.train.optim.type))
+    kept = [o for o in overrides if not o.startswith(PLANNED_HYPERPARAMETERS)]
+    return [*kept, f"train.optim.lr={hp['lr']:g}", f"train.mlm_probability={hp['mlm_probability']:g}"]
 
 
 def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any]) -> list[str]:
@@ -164,9 +187,10 @@ def planned_overrides(cfg: PipelineConfig, recipe: str, plan_args: dict[str, Any
         record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, ValueError):
         record = {}
-    if record.get("key") == key and isinstance(record.get("overrides"), list):
-        say(f"cramlm run: arch=auto: the plan in {path}: " + " ".join(record["overrides"]))
-        return [str(o) for o in record["overrides"]]
+    if record.get("key") in plan_keys(cfg, args.get("law_path")) and isinstance(record.get("overrides"), list):
+        overrides = fresh_hyperparameters(cfg, [str(o) for o in record["overrides"]], args.get("law_path"))
+        say(f"cramlm run: arch=auto: the plan in {path}: " + " ".join(overrides))
+        return overrides
     if reuse_only or cfg.dryrun:
         say(f"cramlm run: arch=auto: no plan recorded in {path}; {'a dry run' if cfg.dryrun else 'shown'} with the "
             f"planner's starting shape ({AUTO_ARCH}); `cramlm run` measures and plans")
@@ -208,21 +232,25 @@ def _at_defaults(impl: dict[str, Any], fields: tuple[str, ...]) -> None:
             impl[field] = ImplConfig.model_fields[field].get_default(call_default_factory=True)
 
 
-def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
-    """What each stage's result depends on. Progress bars and the stage list do not count."""
+def stage_keys(cfg: PipelineConfig, legacy: bool = False) -> dict[str, str]:
+    """What each stage's result depends on. Progress bars and the stage list do not count.
+    ``legacy``: the keys as stages were recorded before resume, allow_change, the logging sinks and
+    the collective timeout left them and the objective entered the twin's (``migrate_keys``)."""
     pre = key_dump(cfg.pretrain_config())
     pre.pop("overwrite", None)
-    # how the stage runs, not what it makes: a run finished with --resume auto is the result of one that ran
-    # through (and is skipped); keyed at their defaults, so the keys of runs recorded before stay as they were
-    pre["resume"], pre["allow_change"] = None, []
-    _at_defaults(pre["impl"], NOT_WHAT_IT_MAKES)
+    if not legacy:
+        # how the stage runs, not what it makes: a run finished with --resume auto is the result of one that ran
+        # through (and is skipped); keyed at their defaults, so the keys of runs recorded before stay as they were
+        pre["resume"], pre["allow_change"] = None, []
+        _at_defaults(pre["impl"], NOT_WHAT_IT_MAKES)
     pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
         pre["train"].pop("rtd", None)
     ev = key_dump(cfg.eval_config())
     ev["impl"].pop("progress", None)
-    _at_defaults(ev["impl"], NOT_WHAT_IT_MAKES)
+    if not legacy:
+        _at_defaults(ev["impl"], NOT_WHAT_IT_MAKES)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
@@ -230,7 +258,7 @@ def stage_keys(cfg: PipelineConfig) -> dict[str, str]:
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed;
     # what is built and scored of them from the objective (ELECTRA's generator, the hybrid's scorer)
     objective = {k: pre["train"][k] for k in ("objective", "rtd", "hybrid", "objective_options") if k in pre["train"]} \
-        if "objective" in pre["train"] else {}  # (the default objective, mlm, keys as before it was in this key)
+        if "objective" in pre["train"] and not legacy else {}  # (the default objective, mlm, keys as before it was in this key)
     keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION, *([objective] if objective else [])])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
@@ -266,7 +294,11 @@ def finished(cfg: PipelineConfig, stage: str, record: dict[str, Any], key: str) 
 def run_data(cfg: PipelineConfig) -> dict[str, Any]:
     from cramlm.data.prepare import prepare_data
 
-    prepared = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress)
+    from cramlm.train.checkpoint import checkpoint_dirs
+
+    # a run that continues from a checkpoint (pretrain finds and vets which): changed inputs are said, not refused
+    resuming = cfg.resume is not None and (cfg.resume != "auto" or bool(checkpoint_dirs(cfg.run_dir / "checkpoints")))
+    prepared = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress, resuming=resuming)
     m = prepared.manifest
     return {"folder": str(prepared.folder), "train_tokens": m["train"]["tokens"], "val_tokens": m["val"]["tokens"]}
 
@@ -305,6 +337,20 @@ RUNNERS = {"data": run_data, "pretrain": run_pretrain, "eval": run_eval, TWIN: r
 def selected(cfg: PipelineConfig) -> list[str]:
     """The stages this config runs, in pipeline order."""
     return [s for s in STAGES if s in cfg.stages and (s != TWIN or cfg.untrained_twin)]
+
+
+def migrate_keys(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str]) -> bool:
+    """Stages recorded under their legacy key (``stage_keys(legacy=True)``) that this config makes
+    the same way take this config's key: a run finished with --resume auto or a logging sink before
+    those left the key is not trained or evaluated again, nor its results set aside. Whether the
+    record changed."""
+    legacy, changed = None, False
+    for stage, entry in record.get("stages", {}).items():
+        if stage in keys and isinstance(entry, dict) and entry.get("key") not in (None, keys[stage]):
+            legacy = legacy or stage_keys(cfg, legacy=True)
+            if entry["key"] == legacy.get(stage):
+                entry["key"], changed = keys[stage], True
+    return changed
 
 
 def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
@@ -394,6 +440,10 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     if "eval" in cfg.stages and not cfg.eval.tasks and not cfg.eval.minimal_pairs.paths:  # fail now, not after hours of training
         raise ValueError("eval.tasks is empty: name task folders (eval.tasks=[path,...]) or minimal pairs "
                          "(eval.minimal_pairs.paths=[...]), or drop 'eval' from stages")
+    if "eval" in cfg.stages:
+        from cramlm.eval.evaluate import check_overrides
+
+        check_overrides(cfg.eval)  # an override naming no task: now, not after hours of training
     run_dir = cfg.run_dir
     rank = launcher_env()[0]
     if rank == 0:
@@ -404,7 +454,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     if recipe is not None:
         record["recipe"] = recipe
     keys = stage_keys(cfg)
-    if rank == 0 and run_dir.is_dir() and reconcile_results(cfg, record, keys):  # (before deciding what runs)
+    migrated = migrate_keys(cfg, record, keys)  # (every rank: each decides what runs from the record)
+    if rank == 0 and run_dir.is_dir() and (reconcile_results(cfg, record, keys) | migrated):  # (before deciding what runs)
         write_json(run_dir / RECORD, record)
     todo = stages_to_run(cfg, record)
     if rank != 0:

@@ -18,13 +18,14 @@ if TYPE_CHECKING:
     import torch
 
 
-def load_data(cfg: PretrainConfig, dist):
-    """The prepared data (rank 0 prepares or finds it first, the others then load it)."""
+def load_data(cfg: PretrainConfig, dist, resuming: bool = False):
+    """The prepared data (rank 0 prepares or finds it first, the others then load it). ``resuming``:
+    the run continues from a checkpoint (data/prepare.py's ``reuse_prepared``)."""
     from cramlm.train.distributed import barrier
 
     if not dist.main:
         barrier(dist)
-    data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress and dist.main)
+    data = prepare_data(cfg.data, cfg.impl.data_cache, progress=cfg.impl.progress and dist.main, resuming=resuming)
     if dist.main:
         barrier(dist)
     if cfg.arch.objective == "mlm":  # causal LMs take any tokenizer, e.g. GPT-2's own (data.tokenizer.path)

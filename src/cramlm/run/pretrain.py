@@ -67,10 +67,10 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     torch.manual_seed(cfg.seed)
     device = setup_device(cfg.impl, dist.local_rank if dist.enabled else None)
     say = print if dist.main else (lambda *a, **k: None)
-    data = load_data(cfg, dist)
-    vocab_size = data.tokenizer.get_vocab_size()
     # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
     resume_from = on_main(lambda: ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints"), dist)
+    data = load_data(cfg, dist, resuming=resume_from is not None)
+    vocab_size = data.tokenizer.get_vocab_size()
     # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
     # (distributed.wrap_model), and they go on from its RNG state, as if they had drawn the weights;
     # resumed from a sharded checkpoint, rank 0 too: no process holds the whole model
