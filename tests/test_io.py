@@ -76,3 +76,30 @@ def test_a_benchmark_result_is_strict_json_with_its_table_beside(tmp_path):
     write_result(out, {"loss": float("nan"), "run": Path("a/b")}, "| a |\n|---|", default=str)
     assert json.loads(out.read_text()) == {"loss": None, "run": "a/b"}  # NaN is no JSON: null
     assert out.with_suffix(".md").read_text() == "| a |\n|---|\n"
+
+
+
+@pytest.mark.parametrize("failing", ["aside", "into place"])
+def test_a_failed_rename_puts_the_earlier_folder_back(tmp_path, monkeypatch, failing):
+    """The earlier folder is moved aside before the new one is renamed into place: when that rename
+    fails, the earlier one goes back under its name (was: left as .out.old-PID); when moving it aside
+    fails (a mount point: EBUSY), the temporary folder goes too."""
+    import errno
+    import os
+
+    import cramlm.io as io_module
+
+    final, real = tmp_path / "out", os.replace
+    final.mkdir()
+    (final / "earlier.txt").write_text("1")
+
+    def replace(src, dst):
+        if (Path(src) == final) if failing == "aside" else (Path(dst) == final and ".tmp-" in Path(src).name):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        return real(src, dst)
+
+    monkeypatch.setattr(io_module.os, "replace", replace)
+    with pytest.raises(OSError, match="busy"):
+        with atomic_dir(final) as tmp:
+            (tmp / "new.txt").write_text("2")
+    assert [p.name for p in final.iterdir()] == ["earlier.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]

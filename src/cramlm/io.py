@@ -75,11 +75,17 @@ def atomic_dir(path: str | Path, tmp: str | Path | None = None, if_exists: str =
             shutil.rmtree(tmp)
             return
         old = Path(aside) if aside is not None else path.with_name(f".{path.name}.old-{os.getpid()}")
-        os.replace(path, old)  # a kill from here until it is deleted leaves it to restore
+        try:
+            os.replace(path, old)  # a kill from here until it is deleted leaves it to restore
+        except OSError as e:  # (a mount point cannot be moved: EBUSY)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(e.errno, e.strerror, str(path)) from None
     try:
         os.replace(tmp, path)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists():
+            os.replace(old, path)  # the earlier folder back in its place
         if if_exists == "keep" and e.errno in (errno.ENOTEMPTY, errno.EEXIST) and path.is_dir():
             return  # another process finished first, between the check and the rename: its result stands
         raise OSError(e.errno, e.strerror, str(path)) from None

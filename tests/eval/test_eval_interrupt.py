@@ -86,7 +86,11 @@ def test_a_changed_hparam_redoes_the_finished_seeds(tmp_path):
     assert again.run(task, Hparams(lr=1e-2), 0) is None  # other hyperparameters: redone
     other = Task("t", ["a", "b"], ["accuracy"], [Example("x changed", None, 0)], {"dev": [Example("y", None, 1)]})
     assert again.run(other, Hparams(), 0) is None  # other data: redone
-    assert Partial(path, {"checkpoint": "other"}).reused == 0  # another checkpoint: nothing reused
+    # a file written before the device and precision were recorded: taken as this evaluation's
+    assert Partial(path, {"checkpoint": "c", "device": "cpu", "precision": "auto"}).reused == 1
+    assert Partial(path, {"checkpoint": "other"}).reused == 0  # another checkpoint: nothing reused,
+    kept = tmp_path / "eval.partial.other.json"  # and its file set aside, not overwritten
+    assert not path.exists() and json.loads(kept.read_text())["tasks"]["t"]["seeds"]["0"] == {"seed": 0, "epochs": []}
 
 
 def _pairs_file(folder: Path, n: int) -> Path:

@@ -39,7 +39,12 @@ def test_export_hf_of_a_run_loads_in_transformers(in_tmp):
         torch.testing.assert_close(hf(input_ids=ids).logits, ours(ids)["logits"], rtol=1e-4, atol=1e-4)
 
 
-def test_an_export_replaces_its_folder_whole_and_never_a_run_or_other_files(in_tmp, monkeypatch):
+def test_an_export_replaces_its_own_files_and_never_a_run_or_other_files(in_tmp, monkeypatch):
+    """An export is written whole before anything of its folder changes (a failure half-way leaves
+    the earlier export); in an existing folder it replaces its own entries and an earlier export's
+    that it no longer writes, and leaves the rest (a clone's .git, the user's files; was: the whole
+    folder replaced, .git deleted); a symlinked output folder stays a link to the export."""
+    import json
     runner = CliRunner()
     assert runner.invoke(main, ["pretrain", "arch=bert-original-tiny", "name=tiny", "dryrun=true", *TINY_PRETRAIN]).exit_code == 0
     run = in_tmp / "outputs" / "tiny"
@@ -52,8 +57,15 @@ def test_an_export_replaces_its_folder_whole_and_never_a_run_or_other_files(in_t
     result = runner.invoke(main, ["export", "hf", "tiny", "mine"])
     assert result.exit_code == 1 and "holds other files (notes.txt) and no config.json" in result.output
     assert (run / "model.safetensors").read_bytes() == before and (in_tmp / "mine" / "notes.txt").is_file()
+    (in_tmp / "hf-out" / ".git").mkdir(parents=True)  # a clone of an empty Hugging Face repository: hidden entries alone
+    (in_tmp / "hf-out" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
     assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0
-    (in_tmp / "hf-out" / "modeling_cramlm.py").write_text("# a leftover of an earlier export")
+    (in_tmp / "hf-out" / "modeling_cramlm.py").write_text("# a leftover of an earlier (remote-code) export")
+    recorded = in_tmp / "hf-out" / ".cramlm-export.json"
+    entries = json.loads(recorded.read_text())["entries"]
+    assert "config.json" in entries and ".git" not in entries
+    recorded.write_text(json.dumps({"entries": [*entries, "modeling_cramlm.py"]}))
+    (in_tmp / "hf-out" / "notes.md").write_text("the user's own")
     import cramlm.models.hf as hf_module  # a failure half-way (disk full while writing the weights)
 
     def fail(*args, **kwargs):
@@ -64,9 +76,15 @@ def test_an_export_replaces_its_folder_whole_and_never_a_run_or_other_files(in_t
         result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
     assert result.exit_code == 1 and "disk full" in result.output, result.output
     assert (in_tmp / "hf-out" / "modeling_cramlm.py").is_file()  # the earlier export untouched
-    assert not [p for p in in_tmp.iterdir() if p.name.startswith(".hf-out")]  # no half-written folder left
+    assert not [p for p in [*in_tmp.iterdir(), *(in_tmp / "hf-out").iterdir()] if ".tmp" in p.name]  # no half-written folder left
     assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0
-    assert not (in_tmp / "hf-out" / "modeling_cramlm.py").exists()  # replaced whole: no leftover
+    assert not (in_tmp / "hf-out" / "modeling_cramlm.py").exists()  # the earlier export's, no longer written: gone
+    assert (in_tmp / "hf-out" / ".git" / "HEAD").is_file() and (in_tmp / "hf-out" / "notes.md").is_file()  # the rest stays
+    (in_tmp / "latest").symlink_to("hf-out")
+    result = runner.invoke(main, ["export", "hf", "tiny", "latest"])
+    assert result.exit_code == 0, result.output  # was: the link replaced by a folder, then an rmtree error
+    assert (in_tmp / "latest").is_symlink() and not [p for p in in_tmp.iterdir() if p.name.startswith(".latest")]
+    assert transformers.AutoConfig.from_pretrained(in_tmp / "latest").model_type == "bert"
 
 
 def test_export_hf_of_a_missing_run_fails_cleanly(in_tmp):

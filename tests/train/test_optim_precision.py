@@ -1,6 +1,8 @@
 """Optimizers and parameter groups, non-finite losses (skip / roll back / raise), activation
 checkpointing and precision settings."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -159,8 +161,14 @@ def test_an_fp16_loss_scale_overflow_is_not_a_nonfinite_step(tmp_path, monkeypat
 
     monkeypatch.setattr(step_module.torch.amp, "GradScaler", functools.partial(torch.amp.GradScaler, init_scale=2.0**40))
     summary = run_inprocess(tmp_path, "fp16", *CAUSAL, "budget=null", "train.budget.steps=40", "impl.precision=fp16",
-                            "train.on_nonfinite=raise", "train.grad_clip=1.0")
+                            "train.on_nonfinite=raise", "train.grad_clip=1.0", "train.log_every=1")
     assert summary["steps"] == 40 and not summary.get("skipped_steps")
+
+    def strict(constant):
+        raise ValueError(f"metrics.jsonl holds {constant}: not JSON")
+
+    logged = [json.loads(line, parse_constant=strict) for line in (tmp_path / "fp16" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("kind") == "train" and r["grad_norm"] is None for r in logged)  # an overflow step's norm: null
     assert not [r for r in records(tmp_path / "fp16", "event") if r["event"] == "nonfinite"]
     import torch as _torch
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -54,7 +59,6 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     its objective trained (models/objectives/: the arch; ELECTRA's discriminator with its detector,
     and its generator), written as the objective exports it."""
     from cramlm.data.tokenizer import separator_id
-    from cramlm.io import atomic_dir
     from cramlm.models.objectives.base import build_objective
     from cramlm.run.build import load_run
 
@@ -69,10 +73,7 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if objective.config.arch_kind == "clm" else None
     out = Path(out_dir)  # (checked by export_run, before any work)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # written whole beside it, then put in place: a failure leaves the folder as it was, and nothing
-    # of an earlier export into it stays behind
-    with atomic_dir(out) as tmp:
+    with export_folder(out) as tmp:
         cls = objective.export(model.eval(), tok, tmp, eos)
         remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
         lines = objective.load_lines(out, cls)
@@ -87,19 +88,74 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     return cls
 
 
+EXPORTED = ".cramlm-export.json"  # the entries an export wrote: the next export into the folder replaces just these
+
+
+@contextmanager
+def export_folder(out: Path) -> Iterator[Path]:
+    """``with export_folder(out) as tmp:`` write the export into ``tmp``; when the block ends it is put
+    in place, and when it raises nothing of ``out`` has changed. A new folder appears whole (renamed
+    into place). Into an existing one (an earlier export, a clone of a Hugging Face repository, a
+    mount point, a symlink's target) each entry the export wrote replaces its namesake and the
+    entries of the earlier cramlm export it no longer writes go; anything else (``.git``, the user's
+    own files) stays."""
+    from cramlm.io import atomic_dir
+
+    out = out.resolve()  # a symlinked output folder: its target, the link left as it is
+    if not out.is_dir():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(out) as tmp:
+            yield tmp
+            _record_entries(tmp)
+        return
+    tmp = out / f".export.tmp-{os.getpid()}"  # inside it: the same filesystem, even for a mount point
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        written = _record_entries(tmp)
+        earlier = _recorded_entries(out)
+        for name in [*written, EXPORTED]:
+            target = out / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(tmp / name, target)
+        for name in sorted(set(earlier) - set(written)):
+            gone = out / name
+            shutil.rmtree(gone) if gone.is_dir() and not gone.is_symlink() else gone.unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _record_entries(folder: Path) -> list[str]:
+    names = sorted(p.name for p in folder.iterdir() if p.name != EXPORTED)
+    (folder / EXPORTED).write_text(json.dumps({"entries": names}, indent=1) + "\n", encoding="utf-8")
+    return names
+
+
+def _recorded_entries(folder: Path) -> list[str]:
+    """The entries the earlier cramlm export into ``folder`` wrote ([] if none was recorded)."""
+    try:
+        names = json.loads((folder / EXPORTED).read_text(encoding="utf-8")).get("entries", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
+
+
 def check_output_folder(out: Path, run_dir: Path) -> None:
-    """Refuse an output folder whose contents an export would replace and that is not a model folder:
-    the run itself (or a folder holding it), or a folder of other files (an export replaces the
-    whole folder: it may be new, empty, or an earlier export / Hugging Face model folder)."""
+    """Refuse an output folder an export would write into and that is not a model folder: the run
+    itself (or a folder holding it), or a folder of other files (the export's files replace their
+    namesakes: it may be new, empty, hold hidden entries alone such as a fresh clone's ``.git``, or be
+    an earlier export / Hugging Face model folder)."""
     target, run = out.resolve(), run_dir.resolve()
     if target == run or target in run.parents:
         raise ValueError(f"{out}: the export would replace the run folder {run_dir}: export into a folder of its own")
     if target.is_file():
         raise ValueError(f"{out}: a file; export into a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
-        held = sorted(p.name for p in target.iterdir())
+    held = sorted(p.name for p in target.iterdir() if not p.name.startswith(".")) if target.is_dir() else []
+    if held and not (target / "config.json").is_file():
         raise ValueError(f"{out}: holds other files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) and no "
-                         "config.json: an export replaces its folder whole; export into a new or empty folder")
+                         "config.json: an export writes a model folder; export into a new or empty folder, or a model folder")
 
 
 def load_encoder(model, objective, weights: Path) -> None:

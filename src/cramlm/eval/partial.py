@@ -36,10 +36,15 @@ def task_digest(task) -> str:
     return h.hexdigest()[:16]
 
 
+# header keys a partial file written before they existed lacks: taken as this evaluation's
+ADDED_LATER = ("device", "precision")
+
+
 class Partial:
     """``<stem>.partial.json``: the fine-tunings (task, seed) finished so far, the held-out LM and
-    the minimal-pair results, for the checkpoint ``header`` names. A file for another checkpoint (or other weights,
-    or an unreadable one) is set aside; a task's runs are reused only with the same data and
+    the minimal-pair results, for the checkpoint ``header`` names. A file for another checkpoint (or
+    other weights, protocol, device or precision) is set aside under another name, never overwritten;
+    an unreadable one is started afresh; a task's runs are reused only with the same data and
     hyperparameters."""
 
     def __init__(self, path: Path, header: dict):
@@ -47,13 +52,27 @@ class Partial:
         self.data: dict = {**header, "heldout": None, "minimal_pairs": None, "tasks": {}}
         self.reused = 0
         old = self._read()
-        if old is not None and all(old.get(k) == v for k, v in header.items()):
+        if old is not None and all(old.get(k, v if k in ADDED_LATER else None) == v for k, v in header.items()):
             self.data["heldout"], self.data["tasks"] = old.get("heldout"), old.get("tasks") or {}
             self.data["minimal_pairs"] = old.get("minimal_pairs")
             self.reused = self.finished
         elif old is not None:
-            print(f"cramlm eval: {path} holds results of another checkpoint or protocol; starting afresh", file=sys.stderr)
+            aside = self._set_aside()
+            print(f"cramlm eval: {path} holds results of another checkpoint, protocol, device or precision: kept as "
+                  f"{aside.name}; starting afresh", file=sys.stderr)
         self._digests: dict[int, tuple] = {}  # id(task) -> (task, digest): the task kept, so its id is not reused
+
+    def _set_aside(self) -> Path:
+        """Rename the file to ``<stem>.partial.other[-N].json`` (the first free name)."""
+        import os
+
+        stem = self.path.name[: -len(".partial.json")] if self.path.name.endswith(".partial.json") else self.path.stem
+        for n in range(1000):
+            aside = self.path.with_name(f"{stem}.partial.other{'' if n == 0 else f'-{n}'}.json")
+            if not aside.exists():
+                os.replace(self.path, aside)
+                return aside
+        raise OSError(f"{self.path}: no free name to set it aside")
 
     def _read(self) -> dict | None:
         try:

@@ -414,6 +414,7 @@ class Trainer:
         speed = window.tokens / max(window.seconds, 1e-9)
         mfu = self.meter.mfu(speed, len(steps) / max(window.seconds, 1e-9))
         norm = float(last.norm) if last.norm is not None and not last.nonfinite else None
+        norm = norm if norm is None or math.isfinite(norm) else None  # fp16's loss-scale overflow: metrics stay strict JSON
         record = {
             "kind": "train", "step": used.steps, "t": round(t, 6), "elapsed": round(used.seconds, 3),
             "tokens": used.tokens, "loss": round(sum(finite) / len(finite), 6),
