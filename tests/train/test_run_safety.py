@@ -4,6 +4,7 @@ behind; an unusable device or checkpoint file is one `Error:` line naming it."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -330,3 +331,54 @@ def test_too_little_training_text_says_what_preparation_left_out(tmp_path):
     assert result.exit_code == 1, result.output
     assert "fewer than one sequence" in result.output and "as train_subset of 20 documents read" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "thin").exists()
+
+
+def test_the_batch_plan_counts_in_the_units_the_run_started_with():
+    """BatchPlan: a plan in units (8, 2) taken with microbatches of (4, 2) or (8, 1) gives the same
+    sequences per step as with (8, 2) itself, through the ramp and the minimum-updates cap (unit)."""
+    from cramlm.train.budget import BatchPlan, Budget, Usage
+    from cramlm.train.config import TrainConfig
+
+    cfg = TrainConfig(batch_size=64, batch_ramp=0.7, min_updates=30, budget={"tokens": 64 * 16 * 40})
+    budget = Budget(cfg.budget, None, 1.0)
+    plans = {here: BatchPlan(cfg, *here, 16, budget, units=(8, 2)) for here in [(8, 2), (4, 2), (8, 1), (2, 4)]}
+    used, sizes = Usage(), set()
+    while budget.progress(used) < 1 and used.steps < 1000:
+        t = budget.progress(used)
+        sequences = {here: plan.microbatches(t, used, None) * here[0] for here, plan in plans.items()}
+        assert len(set(sequences.values())) == 1, (t, sequences)
+        sizes.add(sequences[(8, 2)])
+        used.tokens += sequences[(8, 2)] * 16
+        used.steps += 1
+    assert budget.progress(used) >= 1 and used.steps >= 30 and len(sizes) > 2  # the ramp and the cap both moved it
+
+
+def test_a_resume_with_other_microbatches_takes_the_same_batches_or_is_refused(tmp_path, capsys):
+    """Resumed during the batch ramp with a microbatch size that makes up the plan's microbatches,
+    every step takes the batch the uninterrupted run took (the plan counts in the microbatches the
+    run started with); one that cannot is refused naming impl.microbatch_size (was: the ramp went on
+    in the new microbatches, another run), unless that change is allowed."""
+    from cramlm.train.checkpoint import written_state
+
+    ramp = ["budget=null", "train.budget.steps=6", "train.batch_ramp=1.0", "impl.microbatch_size=2", "train.checkpoint_every=1",
+            "train.keep_checkpoints=0"]
+    run_inprocess(tmp_path, "ramp", *ramp)
+    ckpts = tmp_path / "ramp" / "checkpoints"
+
+    def batches(name: str) -> dict[int, int]:
+        lines = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["batch_size"] for r in lines if r.get("kind") == "train"}  # (the last record of a step wins)
+
+    uninterrupted = batches("ramp")
+    assert len(set(uninterrupted.values())) > 2 and written_state(ckpts / "step-00000003")["batch_plan"] == [2, 1]
+    shutil.copytree(tmp_path / "ramp", tmp_path / "smaller")
+    run_inprocess(tmp_path, "smaller", *ramp, "impl.microbatch_size=1", f"resume={tmp_path / 'smaller' / 'checkpoints' / 'step-00000003'}")
+    assert batches("smaller") == uninterrupted  # steps 4-6 in microbatches of 1: the same batches
+    shutil.copytree(tmp_path / "ramp", tmp_path / "larger")
+    capsys.readouterr()
+    with pytest.raises(ValueError, match=r"counts in microbatches of 2 x 1 processes; microbatches of 4 x 1 processes cannot make up"
+                                         r".*impl.microbatch_size one of 1, 2 on 1 process.*--allow-change impl.microbatch_size"):
+        run_inprocess(tmp_path, "larger", *ramp, "impl.microbatch_size=4", f"resume={tmp_path / 'larger' / 'checkpoints' / 'step-00000003'}")
+    run_inprocess(tmp_path, "larger", *ramp, "impl.microbatch_size=4", f"resume={tmp_path / 'larger' / 'checkpoints' / 'step-00000003'}",
+                  "allow_change=[impl.microbatch_size]")
+    assert "config changed from step 3: impl.microbatch_size 2 x 1 processes -> 4 x 1 processes" in capsys.readouterr().out

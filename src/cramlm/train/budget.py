@@ -95,15 +95,33 @@ class Budget:
 class BatchPlan:
     """Microbatches (global) per optimizer step as a function of t: the ramp, then a cap that
     keeps at least ``min_updates`` steps in the remaining budget, rounded to the process count.
-    ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates)."""
+    ``cfg`` is the ``train`` group (batch_size, max_batch_size, batch_ramp, min_updates).
 
-    def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget, optimizer_flops_per_step: float = 0.0):
+    The ramp and the cap count in the microbatches and processes the run started with (``units``:
+    (microbatch size, processes); default this run's): a run resumed with another microbatch size or
+    process count that divides them takes the same batch at every step (``microbatches`` converts),
+    so it is the same run (train/checkpoint.py ``check_batch_plan`` refuses one that cannot)."""
+
+    def __init__(self, cfg, micro: int, world: int, seq_len: int, budget: Budget, optimizer_flops_per_step: float = 0.0,
+                 units: tuple[int, int] | None = None):
         cfg.check_microbatches(micro, world)
-        self.cfg, self.micro, self.world, self.seq_len, self.budget = cfg, micro, world, seq_len, budget
-        self.full = cfg.full_batch() // micro
+        self.cfg, self.seq_len, self.budget = cfg, seq_len, budget
+        self.here = (micro, world)  # the microbatches this process trains
+        self.micro, self.world = units or self.here  # the microbatches the plan counts in
+        self.full = cfg.full_batch() // self.micro
         self.optimizer_flops_per_step = optimizer_flops_per_step  # Muon's Newton-Schulz; 0 for AdamW
 
+    @property
+    def units(self) -> tuple[int, int]:
+        return self.micro, self.world
+
     def microbatches(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
+        """This step's microbatches of this run's size, over all processes."""
+        n = self.planned(t, used, tokens_per_second)
+        return n * self.micro // self.here[0]
+
+    def planned(self, t: float, used: Usage, tokens_per_second: float | None) -> int:
+        """This step's microbatches in the plan's units (``units``)."""
         n = self.full
         if self.cfg.batch_ramp > 0:
             n = max(1, min(n, math.ceil(self.full * t / self.cfg.batch_ramp)))

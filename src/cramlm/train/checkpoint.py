@@ -819,6 +819,47 @@ def check_newton_schulz(folder: Path, optim, precision, allow: list[str], change
     return {**changes, NS_DTYPE: [then, now]}
 
 
+def plan_units(state: dict) -> tuple[int, int]:
+    """The (microbatch size, processes) a checkpoint's batch plan counts in (train/budget.py
+    ``BatchPlan``): recorded since it was, else those of the session that wrote it."""
+    if isinstance(units := state.get("batch_plan"), list) and len(units) == 2:
+        return int(units[0]), int(units[1])
+    return int(state["run"]["config"]["impl"]["microbatch_size"]), int(state["world_size"])
+
+
+def follows(units: tuple[int, int], here: tuple[int, int]) -> bool:
+    """Whether microbatches of ``here`` (size, processes) make up every batch a plan in ``units`` takes."""
+    return (units[0] * units[1]) % (here[0] * here[1]) == 0
+
+
+def check_batch_plan(folder: Path, train, micro: int, world: int, allow: list[str], changes: dict) -> dict:
+    """A resume with another microbatch size or process count takes the same batch at every step
+    when its microbatches make up the plan's (``follows``), or when the plan is the full batch
+    throughout (no ramp, no minimum of updates). Otherwise the ramp and the cap would move to other
+    batch sizes: refused unless ``impl.microbatch_size`` is allowed to change (then one more change,
+    and the plan counts in this run's microbatches from here). ``changes`` with it."""
+    state = written_state(folder)
+    try:
+        units = plan_units(state)
+    except (KeyError, TypeError, ValueError):
+        return changes  # (a state this check cannot read: the resume's own checks name it)
+    here = (micro, world)
+    if units == here or follows(units, here) or (train.batch_ramp == 0 and train.min_updates == 0):
+        return changes
+    then, now = f"{units[0]} x {units[1]} processes", f"{micro} x {world} processes"
+    if not _under("impl.microbatch_size", allow):
+        divisors = [m for m in range(1, units[0] * units[1] // world + 1) if (units[0] * units[1]) % (m * world) == 0
+                    and train.full_batch() % (m * world) == 0]
+        raise ValueError(
+            f"resume from {folder}: its batch plan (train.batch_ramp={train.batch_ramp}, train.min_updates="
+            f"{train.min_updates}) counts in microbatches of {then}; microbatches of {now} cannot make up its "
+            "batches, so the run would take other batch sizes from here. Resume with impl.microbatch_size"
+            + (f" one of {', '.join(map(str, divisors))} on {world} process{'es' if world > 1 else ''}" if divisors else
+               f" dividing {units[0] * units[1]} sequences over the processes")
+            + ", or allow the change with --allow-change impl.microbatch_size")
+    return {**changes, "impl.microbatch_size": [then, now]}
+
+
 def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say, device: torch.device) -> dict:
     """Every check of a resume from ``folder`` that needs no Trainer (docs/training.md: "What a
     resume checks"), given the run's config ``cfg`` and prepared ``data``; the accepted config
@@ -832,6 +873,7 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say,
     # Muon's ns_dtype is compared as each side resolved it, once the precision is known (check_newton_schulz)
     changes = resume_changes(_as_in(run["config"], new, NS_DTYPE), new, cfg.allow_change, str(folder),
                              resume_policy(type(cfg)))
+    changes = check_batch_plan(folder, cfg.train, cfg.impl.microbatch_size, world, cfg.allow_change, changes)
     if device.type == "cpu":  # the run's device (a model built on the meta device is on none yet); before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes

@@ -485,7 +485,7 @@ class Trainer:
         self.nonfinite.flush()  # the counters saved include every step so far
         with self.meter.timed("checkpoint"):
             counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
-                        "precision": self.precision.precision, "run": self.record}
+                        "precision": self.precision.precision, "run": self.record, "batch_plan": list(self.plan.units)}
             try:
                 folder = (self._write_sharded if self.checkpoint_format == "sharded" else self._write_full)(counters)
             except ckpt.DiskFullError as e:
@@ -567,6 +567,10 @@ class Trainer:
         self.data.load_state_dict(training["data"])
         ckpt.set_rng_state(training, state)
         self.state.load_state_dict(state)
+        units = ckpt.plan_units(state)
+        if units != self.plan.units and ckpt.follows(units, self.plan.here):  # (else refused or allowed by check_batch_plan)
+            p = self.plan
+            self.plan = BatchPlan(self.cfg, *p.here, p.seq_len, p.budget, p.optimizer_flops_per_step, units=units)
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
                              "world_size": self.dist.world, "checkpoint_world_size": state["world_size"],
                              "data_format": training["data"]["format"]}
