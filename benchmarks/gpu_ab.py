@@ -9,6 +9,9 @@ figure both objectives share). A step of benchmarks/gpu_check.sh (``GPU_CHECK_ST
     python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR --dry     # CPU, tiny sizes (CI)
 
 Writes ``RES/ab.json`` after every run (a check cut short keeps what it measured) and prints a table.
+At 1.5e16 FLOPs both recipes' ``train.min_updates=1000`` holds the batch at one or two microbatches of
+128 (~1,000 steps): the recipes are compared in that small-batch regime, not at a GPU day's batch of
+8,192 sequences (which such a budget would spend in ~23 steps).
 """
 
 from __future__ import annotations

@@ -91,9 +91,10 @@ def rng_state() -> tuple[dict, dict]:
     """Every generator a training step draws from: (tensors for training.pt, JSON for state.json).
     On CUDA the generator of this process's own device only (``cuda_rng_device``): every process seeds
     its device alike and draws alike, so rank 0's, restored on each process's device, is each one's;
-    the other devices' generators, which this process never advanced, are not saved."""
+    the other devices' generators, which this process never advanced, are not saved. A process that
+    never used CUDA (a CPU run on a GPU machine) leaves it alone: no CUDA context is made for it."""
     tensors = {"torch_rng": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["cuda_rng_device"] = torch.cuda.get_rng_state()  # the current device's (impl: set per process)
     np_state = np.random.get_state(legacy=False)
     np_state["state"]["key"] = np_state["state"]["key"].tolist()
@@ -102,7 +103,7 @@ def rng_state() -> tuple[dict, dict]:
 
 def set_rng_state(training: dict, state: dict) -> None:
     torch.set_rng_state(training["torch_rng"])
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # (a CPU run on a GPU machine: no CUDA context)
         # older checkpoints hold every visible device's ("cuda_rng"), of which rank 0 advanced its first
         own = training.get("cuda_rng_device", (training.get("cuda_rng") or [None])[0])
         if own is not None:
