@@ -117,7 +117,12 @@ def pretrain(res: Path, run_dir: str) -> None:
     run = Path(run_dir)
     report = load(res)
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:  # a line cut short by the kill that ended a timed-out run
+            pass
     train = [r for r in records if r.get("kind") == "train" and r.get("step", 0) > 1]
     steady = statistics.median(r["tokens_per_second"] for r in train[len(train) // 2:]) if train else None
     measured = next(iter(report["results"].get("peak", {}).get("gemm_flops", {}).values()), None)

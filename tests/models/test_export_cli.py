@@ -80,6 +80,21 @@ def test_an_export_replaces_its_own_files_and_never_a_run_or_other_files(in_tmp,
     assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0
     assert not (in_tmp / "hf-out" / "modeling_cramlm.py").exists()  # the earlier export's, no longer written: gone
     assert (in_tmp / "hf-out" / ".git" / "HEAD").is_file() and (in_tmp / "hf-out" / "notes.md").is_file()  # the rest stays
+    # a record that is not one (tampered, another tool's) names nothing to remove: never .git, never itself
+    for record in ('{"entries": 5}', '{"entries": [".git", ".cramlm-export.json", "../x"]}', "[1, 2]"):
+        recorded.write_text(record)
+        result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
+        assert result.exit_code == 0 and (in_tmp / "hf-out" / ".git" / "HEAD").is_file() and recorded.is_file(), result.output
+    # a folder of the user's where the export writes a file: refused before anything is replaced
+    config = b'{"marker": "the earlier config"}'
+    (in_tmp / "hf-out" / "config.json").write_bytes(config)
+    (in_tmp / "hf-out" / "tokenizer.json").unlink()
+    (in_tmp / "hf-out" / "tokenizer.json").mkdir()
+    recorded.write_text(json.dumps({"entries": ["config.json"]}))
+    result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
+    assert result.exit_code == 1 and "tokenizer.json: a folder where the export writes a file" in result.output, result.output
+    assert (in_tmp / "hf-out" / "config.json").read_bytes() == config and (in_tmp / "hf-out" / "tokenizer.json").is_dir()
+    (in_tmp / "hf-out" / "tokenizer.json").rmdir()
     (in_tmp / "latest").symlink_to("hf-out")
     result = runner.invoke(main, ["export", "hf", "tiny", "latest"])
     assert result.exit_code == 0, result.output  # was: the link replaced by a folder, then an rmtree error

@@ -120,7 +120,7 @@ def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_p
     """A run folder whose stages were recorded before resume, allow_change and the collective
     timeout left the stage keys (a run requeued with --resume auto): its finished stages are found
     again, not trained or evaluated again, and its results are not set aside as stale."""
-    from cramlm.pipeline.recipe import migrate_keys, reconcile_results
+    from cramlm.pipeline.recipe import TWIN, migrate_keys, reconcile_results
 
     shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
@@ -137,6 +137,11 @@ def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_p
     assert not reconcile_results(report_only, record, keys) and (run / "eval.json").is_file()
     other = {**record, "stages": {s: {**e, "key": "0" * 12} for s, e in record["stages"].items()}}
     assert not migrate_keys(cfg, other, keys)  # another config's keys stay another config's
+    # a legacy twin key holds no objective: ELECTRA's config takes the twin only with its own trained model
+    rtd = resolve_recipe("default", [*TINY_RUN, "resume=auto", "impl.dist_timeout=99", "train.objective=rtd"])
+    assert stage_keys(rtd, legacy=True)[TWIN] == legacy[TWIN] and cfg.train.objective != "rtd"
+    theirs = {"stages": {s: {**e, "key": legacy[s]} for s, e in read_record(run)["stages"].items()}}
+    assert not migrate_keys(rtd, theirs, stage_keys(rtd)) and theirs["stages"][TWIN]["key"] == legacy[TWIN]
 
 
 def test_the_twin_is_evaluated_again_when_the_objective_changes():

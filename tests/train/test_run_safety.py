@@ -353,6 +353,23 @@ def test_the_batch_plan_counts_in_the_units_the_run_started_with():
     assert budget.progress(used) >= 1 and used.steps >= 30 and len(sizes) > 2  # the ramp and the cap both moved it
 
 
+def test_when_a_resume_must_follow_the_plan():
+    """follows: the new microbatches make up the plan's, and the (possibly changed) full batch is a
+    whole number of them; plan_can_move: only a ramp not yet over, or a cap under a budget that can
+    bind it, makes the plan take other than the full batch (a steps budget never caps it)."""
+    from cramlm.train.checkpoint import follows, plan_can_move
+    from cramlm.train.config import TrainConfig
+
+    assert follows((8, 2), (4, 2), 64) and follows((8, 2), (2, 4), 64) and not follows((2, 1), (4, 1), 8)
+    assert not follows((4, 1), (2, 1), 6)  # an allowed batch size change to 6: the plan counts in this run's units
+    steps = TrainConfig(batch_size=8, batch_ramp=0, min_updates=100, budget={"steps": 4})
+    assert not plan_can_move(steps, None, {"steps": 2})
+    assert plan_can_move(steps.model_copy(update={"budget": steps.budget.model_copy(update={"tokens": 1e6})}), None, {"steps": 2})
+    assert plan_can_move(steps, 1.0, {"steps": 2, "seconds": 10.0})  # hours: the cap can bind
+    ramp = TrainConfig(batch_size=8, batch_ramp=0.3, min_updates=0, budget={"steps": 10})
+    assert plan_can_move(ramp, None, {"steps": 2}) and not plan_can_move(ramp, None, {"steps": 5})  # t 0.2 / 0.5
+
+
 def test_a_resume_with_other_microbatches_takes_the_same_batches_or_is_refused(tmp_path, capsys):
     """Resumed during the batch ramp with a microbatch size that makes up the plan's microbatches,
     every step takes the batch the uninterrupted run took (the plan counts in the microbatches the
@@ -374,6 +391,9 @@ def test_a_resume_with_other_microbatches_takes_the_same_batches_or_is_refused(t
     shutil.copytree(tmp_path / "ramp", tmp_path / "smaller")
     run_inprocess(tmp_path, "smaller", *ramp, "impl.microbatch_size=1", f"resume={tmp_path / 'smaller' / 'checkpoints' / 'step-00000003'}")
     assert batches("smaller") == uninterrupted  # steps 4-6 in microbatches of 1: the same batches
+    shutil.copytree(tmp_path / "ramp", tmp_path / "dry")  # a dry run (one microbatch a step) from it: no plan to follow
+    run_inprocess(tmp_path, "dry", *ramp, "impl.microbatch_size=1", "dryrun=true", "allow_change=[dryrun]",
+                  f"resume={tmp_path / 'dry' / 'checkpoints' / 'step-00000003'}")
     shutil.copytree(tmp_path / "ramp", tmp_path / "larger")
     capsys.readouterr()
     with pytest.raises(ValueError, match=r"counts in microbatches of 2 x 1 processes; microbatches of 4 x 1 processes cannot make up"

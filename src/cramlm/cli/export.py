@@ -115,16 +115,27 @@ def export_folder(out: Path) -> Iterator[Path]:
         yield tmp
         written = _record_entries(tmp)
         earlier = _recorded_entries(out)
-        for name in [*written, EXPORTED]:
+        # before anything is replaced: an entry of another kind where the export writes (a file of the
+        # user's where a folder goes) that no earlier export wrote is refused, the folder as it was
+        for name in written:
             target = out / name
-            if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
-            os.replace(tmp / name, target)
+            if name not in earlier and target.exists() and target.is_dir() != (tmp / name).is_dir():
+                raise ValueError(f"{target}: a {'folder' if target.is_dir() else 'file'} where the export writes a "
+                                 f"{'folder' if (tmp / name).is_dir() else 'file'}: move it, or export into another folder")
+        for name in [*written, EXPORTED]:
+            _remove(out / name)
+            os.replace(tmp / name, out / name)
         for name in sorted(set(earlier) - set(written)):
-            gone = out / name
-            shutil.rmtree(gone) if gone.is_dir() and not gone.is_symlink() else gone.unlink(missing_ok=True)
+            _remove(out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_dir() or path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _record_entries(folder: Path) -> list[str]:
@@ -134,12 +145,15 @@ def _record_entries(folder: Path) -> list[str]:
 
 
 def _recorded_entries(folder: Path) -> list[str]:
-    """The entries the earlier cramlm export into ``folder`` wrote ([] if none was recorded)."""
+    """The entries the earlier cramlm export into ``folder`` wrote ([] if none was recorded, or the
+    record is not one): plain names only, never a hidden one (``.git``) or the record itself."""
     try:
         names = json.loads((folder / EXPORTED).read_text(encoding="utf-8")).get("entries", [])
     except (OSError, ValueError, AttributeError):
         return []
-    return [n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and n and not n.startswith(".") and "/" not in n and "\\" not in n]
 
 
 def check_output_folder(out: Path, run_dir: Path) -> None:

@@ -828,24 +828,43 @@ def plan_units(state: dict) -> tuple[int, int]:
     return int(state["run"]["config"]["impl"]["microbatch_size"]), int(state["world_size"])
 
 
-def follows(units: tuple[int, int], here: tuple[int, int]) -> bool:
-    """Whether microbatches of ``here`` (size, processes) make up every batch a plan in ``units`` takes."""
-    return (units[0] * units[1]) % (here[0] * here[1]) == 0
+def follows(units: tuple[int, int], here: tuple[int, int], full_batch: int) -> bool:
+    """Whether microbatches of ``here`` (size, processes) make up every batch a plan in ``units`` takes
+    of a full batch of ``full_batch`` sequences (itself a whole number of the plan's units: after an
+    allowed change of the batch size it may not be, and the plan counts in this run's microbatches)."""
+    step = units[0] * units[1]
+    return step % (here[0] * here[1]) == 0 and full_batch % step == 0
 
 
-def check_batch_plan(folder: Path, train, micro: int, world: int, allow: list[str], changes: dict) -> dict:
+def plan_can_move(train, hours: float | None, usage: dict) -> bool:
+    """Whether the batch plan may still take other than the full batch from the checkpoint's usage on:
+    the ramp not over (t < batch_ramp), or a minimum-updates cap under a budget that can bind it (tokens,
+    FLOPs or hours; a steps budget alone never caps the batch)."""
+    from cramlm.train.budget import Budget, Usage
+
+    limits = Budget(train.budget, hours, 1.0).limits
+    used = Usage(**{k: v for k, v in usage.items() if k in Usage.__dataclass_fields__})
+    ramping = train.batch_ramp > 0 and Budget(train.budget, hours, 1.0).progress(used) < train.batch_ramp
+    capped = train.min_updates > 0 and bool({"seconds", "tokens", "flops"} & limits.keys())
+    return ramping or capped
+
+
+def check_batch_plan(folder: Path, train, hours: float | None, micro: int, world: int, allow: list[str], changes: dict) -> dict:
     """A resume with another microbatch size or process count takes the same batch at every step
-    when its microbatches make up the plan's (``follows``), or when the plan is the full batch
-    throughout (no ramp, no minimum of updates). Otherwise the ramp and the cap would move to other
-    batch sizes: refused unless ``impl.microbatch_size`` is allowed to change (then one more change,
-    and the plan counts in this run's microbatches from here). ``changes`` with it."""
+    when its microbatches make up the plan's (``follows``), or when the plan can only take the full
+    batch from here (``plan_can_move``). Otherwise the ramp and the cap would move to other batch
+    sizes: refused unless ``impl.microbatch_size`` is allowed to change (then one more change, and the
+    plan counts in this run's microbatches from here). ``changes`` with it."""
     state = written_state(folder)
     try:
         units = plan_units(state)
+        movable = plan_can_move(train, hours, state.get("usage") or {})
     except (KeyError, TypeError, ValueError):
         return changes  # (a state this check cannot read: the resume's own checks name it)
     here = (micro, world)
-    if units == here or follows(units, here) or (train.batch_ramp == 0 and train.min_updates == 0):
+    if units == here or follows(units, here, train.full_batch()) or not movable:
+        return changes
+    if train.full_batch() % (units[0] * units[1]):  # another batch size (allowed): the plan moves with it
         return changes
     then, now = f"{units[0]} x {units[1]} processes", f"{micro} x {world} processes"
     if not _under("impl.microbatch_size", allow):
@@ -874,7 +893,8 @@ def vet_resume(cfg, model: torch.nn.Module, data, folder: Path, world: int, say,
     # Muon's ns_dtype is compared as each side resolved it, once the precision is known (check_newton_schulz)
     changes = resume_changes(_as_in(run["config"], new, NS_DTYPE), new, cfg.allow_change, str(folder),
                              resume_policy(type(cfg)))
-    changes = check_batch_plan(folder, cfg.train, cfg.impl.microbatch_size, world, cfg.allow_change, changes)
+    if not cfg.dryrun:  # (a dry run trains a batch of one microbatch a process: no plan to follow)
+        changes = check_batch_plan(folder, cfg.train, cfg.budget, cfg.impl.microbatch_size, world, cfg.allow_change, changes)
     if device.type == "cpu":  # the run's device (a model built on the meta device is on none yet); before anything is measured with the thread count
         adopt_checkpoint_threads(cfg.impl, folder, world, say)
     return changes

@@ -568,7 +568,7 @@ class Trainer:
         ckpt.set_rng_state(training, state)
         self.state.load_state_dict(state)
         units = ckpt.plan_units(state)
-        if units != self.plan.units and ckpt.follows(units, self.plan.here):  # (else refused or allowed by check_batch_plan)
+        if units != self.plan.units and ckpt.follows(units, self.plan.here, self.cfg.full_batch()):  # (else refused, allowed or moot: check_batch_plan)
             p = self.plan
             self.plan = BatchPlan(self.cfg, *p.here, p.seq_len, p.budget, p.optimizer_flops_per_step, units=units)
         self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
