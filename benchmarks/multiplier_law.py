@@ -7,7 +7,11 @@ GPU day (cramming's 24 A6000-hours: 5e18 FLOPs) with a 90% prediction interval; 
     python benchmarks/multiplier_law.py --json benchmarks/results/bridge/law.json   # (+ law.md beside)
 
 The law, cramlm.pipeline.scaling.fit_multiplier_law: log m = k + b log(N / 1e6) + c log(D / N),
-N non-embedding parameters, D tokens (steps x 64 x 128 here).
+N non-embedding parameters, D tokens (steps x 64 x 128 here). Fitted on each (size, budget) group's
+mean over its seeds (they are read on one AdamW frontier, so their errors are shared: the groups'
+degrees of freedom, the seeds' scatter added to a prediction's); the per-seed fit beside (the one the
+512x8 prediction was registered with). A row whose multiplier is a bound (the candidate beyond the
+baseline's frontier) is listed and left out of the fits.
 """
 
 from __future__ import annotations
@@ -54,23 +58,37 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--json", type=Path, help="also write the result here (and the table beside, .md)")
     args = ap.parse_args(argv)
     obs = observations(args.rows)
-    N, D, m = ([o[k] for o in obs] for k in ("params", "tokens", "multiplier"))
+    for o in obs:
+        if o["bound"]:
+            print(f"multiplier_law: {o['size']} at {o['times']}x, seed {o['seed']}: {o['multiplier']:.2f}x is a {o['bound']} "
+                  "bound (the candidate is beyond the baseline's frontier): listed, left out of the fits", file=sys.stderr)
+    fitted = [o for o in obs if not o["bound"]]
+    N, D, m = ([o[k] for o in fitted] for k in ("params", "tokens", "multiplier"))
+    groups = [f"{o['size']}-{o['times']}x" for o in fitted]
     tokens = GPU_DAY["flops"] / GPU_DAY["flops_per_token"]
     result: dict = {"observations": obs, "laws": {}, "literature": LITERATURE,
                     "gpu_day": {"params": PARAMS["crammed-bert"], "tokens": tokens, **GPU_DAY},
                     "observed_tokens_per_param": [min(d / n for n, d in zip(N, D)), max(d / n for n, d in zip(N, D))]}
     lines = ["| size | budget | seed | N | D / N | multiplier |", "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {o['size']} | {o['times']}x | {o['seed']} | {o['params'] / 1e6:.2f}M | {o['tokens'] / o['params']:.2f} | "
-              f"{o['multiplier']:.2f}x |" for o in obs]
-    lines += ["", "| law (terms) | log m = | r2 | residual sd | crammed-bert, GPU day (90% interval) | the CPU hour |",
-              "|---|---|---:|---:|---:|---:|"]
-    for terms in (("size", "ratio"), ("ratio",), ("size",)):
-        fit = fit_multiplier_law(N, D, m, terms)
+              f"{o['multiplier']:.2f}x{' (' + o['bound'] + ' bound, not fitted)' if o['bound'] else ''} |" for o in obs]
+    lines += ["", "| law (terms; fitted on) | log m = | r2 | residual sd (within a group) | dof | crammed-bert, GPU day (90% interval) | the CPU hour |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for terms, grouped in ((("size", "ratio"), True), (("ratio",), True), (("size",), True), (("size", "ratio"), False)):
+        fit = fit_multiplier_law(N, D, m, terms, groups=groups if grouped else None)
         day, hour = multiplier_law(fit, PARAMS["crammed-bert"], tokens), multiplier_law(fit, PARAMS["128x4"], 20.8e6)
-        result["laws"]["+".join(terms)] = {"fit": fit, "gpu_day": day, "cpu_hour": hour}
-        lines.append(f"| {' + '.join(terms)} | {fit['k']:.3f} {fit['b']:+.3f} log(N/1e6) {fit['c']:+.3f} log(D/N) | {fit['r2']:.2f} | "
-                     f"{fit['sigma2'] ** 0.5:.3f} | {day['multiplier']:.2f}x ({day['low']:.2f}x - {day['high']:.2f}x) | "
+        result["laws"]["+".join(terms) + ("" if grouped else " (per seed)")] = {"fit": fit, "gpu_day": day, "cpu_hour": hour}
+        within = f" ({fit['sigma2_within'] ** 0.5:.3f})" if grouped else ""
+        lines.append(f"| {' + '.join(terms)}; {'group means' if grouped else 'every seed (as registered)'} | {fit['k']:.3f} "
+                     f"{fit['b']:+.3f} log(N/1e6) {fit['c']:+.3f} log(D/N) | {fit['r2']:.2f} | {fit['sigma2'] ** 0.5:.3f}{within} | "
+                     f"{fit['dof']} | {day['multiplier']:.2f}x ({day['low']:.2f}x - {day['high']:.2f}x) | "
                      f"{hour['multiplier']:.2f}x ({hour['low']:.2f}x - {hour['high']:.2f}x) |")
+    # the law's test (issue 37 item 3): 512x8 at 1.6e14 FLOPs, muon-full's 113 steps
+    test = {"params": PARAMS["512x8"], "tokens": 113 * TOKENS_PER_STEP}
+    result["test_512x8"] = {**test, **{name: multiplier_law(law["fit"], test["params"], test["tokens"]) for name, law in result["laws"].items()}}
+    lines += ["", f"512x8 at 1.6e14 FLOPs (N {test['params'] / 1e6:.1f}M, D/N {test['tokens'] / test['params']:.3f}), predicted: "
+              + "; ".join(f"{name} {p['multiplier']:.2f}x ({p['low']:.2f}x - {p['high']:.2f}x)"
+                          for name, p in result["test_512x8"].items() if isinstance(p, dict))]
     corr = result["laws"]["size+ratio"]["fit"]["regressor_correlation"]
     lines += ["", f"crammed-bert at a GPU day: N {PARAMS['crammed-bert'] / 1e6:.1f}M, D {tokens / 1e9:.1f}B, D/N "
               f"{tokens / PARAMS['crammed-bert']:.0f} (observed D/N {result['observed_tokens_per_param'][0]:.2f}-"

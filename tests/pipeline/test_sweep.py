@@ -165,6 +165,16 @@ def test_multiplier_law_recovers_its_coefficients_and_its_interval_widens_away_f
     assert far["high"] / far["low"] > near["high"] / near["low"]  # extrapolation costs certainty
     with pytest.raises(FitError, match="needs at least 4 points and 2 values of each term"):
         fit_multiplier_law([1e6] * 4, [1e6, 2e6, 4e6, 8e6], [2, 2, 2, 2])
+    # seeds read on one baseline frontier share its error: grouped, the law is fitted on the groups'
+    # means with their degrees of freedom, and a prediction's interval holds the seeds' scatter too
+    shared = np.repeat(rng.normal(0, 0.05, len(N)), 2)  # each (size, budget) group's frontier error, for both its seeds
+    seeds = np.repeat(true, 2) * np.exp(shared + rng.normal(0, 0.02, 2 * len(N)))
+    N2, D2, labels = np.repeat(N, 2), np.repeat(D, 2), [f"{n:g}-{d:g}" for n, d in zip(np.repeat(N, 2), np.repeat(D, 2))]
+    apart, grouped = fit_multiplier_law(N2, D2, seeds), fit_multiplier_law(N2, D2, seeds, groups=labels)
+    assert (apart["dof"], grouped["dof"], grouped["points"], grouped["observations"]) == (33, 15, 18, 36)
+    assert grouped["sigma2_within"] == pytest.approx(0.02 ** 2, rel=0.5) and apart["sigma2_within"] == 0
+    a, g = multiplier_law(apart, 3e6, 3e7), multiplier_law(grouped, 3e6, 3e7)
+    assert g["high"] / g["low"] > a["high"] / a["low"]  # the seeds were never independent evidence
 
 
 def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):

@@ -122,13 +122,26 @@ TERMS = ("size", "ratio")
 
 
 def fit_multiplier_law(params: Sequence[float], tokens: Sequence[float], multiplier: Sequence[float],
-                       terms: Sequence[str] = TERMS) -> dict:
-    """log m = k + b log(N / 1e6) + c log(D / N): ordinary least squares over every observation (a
-    seed each), N non-embedding parameters, D training tokens; ``terms`` keeps the size term, the
-    tokens-per-parameter term or both (a term left out has coefficient 0). Returns the coefficients,
-    their covariance and the residual variance (for ``multiplier_law``'s interval), r2, the points,
-    and the correlation of the two regressors (near -1 or 1: the data cannot tell them apart)."""
+                       terms: Sequence[str] = TERMS, groups: Sequence[str] | None = None) -> dict:
+    """log m = k + b log(N / 1e6) + c log(D / N): ordinary least squares, N non-embedding parameters,
+    D training tokens; ``terms`` keeps the size term, the tokens-per-parameter term or both (a term
+    left out has coefficient 0). Without ``groups`` every observation (a seed each) is a point.
+    ``groups`` (a label per observation, e.g. its size and budget): the seeds of a group are read on
+    one baseline frontier, so their errors are not independent; the law is fitted on each group's
+    mean of log m, log N and log D, with the groups' degrees of freedom, and the seeds' scatter about
+    their group's mean (``sigma2_within``) is added to a prediction's (one seed's multiplier).
+    Returns the coefficients, their covariance and the residual variance (for ``multiplier_law``'s
+    interval), r2, the points, and the correlation of the two regressors (near -1 or 1: the data
+    cannot tell them apart)."""
     N, D, m = (np.asarray(v, float) for v in (params, tokens, multiplier))
+    sigma2_within, seeds = 0.0, len(m)
+    if groups is not None:
+        labels = list(dict.fromkeys(groups))
+        members = [np.array([i for i, g in enumerate(groups) if g == label]) for label in labels]
+        logs = {name: np.log(v) for name, v in (("N", N), ("D", D), ("m", m))}
+        within_dof = sum(len(i) - 1 for i in members)
+        sigma2_within = float(sum(((logs["m"][i] - logs["m"][i].mean()) ** 2).sum() for i in members) / within_dof) if within_dof else 0.0
+        N, D, m = (np.exp([logs[name][i].mean() for i in members]) for name in ("N", "D", "m"))
     need = 2 + len(terms)
     if len(m) < need or ("size" in terms and distinct(N) < 2) or ("ratio" in terms and distinct(D / N) < 2):
         raise FitError(f"{len(m)} point(s), {distinct(N)} size(s), {distinct(D / N)} tokens-per-parameter value(s): "
@@ -142,6 +155,7 @@ def fit_multiplier_law(params: Sequence[float], tokens: Sequence[float], multipl
     named = dict(zip(("k", *terms), coef.tolist()))
     return {"k": named["k"], "b": named.get("size", 0.0), "c": named.get("ratio", 0.0), "terms": list(terms),
             "cov": (sigma2 * np.linalg.pinv(X.T @ X)).tolist(), "sigma2": sigma2, "dof": dof,
+            "sigma2_within": sigma2_within, "grouped": groups is not None, "observations": seeds,
             "r2": r_squared(y, X @ coef), "points": len(y),
             "regressor_correlation": float(np.corrcoef(np.log(N), np.log(D / N))[0, 1]) if distinct(N) > 1 and distinct(D / N) > 1 else None}
 
@@ -153,14 +167,15 @@ def _multiplier_features(N: np.ndarray, D: np.ndarray, terms: Sequence[str]) -> 
 
 def multiplier_law(fit: dict, params: float, tokens: float, level: float = 0.9) -> dict[str, float]:
     """The law's multiplier at (N, D) and its ``level`` prediction interval (Student t with the fit's
-    degrees of freedom: the coefficients' uncertainty plus one observation's scatter)."""
+    degrees of freedom: the coefficients' uncertainty plus one observation's scatter; a grouped fit's
+    plus the seeds' within a group)."""
     from scipy.stats import t
 
     terms = fit["terms"]
     x = _multiplier_features(np.asarray([params], float), np.asarray([tokens], float), terms)[0]
     coef = np.array([fit["k"], *({"size": fit["b"], "ratio": fit["c"]}[t] for t in terms)])
     centre = float(x @ coef)
-    spread = math.sqrt(float(x @ np.asarray(fit["cov"]) @ x) + fit["sigma2"])
+    spread = math.sqrt(float(x @ np.asarray(fit["cov"]) @ x) + fit["sigma2"] + fit.get("sigma2_within", 0.0))
     q = float(t.ppf(0.5 + level / 2, fit["dof"]))
     return {"multiplier": math.exp(centre), "low": math.exp(centre - q * spread), "high": math.exp(centre + q * spread),
             "level": level}
