@@ -222,3 +222,17 @@ def test_train_subset_thins_training_documents_only(tmp_path):
     before = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "train_subset"}
     old_key = hashlib.sha256(json.dumps([PIPELINE_VERSION, before], sort_keys=True).encode()).hexdigest()[:12]
     assert cfg.cache_key() == old_key != cfg.model_copy(update={"train_subset": 0.5}).cache_key()
+
+
+def test_a_missing_shared_data_folder_says_which_variable_names_it(tmp_path, monkeypatch):
+    """The shared-corpus preset's default path (../shared/data) missing: the Error names
+    CRAMLM_DATA_DIR, which sets it (the README's presets need it outside this checkout's layout)."""
+    from cramlm.data.sources import DataError, expand_paths
+
+    monkeypatch.delenv("CRAMLM_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"no files match; the shared-corpus .* read \$CRAMLM_DATA_DIR \(default ../shared/data\)"):
+        expand_paths("../shared/data/corpus/*.jsonl.gz")
+    with pytest.raises(DataError) as other:
+        expand_paths(str(tmp_path / "elsewhere" / "*.jsonl"))
+    assert "CRAMLM_DATA_DIR" not in str(other.value)

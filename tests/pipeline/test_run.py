@@ -243,6 +243,19 @@ def test_a_dry_run_is_small_in_every_stage(tmp_path):
     assert full.eval_config().eval.max_dev_examples is None  # a real run keeps its settings
 
 
+def test_a_dry_runs_summary_gives_no_verdict_about_learning(tiny_run, tmp_path, monkeypatch):
+    """A dry run (a few steps, scored on a few examples) ends with a line saying so, not with
+    "pretraining did not pay (yet) ... the model learnt the corpus"."""
+    from cramlm.pipeline.recipe import results_summary
+
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    real = results_summary(resolve_recipe("default", TINY_RUN))
+    dry = results_summary(resolve_recipe("default", [*TINY_RUN, "dryrun=true"]))
+    assert "pretraining paid" in real or "did not pay" in real
+    assert "dry run: " in dry and "did not pay" not in dry and "pretraining paid" not in dry
+
+
 def test_fields_added_later_leave_keys_unchanged_at_their_default():
     """data.train_subset, train.optim.ns_dtype (Muon's) and eval.select at their defaults are left out
     of the data, pretrain and eval keys (KEYLESS_DEFAULT), so runs recorded before those fields existed

@@ -522,6 +522,8 @@ def results_summary(cfg: PipelineConfig) -> str:
         twin = (untrained or {}).get("minimal_pairs")
         zero_shot = pairs_text(pairs, twin if isinstance(twin, dict) and "scores" in twin else None)
     said = verdict(pretrained, untrained)  # last: what pretraining bought, fine-tuned and zero-shot
+    if said and cfg.dryrun:  # a few steps on a few examples: no verdict about learning
+        said = "dry run: a few steps scored on a few examples; the scores check the machinery, they say nothing about learning"
     said = f"\n{said}\n" if said else ""
     if not pretrained.get("results"):
         return zero_shot + said

@@ -157,4 +157,5 @@ class Objective:
     def load_lines(self, out_dir: Path, cls: str) -> list[str]:
         """How to load the export, as `cramlm export hf` prints it and the model card says."""
         remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
-        return [f"load with: transformers.{self.auto_class}.from_pretrained('{out_dir}'{remote})"]
+        return [f"load with: transformers.{self.auto_class}.from_pretrained('{out_dir}'{remote})"
+                + (f" and transformers.AutoTokenizer.from_pretrained('{out_dir}'{remote})" if remote else "")]
