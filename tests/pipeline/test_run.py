@@ -87,6 +87,8 @@ def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_p
     before = _mtimes(run)
     out = cramlm("run", *TINY_RUN, "train.optim.lr=2e-3", cwd=tmp_path)
     assert "pretrain ..." in out and "eval ..." in out and "eval-untrained: done already" in out and "report ..." in out
+    # said, with what changed (was: trained again without a word)
+    assert re.search(r"pretrain: made before under another configuration \(train\.optim\.lr 0\.0\d+ -> 0\.002\): made again", out), out
     after = _mtimes(run)
     assert after["model.safetensors"] != before["model.safetensors"]
     assert after["eval-untrained.json"] == before["eval-untrained.json"]
@@ -277,6 +279,11 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert cfg.data.cache_key() == hashlib.sha256(json.dumps([PIPELINE_VERSION, data], sort_keys=True).encode()).hexdigest()[:12]
     pre.pop("overwrite", None)
     pre["impl"].pop("progress", None)
+    from cramlm.pipeline.recipe import NOT_WHAT_IT_MAKES
+    from cramlm.train.impl import ImplConfig
+
+    for field in NOT_WHAT_IT_MAKES:  # (stage_keys' rule: how the run is logged and how fast it runs, at their defaults)
+        pre["impl"][field] = ImplConfig.model_fields[field].get_default(call_default_factory=True)
     if pre["train"]["objective"] == "mlm":  # (stage_keys' rule for the default objective)
         pre["train"].pop("objective")
         pre["train"].pop("rtd")
@@ -286,6 +293,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert "select" in ev["eval"]
     del ev["eval"]["select"]
     ev["impl"].pop("progress", None)
+    for field in NOT_WHAT_IT_MAKES:
+        ev["impl"][field] = ImplConfig.model_fields[field].get_default(call_default_factory=True)
     from cramlm.data.heldout import DEFINITION
 
     assert keys["eval"] == _hash([keys["pretrain"], ev["eval"], ev["impl"], DEFINITION])
@@ -301,5 +310,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert resumed == keys
     logged = stage_keys(resolve_recipe("default", [*at_defaults, "impl.tensorboard=true", "impl.dist_timeout=99"]))
     assert logged == keys  # where a run is also logged changes nothing it makes (was: every stage again)
+    faster = stage_keys(resolve_recipe("default", [*at_defaults, "impl.threads=1", "impl.prefetch=false", "impl.compile=false",
+                                                   "impl.activation_checkpointing=true"]))
+    assert faster == keys  # nor how fast it runs (was: the README's impl.threads=1 then a plain re-run trained it again)
     shipped = stage_keys(resolve_recipe("default", TINY_RUN))  # ns_dtype: auto
     assert shipped["data"] == keys["data"] and shipped["pretrain"] not in (keys["pretrain"], fp32["pretrain"])

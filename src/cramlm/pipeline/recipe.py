@@ -218,8 +218,12 @@ def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-# where a run is also logged and how long a collective may wait change nothing it makes
-NOT_WHAT_IT_MAKES = ("tensorboard", "wandb", "wandb_mode", "wandb_project", "dist_timeout")
+# where a run is also logged, how long a collective may wait, and how fast it runs (threads, compilation,
+# recomputation, prefetching, the checkpoint layout, DDP or FSDP, the document-attention kernel) change
+# nothing it makes but the last bits of its floats: a re-run with another is not trained again
+NOT_WHAT_IT_MAKES = ("tensorboard", "wandb", "wandb_mode", "wandb_project", "dist_timeout", "threads", "compile",
+                     "compile_mode", "inductor", "activation_checkpointing", "prefetch", "checkpoint_format", "distributed",
+                     "document_attention_kernel")
 
 
 def _at_defaults(impl: dict[str, Any], fields: tuple[str, ...]) -> None:
@@ -477,6 +481,10 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
             continue
+        if (done := record["stages"].get(stage) or {}).get("status") == "done" and done.get("key") != keys[stage] \
+                and stage not in cfg.force:
+            print(f"cramlm run: {stage}: made before under another configuration{changed_since(cfg, stage)}: made again, "
+                  "its results replaced")
         print(f"cramlm run: {stage} ...")
         start = time.perf_counter()
         record["stages"][stage] = {"status": "running", "key": keys[stage], "started": _now()}
@@ -490,6 +498,26 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         record["stages"][stage].update(status="done", finished=_now(), seconds=round(time.perf_counter() - start, 2), result=info)
         write_json(run_dir / RECORD, record)
     return record
+
+
+def changed_since(cfg: PipelineConfig, stage: str) -> str:
+    """The pretraining keys that differ from the run folder's config.yaml (the config it was trained
+    with), as ``" (key old -> new, ...)"``; "" where there is none to compare or nothing differs there
+    (another stage's settings changed)."""
+    from cramlm.config.loader import load_yaml
+    from cramlm.train.checkpoint import flat
+
+    if stage not in ("pretrain", "eval") or not (cfg.run_dir / "config.yaml").is_file():
+        return ""
+    try:
+        then = flat(load_yaml(cfg.run_dir / "config.yaml", "run config"))
+    except Exception:  # noqa: BLE001 - a note, never a failure
+        return ""
+    now = flat(cfg.pretrain_config().model_dump(mode="json"))
+    skip = ("name", "base_dir", "resume", "allow_change", "overwrite", "impl.progress")
+    diff = [f"{k} {then[k]} -> {now[k]}" for k in sorted(then.keys() & now.keys())
+            if then[k] != now[k] and not k.startswith(skip) and k.rsplit(".", 1)[-1] not in NOT_WHAT_IT_MAKES]
+    return f" ({', '.join(diff[:4])}{', ...' if len(diff) > 4 else ''})" if diff else ""
 
 
 def _now() -> str:
