@@ -146,6 +146,23 @@ def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_p
     assert not migrate_keys(rtd, theirs, stage_keys(rtd)) and theirs["stages"][TWIN]["key"] == legacy[TWIN]
 
 
+def test_an_evaluation_written_over_by_cramlm_eval_is_made_again(tiny_run, tmp_path):
+    """`cramlm eval` into a pipeline's run folder writes eval.json under its own protocol (the eval
+    preset's, without the recipe's minimal pairs): the next `cramlm run` does not take it for the
+    eval stage's result (was: "done already", the report showing the other protocol's scores)."""
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    run = tmp_path / "outputs" / "default"
+    cramlm("run", *TINY_RUN, "force=[eval]", cwd=tmp_path)  # the eval stage made again: its result digested
+    assert set(read_record(run)["stages"]["eval"]["outputs"]) == {"eval.json"}
+    ours = (run / "eval.json").read_text()
+    cramlm("eval", "checkpoint=default", "impl.progress=false", "impl.threads=1", "eval.epochs=1", "eval.max_train_examples=16",
+           "eval.max_seq_length=32", cwd=tmp_path)
+    assert (run / "eval.json").read_text() != ours
+    out = cramlm("run", *TINY_RUN, cwd=tmp_path)
+    assert "eval: eval.json written over since this stage made it" in out and "eval ..." in out, out
+    assert "pretrain: done already" in out and "minimal_pairs" in (run / "eval.json").read_text()
+
+
 def test_the_twin_is_evaluated_again_when_the_objective_changes():
     """What is built and scored of the random weights depends on the objective (ELECTRA's generator
     beside the detector, the hybrid's scorer, PLL for a masked LM): a run re-trained in its folder

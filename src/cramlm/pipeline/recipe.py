@@ -289,7 +289,27 @@ def read_record(run_dir: Path) -> dict[str, Any]:
 
 def finished(cfg: PipelineConfig, stage: str, record: dict[str, Any], key: str) -> bool:
     entry = record.get("stages", {}).get(stage, {})
-    return entry.get("status") == "done" and entry.get("key") == key and all(p.is_file() for p in stage_outputs(cfg, stage))
+    return entry.get("status") == "done" and entry.get("key") == key and all(p.is_file() for p in stage_outputs(cfg, stage)) \
+        and not replaced_outputs(cfg, stage, entry)
+
+
+# the evaluations' results: small files another command may write into the run folder (`cramlm eval`)
+DIGESTED = ("eval", TWIN)
+
+
+def output_digests(cfg: PipelineConfig, stage: str) -> dict[str, str]:
+    """{file name: sha256} of an evaluation stage's results ({} for the other stages)."""
+    if stage not in DIGESTED:
+        return {}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in stage_outputs(cfg, stage) if p.is_file()}
+
+
+def replaced_outputs(cfg: PipelineConfig, stage: str, entry: dict[str, Any]) -> list[str]:
+    """The results the stage made that another command has written over since (a `cramlm eval`
+    into the run folder under its own protocol): the stage is not done."""
+    made = entry.get("outputs") or {}
+    now = output_digests(cfg, stage) if made else {}
+    return sorted(name for name, digest in made.items() if now.get(name) != digest)
 
 
 # ------------------------------------------------------------------------------------ stages
@@ -481,10 +501,13 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         if stage not in todo:
             print(f"cramlm run: {stage}: done already, skipped ({run_dir / RECORD})")
             continue
-        if (done := record["stages"].get(stage) or {}).get("status") == "done" and done.get("key") != keys[stage] \
-                and stage not in cfg.force:
-            print(f"cramlm run: {stage}: made before under another configuration{changed_since(cfg, stage)}: made again, "
-                  "its results replaced")
+        if (done := record["stages"].get(stage) or {}).get("status") == "done" and stage not in cfg.force:
+            if done.get("key") != keys[stage]:
+                print(f"cramlm run: {stage}: made before under another configuration{changed_since(cfg, stage)}: made "
+                      "again, its results replaced")
+            elif replaced := replaced_outputs(cfg, stage, done):
+                print(f"cramlm run: {stage}: {', '.join(replaced)} written over since this stage made it (a `cramlm eval` "
+                      "into the run folder?): made again under the run's own configuration")
         print(f"cramlm run: {stage} ...")
         start = time.perf_counter()
         record["stages"][stage] = {"status": "running", "key": keys[stage], "started": _now()}
@@ -495,7 +518,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
             record["stages"][stage].update(status="failed", error=f"{type(e).__name__}: {e}"[:500])
             write_json(run_dir / RECORD, record)
             raise
-        record["stages"][stage].update(status="done", finished=_now(), seconds=round(time.perf_counter() - start, 2), result=info)
+        record["stages"][stage].update(status="done", finished=_now(), seconds=round(time.perf_counter() - start, 2), result=info,
+                                       **({"outputs": made} if (made := output_digests(cfg, stage)) else {}))
         write_json(run_dir / RECORD, record)
     return record
 
