@@ -59,6 +59,7 @@ def prepare(num_shards: int, shard_index: int | None, quiet: bool, overrides: tu
     """Read sources, train the tokenizer, write packed train/val files (cached by config hash).
 
     Example: cramlm data prepare data=default data.tokenizer.vocab_size=4096 cache=outputs/data
+    (cache=: the folder `cramlm run` and `cramlm pretrain` name impl.data_cache; unset: the per-user cache)
     """
     from cramlm.data.prepare import merge_prepared, prepare_data, prepare_shard
 
