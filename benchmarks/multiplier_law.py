@@ -78,7 +78,7 @@ def main(argv: list[str]) -> dict:
         fit = fit_multiplier_law(N, D, m, terms, groups=groups if grouped else None)
         day, hour = multiplier_law(fit, PARAMS["crammed-bert"], tokens), multiplier_law(fit, PARAMS["128x4"], 20.8e6)
         result["laws"]["+".join(terms) + ("" if grouped else " (per seed)")] = {"fit": fit, "gpu_day": day, "cpu_hour": hour}
-        within = f" ({fit['sigma2_within'] ** 0.5:.3f})" if grouped else ""
+        within = (f" ({fit['sigma2_within'] ** 0.5:.3f})" if fit["points"] < fit["observations"] else " (-)") if grouped else ""
         lines.append(f"| {' + '.join(terms)}; {'group means' if grouped else 'every seed (as registered)'} | {fit['k']:.3f} "
                      f"{fit['b']:+.3f} log(N/1e6) {fit['c']:+.3f} log(D/N) | {fit['r2']:.2f} | {fit['sigma2'] ** 0.5:.3f}{within} | "
                      f"{fit['dof']} | {day['multiplier']:.2f}x ({day['low']:.2f}x - {day['high']:.2f}x) | "

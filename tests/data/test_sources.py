@@ -231,7 +231,7 @@ def test_a_missing_shared_data_folder_says_which_variable_names_it(tmp_path, mon
 
     monkeypatch.delenv("CRAMLM_DATA_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(DataError, match=r"no files match; the shared-corpus .* read \$CRAMLM_DATA_DIR \(default ../shared/data\)"):
+    with pytest.raises(DataError, match=r"no files match; the shared-corpus .* read \$CRAMLM_DATA_DIR \(unset: default ../shared/data\)"):
         expand_paths("../shared/data/corpus/*.jsonl.gz")
     with pytest.raises(DataError) as other:
         expand_paths(str(tmp_path / "elsewhere" / "*.jsonl"))

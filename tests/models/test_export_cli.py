@@ -197,3 +197,17 @@ def test_a_checkpoint_of_a_run_that_never_finished_exports(in_tmp):
     with safe_open(run / "checkpoints" / "step-00000002" / "model.safetensors", "pt") as ours, \
             safe_open(in_tmp / "hf-cut" / "model.safetensors", "pt") as theirs:
         assert torch.equal(ours.get_tensor("trunk.tokens.weight"), theirs.get_tensor("bert.embeddings.word_embeddings.weight"))
+
+
+def test_every_remote_code_exports_load_lines_name_the_tokenizer_with_trust_remote_code():
+    """Without trust_remote_code, AutoTokenizer on a remote-code export stops at an interactive
+    prompt: every objective whose export is remote code says how to load its tokenizer, on a line of its own."""
+    from cramlm.models.objectives.base import build_objective
+    from cramlm.pipeline.recipe import resolve_recipe
+
+    for objective in ("mlm", "hybrid", "rtd"):
+        cfg = resolve_recipe("default", [f"train.objective={objective}"]).pretrain_config()
+        lines = build_objective(cfg).load_lines("out", "CramlmForMaskedLM")
+        assert "tokenizer: transformers.AutoTokenizer.from_pretrained('out', trust_remote_code=True)" in lines, (objective, lines)
+    plain = build_objective(resolve_recipe("default", ["train.objective=mlm"]).pretrain_config()).load_lines("out", "BertForMaskedLM")
+    assert not any("AutoTokenizer" in line for line in plain)  # a stock class: its tokenizer loads as any

@@ -78,6 +78,12 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(tiny_run, tmp_path)
     out = cramlm("run", *TINY_RUN, "eval.seed=1", cwd=root)
     assert "eval: done already" in out and "report ..." in out and (run / "report.html").is_file()
 
+    # the data cache moved: the data stage prepares it there (the same bytes), nothing after it is redone
+    # (was: the training and both evaluations again)
+    out = cramlm("run", *TINY_RUN, "eval.seed=1", "impl.data_cache=moved-cache", cwd=root)
+    assert "data ..." in out and out.count("done already, skipped") == 4, out  # pretrain, eval, the twin, the report
+    assert (root / "moved-cache").is_dir() and _mtimes(run)["model.safetensors"] == before["model.safetensors"]
+
 
 def test_untrained_twin_is_reused_when_only_the_training_changes(tiny_run, tmp_path, monkeypatch):
     """The twin does not depend on the training: a re-trained run keeps eval-untrained.json while
@@ -128,7 +134,7 @@ def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_p
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "outputs" / "default"
     cfg = resolve_recipe("default", [*TINY_RUN, "resume=auto", "impl.dist_timeout=99"])
-    keys, legacy = stage_keys(cfg), stage_keys(cfg, legacy=True)
+    keys, legacy = stage_keys(cfg), stage_keys(cfg, 0)
     assert keys == stage_keys(resolve_recipe("default", TINY_RUN)) and legacy["pretrain"] != keys["pretrain"]
     record = read_record(run)
     for stage, entry in record["stages"].items():
@@ -139,9 +145,16 @@ def test_stages_recorded_under_their_legacy_keys_are_found_again(tiny_run, tmp_p
     assert not reconcile_results(report_only, record, keys) and (run / "eval.json").is_file()
     other = {**record, "stages": {s: {**e, "key": "0" * 12} for s, e in record["stages"].items()}}
     assert not migrate_keys(cfg, other, keys)  # another config's keys stay another config's
+    # the next form (resume and the sinks out, the speed settings in): a run recorded with the README's
+    # impl.threads=1 is found by a plain re-run (threads auto), its thread count read from config.yaml
+    plain = resolve_recipe("default", [o for o in TINY_RUN if o != "impl.threads=1"])
+    assert (run / "config.yaml").read_text().count("threads: 1") == 1
+    second = {"stages": {s: {**e, "key": stage_keys(cfg, 1)[s]} for s, e in read_record(run)["stages"].items()}}
+    assert stage_keys(cfg, 1)["pretrain"] != stage_keys(plain, 1)["pretrain"]  # (the thread count was in that form)
+    assert migrate_keys(plain, second, stage_keys(plain)) and stages_to_run(plain, second) == []
     # a legacy twin key holds no objective: ELECTRA's config takes the twin only with its own trained model
     rtd = resolve_recipe("default", [*TINY_RUN, "resume=auto", "impl.dist_timeout=99", "train.objective=rtd"])
-    assert stage_keys(rtd, legacy=True)[TWIN] == legacy[TWIN] and cfg.train.objective != "rtd"
+    assert stage_keys(rtd, 0)[TWIN] == legacy[TWIN] and cfg.train.objective != "rtd"
     theirs = {"stages": {s: {**e, "key": legacy[s]} for s, e in read_record(run)["stages"].items()}}
     assert not migrate_keys(rtd, theirs, stage_keys(rtd)) and theirs["stages"][TWIN]["key"] == legacy[TWIN]
 
@@ -161,6 +174,9 @@ def test_an_evaluation_written_over_by_cramlm_eval_is_made_again(tiny_run, tmp_p
     out = cramlm("run", *TINY_RUN, cwd=tmp_path)
     assert "eval: eval.json written over since this stage made it" in out and "eval ..." in out, out
     assert "pretrain: done already" in out and "minimal_pairs" in (run / "eval.json").read_text()
+    (run / "eval.json").unlink()  # lost, not written over: made again without that line
+    out = cramlm("run", *TINY_RUN, cwd=tmp_path)
+    assert "eval ..." in out and "written over" not in out
 
 
 def test_the_twin_is_evaluated_again_when_the_objective_changes():
@@ -273,6 +289,12 @@ def test_a_dry_runs_summary_gives_no_verdict_about_learning(tiny_run, tmp_path, 
     dry = results_summary(resolve_recipe("default", [*TINY_RUN, "dryrun=true"]))
     assert "pretraining paid" in real or "did not pay" in real
     assert "dry run: " in dry and "did not pay" not in dry and "pretraining paid" not in dry
+    from cramlm.report import write_report  # the report says the same
+
+    config = run_dir = tmp_path / "outputs" / "default"
+    (config / "config.yaml").write_text((config / "config.yaml").read_text().replace("dryrun: false", "dryrun: true"))
+    page = write_report(run_dir).read_text()
+    assert "Dry run: a few steps" in page and "did not pay" not in page
 
 
 def test_fields_added_later_leave_keys_unchanged_at_their_default():

@@ -175,6 +175,10 @@ def test_multiplier_law_recovers_its_coefficients_and_its_interval_widens_away_f
     assert grouped["sigma2_within"] == pytest.approx(0.02 ** 2, rel=0.5) and apart["sigma2_within"] == 0
     a, g = multiplier_law(apart, 3e6, 3e7), multiplier_law(grouped, 3e6, 3e7)
     assert g["high"] / g["low"] > a["high"] / a["low"]  # the seeds were never independent evidence
+    with pytest.raises(FitError, match="35 group labels for 36 observations"):
+        fit_multiplier_law(N2, D2, seeds, groups=labels[:-1])
+    with pytest.raises(FitError, match="holds observations of other sizes"):
+        fit_multiplier_law(N2, D2, seeds, groups=["one"] * 3 + labels[3:])
 
 
 def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
@@ -205,6 +209,13 @@ def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
     edited = json.loads(stale.read_text())
     edited["minimal_pairs"]["scores"][head]["paradigms"]["anaphor"]["pairs"] = 2
     stale.write_text(json.dumps(edited))
+    # (as if that point had been scored on the edited file: its record's digest of the result is the edited one's)
+    import hashlib
+
+    record_file = folder / "32x2-4ktok" / "pipeline.json"
+    record = json.loads(record_file.read_text())
+    record["stages"]["eval"]["outputs"] = {"eval.json": hashlib.sha256(stale.read_bytes()).hexdigest()[:16]}
+    record_file.write_text(json.dumps(record))
     out = cramlm("sweep", "--sizes", "16x1,32x2", "--budgets", "2ktok,4ktok", "--name", "zs", "default", *args,
                  f"eval.minimal_pairs.paths=[{pairs}]", "eval.lm_eval=false", "--no-report", cwd=tmp_path)
     assert "zero-shot %" not in out and f"32x2-4ktok {head} on 6 pairs in 2 paradigms" in out

@@ -150,9 +150,11 @@ def expand_paths(pattern: str, report: SkipReport | None = None) -> list[Path]:
             report.skip_source(link, f"dangling symlink (to {os.readlink(link)}, which does not exist)")
     if not files:
         more = f" ({len(dangling)} dangling symlinks)" if dangling else ""
-        if "shared/data" in pattern and "CRAMLM_DATA_DIR" not in os.environ:  # a preset's default data folder
-            more += ("; the shared-corpus and english-prose presets read $CRAMLM_DATA_DIR (default ../shared/data): "
-                     "set it to the folder holding corpus/")
+        data_dir = os.environ.get("CRAMLM_DATA_DIR", "")
+        if (data_dir and pattern.startswith(data_dir.rstrip("/") + "/")) or \
+                (not data_dir and ("shared/data" in pattern or pattern.startswith("/corpus/"))):  # a preset's data folder
+            more += (f"; the shared-corpus and english-prose presets read $CRAMLM_DATA_DIR ({'=' + data_dir if data_dir else 'unset'}: "
+                     "default ../shared/data): set it to the folder holding corpus/")
         raise DataError(f"{pattern}: no such file, or no files match{more}")
     return files
 

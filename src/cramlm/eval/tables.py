@@ -226,17 +226,23 @@ def twin_heldout(pretrained: dict, untrained: dict | None) -> dict | None:
     return lm_b
 
 
-def verdict(pretrained: dict, untrained: dict | None) -> str | None:
+DRY_RUN_VERDICT = "dry run: a few steps scored on a few examples; the scores check the machinery, they say nothing about learning"
+
+
+def verdict(pretrained: dict, untrained: dict | None, dryrun: bool = False) -> str | None:
     """What pretraining bought, in a few sentences, what paid first: per fine-tuned task, ahead of the untrained twin
     by >= 2 points, behind by > 1 point, or level (and whether a margin lies within the seeds'
     spread); zero-shot, per minimal-pair paradigm (eval/pairs.py: pairs_verdict); the held-out LM
-    loss of both as the evidence of what pretraining learnt, and where it was measured to pay."""
+    loss of both as the evidence of what pretraining learnt, and where it was measured to pay.
+    ``dryrun``: a dry run's scores say nothing about learning, and the verdict says so instead."""
     from cramlm.eval.pairs import pairs_verdict
 
     rows = [r for r in versus(pretrained, untrained) if r["margin"] is not None]
     zero_shot = pairs_verdict(pretrained.get("minimal_pairs"), (untrained or {}).get("minimal_pairs"))
     if not rows and not zero_shot:
         return None
+    if dryrun:
+        return DRY_RUN_VERDICT
     finetuned, paid = _finetuned_verdict(pretrained, untrained, rows) if rows else (None, False)
     if finetuned and zero_shot:  # both kinds: each named, and what paid said first
         finetuned = "fine-tuned, " + finetuned

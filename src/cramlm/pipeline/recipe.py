@@ -223,7 +223,7 @@ def _hash(obj: Any) -> str:
 # nothing it makes but the last bits of its floats: a re-run with another is not trained again
 NOT_WHAT_IT_MAKES = ("tensorboard", "wandb", "wandb_mode", "wandb_project", "dist_timeout", "threads", "compile",
                      "compile_mode", "inductor", "activation_checkpointing", "prefetch", "checkpoint_format", "distributed",
-                     "document_attention_kernel")
+                     "document_attention_kernel", "data_cache")  # (where the data cache lives: the data stage's key holds it)
 
 
 def _at_defaults(impl: dict[str, Any], fields: tuple[str, ...]) -> None:
@@ -236,25 +236,31 @@ def _at_defaults(impl: dict[str, Any], fields: tuple[str, ...]) -> None:
             impl[field] = ImplConfig.model_fields[field].get_default(call_default_factory=True)
 
 
-def stage_keys(cfg: PipelineConfig, legacy: bool = False) -> dict[str, str]:
+# the stage keys' earlier forms (``migrate_keys`` finds stages recorded under them): 0, before resume,
+# allow_change and the logging sinks left the keys and the objective entered the twin's; 1, before how
+# fast a run goes (and where its data cache lives) left them; 2, today's
+GENERATION = 2
+_AT_DEFAULTS = {0: (), 1: NOT_WHAT_IT_MAKES[:5], 2: NOT_WHAT_IT_MAKES}
+
+
+def stage_keys(cfg: PipelineConfig, generation: int = GENERATION, impl_then: dict[str, Any] | None = None) -> dict[str, str]:
     """What each stage's result depends on. Progress bars and the stage list do not count.
-    ``legacy``: the keys as stages were recorded before resume, allow_change, the logging sinks and
-    the collective timeout left them and the objective entered the twin's (``migrate_keys``)."""
+    ``generation``: the keys as an earlier cramlm recorded them (``migrate_keys``), with the impl
+    fields today's leave out taken from ``impl_then`` (the run's config.yaml: how it ran) where given."""
     pre = key_dump(cfg.pretrain_config())
     pre.pop("overwrite", None)
-    if not legacy:
-        # how the stage runs, not what it makes: a run finished with --resume auto is the result of one that ran
-        # through (and is skipped); keyed at their defaults, so the keys of runs recorded before stay as they were
+    ev = key_dump(cfg.eval_config())
+    for impl in (pre["impl"], ev["impl"]):
+        if impl_then and generation < GENERATION:
+            impl.update({k: impl_then[k] for k in NOT_WHAT_IT_MAKES if k in impl_then and k in impl})
+        # how a stage runs, not what it makes: keyed at their defaults, so the keys of runs recorded before stay as they were
+        _at_defaults(impl, _AT_DEFAULTS[generation])
+        impl.pop("progress", None)
+    if generation >= 1:  # a run finished with --resume auto is the result of one that ran through (and is skipped)
         pre["resume"], pre["allow_change"] = None, []
-        _at_defaults(pre["impl"], NOT_WHAT_IT_MAKES)
-    pre["impl"].pop("progress", None)
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
         pre["train"].pop("rtd", None)
-    ev = key_dump(cfg.eval_config())
-    ev["impl"].pop("progress", None)
-    if not legacy:
-        _at_defaults(ev["impl"], NOT_WHAT_IT_MAKES)
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
@@ -262,8 +268,10 @@ def stage_keys(cfg: PipelineConfig, legacy: bool = False) -> dict[str, str]:
     # the twin's random weights come from the architecture, the tokenizer (the data key) and eval.seed;
     # what is built and scored of them from the objective (ELECTRA's generator, the hybrid's scorer)
     objective = {k: pre["train"][k] for k in ("objective", "rtd", "hybrid", "objective_options") if k in pre["train"]} \
-        if "objective" in pre["train"] and not legacy else {}  # (the default objective, mlm, keys as before it was in this key)
-    keys[TWIN] = _hash([pre["arch"], keys["data"], ev["eval"], ev["impl"], DEFINITION, *([objective] if objective else [])])
+        if "objective" in pre["train"] and generation >= 1 else {}  # (the default objective, mlm, keys as before it was in this key)
+    # (the data by its config, not where its cache lives: a moved cache holds the same tokenizer)
+    data = keys["data"] if generation < 2 else cfg.data.cache_key()
+    keys[TWIN] = _hash([pre["arch"], data, ev["eval"], ev["impl"], DEFINITION, *([objective] if objective else [])])
     keys["report"] = _hash([keys["pretrain"], keys["eval"], keys[TWIN] if cfg.untrained_twin else None])
     return keys
 
@@ -309,7 +317,7 @@ def replaced_outputs(cfg: PipelineConfig, stage: str, entry: dict[str, Any]) -> 
     into the run folder under its own protocol): the stage is not done."""
     made = entry.get("outputs") or {}
     now = output_digests(cfg, stage) if made else {}
-    return sorted(name for name, digest in made.items() if now.get(name) != digest)
+    return sorted(name for name, digest in made.items() if name in now and now[name] != digest)  # (a lost file: not done either)
 
 
 # ------------------------------------------------------------------------------------ stages
@@ -364,22 +372,35 @@ def selected(cfg: PipelineConfig) -> list[str]:
 
 
 def migrate_keys(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str]) -> bool:
-    """Stages recorded under their legacy key (``stage_keys(legacy=True)``) that this config makes
-    the same way take this config's key: a run finished with --resume auto or a logging sink before
-    those left the key is not trained or evaluated again, nor its results set aside. Whether the
-    record changed."""
-    legacy, changed, stages = None, False, record.get("stages", {})
+    """Stages recorded under an earlier form of their key (``GENERATION``) that this config makes the
+    same way take this config's key: a run finished with --resume auto, a logging sink or another
+    thread count before those left the key is not trained or evaluated again, nor its results set
+    aside. The impl fields the earlier forms held come from the run's config.yaml (how it ran) as
+    well as from this config, so a re-run without the README's impl.threads=1 finds it too. Whether
+    the record changed."""
+    from cramlm.config.loader import load_yaml
+
+    earlier: list[tuple[int, dict[str, str]]] | None = None
+    changed, stages = False, record.get("stages", {})
     for stage in [s for s in STAGES if s != TWIN] + [TWIN]:  # the twin last: it may follow the pretrain stage's
         entry = stages.get(stage)
-        if stage in keys and isinstance(entry, dict) and entry.get("key") not in (None, keys[stage]):
-            legacy = legacy or stage_keys(cfg, legacy=True)
-            if entry["key"] != legacy.get(stage):
-                continue
-            # a legacy twin key holds no objective: another objective's twin (ELECTRA's, the hybrid's) has the
-            # same one, so it is taken only where the trained model is this config's (the objective with it)
-            if stage == TWIN and cfg.train.objective != "mlm" and (stages.get("pretrain") or {}).get("key") != keys["pretrain"]:
-                continue
-            entry["key"], changed = keys[stage], True
+        if stage not in keys or not isinstance(entry, dict) or entry.get("key") in (None, keys[stage]):
+            continue
+        if earlier is None:
+            try:
+                then = (load_yaml(cfg.run_dir / "config.yaml", "run config") or {}).get("impl") or {}
+            except Exception:  # noqa: BLE001 - no config.yaml to read: this config's own values
+                then = {}
+            earlier = [(g, stage_keys(cfg, g, impl)) for g in range(GENERATION) for impl in ([{}, then] if then else [{}])]
+        generation = next((g for g, k in earlier if entry["key"] == k.get(stage)), None)
+        if generation is None:
+            continue
+        # the earliest twin key holds no objective: another objective's twin (ELECTRA's, the hybrid's) has the
+        # same one, so it is taken only where the trained model is this config's (the objective with it)
+        if stage == TWIN and generation == 0 and cfg.train.objective != "mlm" \
+                and (stages.get("pretrain") or {}).get("key") != keys["pretrain"]:
+            continue
+        entry["key"], changed = keys[stage], True
     return changed
 
 
@@ -387,8 +408,13 @@ def stages_to_run(cfg: PipelineConfig, record: dict[str, Any]) -> list[str]:
     """The stages to run now: selected, and unfinished or forced or after one that runs (a stage
     independent of the training runs after one that runs only if its own key changed)."""
     keys, todo = stage_keys(cfg), []
+    # the data prepared again with the same config (its cache moved, or forced) gives the same bytes: the
+    # stages after it need not follow
+    then = (record.get("stages", {}).get("data") or {}).get("key") or ""
+    same_data = then.split(":")[0] == keys["data"].split(":")[0]
     for stage in selected(cfg):
-        follows = bool(todo) and not (stage in INDEPENDENT and set(todo) <= {"pretrain", "eval"})
+        follows = bool(todo) and not (stage in INDEPENDENT and set(todo) <= {"pretrain", "eval"}) \
+            and not (todo == ["data"] and same_data)
         if follows or stage in cfg.force or not finished(cfg, stage, record, keys[stage]):
             todo.append(stage)
     return todo
@@ -540,7 +566,7 @@ def changed_since(cfg: PipelineConfig, stage: str) -> str:
     now = flat(cfg.pretrain_config().model_dump(mode="json"))
     skip = ("name", "base_dir", "resume", "allow_change", "overwrite", "impl.progress")
     diff = [f"{k} {then[k]} -> {now[k]}" for k in sorted(then.keys() & now.keys())
-            if then[k] != now[k] and not k.startswith(skip) and k.rsplit(".", 1)[-1] not in NOT_WHAT_IT_MAKES]
+            if then[k] != now[k] and not k.startswith(skip) and not (k.startswith("impl.") and k.split(".")[1] in NOT_WHAT_IT_MAKES)]
     return f" ({', '.join(diff[:4])}{', ...' if len(diff) > 4 else ''})" if diff else ""
 
 
@@ -573,9 +599,7 @@ def results_summary(cfg: PipelineConfig) -> str:
 
         twin = (untrained or {}).get("minimal_pairs")
         zero_shot = pairs_text(pairs, twin if isinstance(twin, dict) and "scores" in twin else None)
-    said = verdict(pretrained, untrained)  # last: what pretraining bought, fine-tuned and zero-shot
-    if said and cfg.dryrun:  # a few steps on a few examples: no verdict about learning
-        said = "dry run: a few steps scored on a few examples; the scores check the machinery, they say nothing about learning"
+    said = verdict(pretrained, untrained, cfg.dryrun)  # last: what pretraining bought, fine-tuned and zero-shot
     said = f"\n{said}\n" if said else ""
     if not pretrained.get("results"):
         return zero_shot + said

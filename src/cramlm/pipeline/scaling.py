@@ -134,13 +134,19 @@ def fit_multiplier_law(params: Sequence[float], tokens: Sequence[float], multipl
     interval), r2, the points, and the correlation of the two regressors (near -1 or 1: the data
     cannot tell them apart)."""
     N, D, m = (np.asarray(v, float) for v in (params, tokens, multiplier))
-    sigma2_within, seeds = 0.0, len(m)
+    sigma2_within, seeds, inverse_n = 0.0, len(m), 0.0
     if groups is not None:
+        if len(groups) != len(m):
+            raise FitError(f"{len(groups)} group labels for {len(m)} observations")
         labels = list(dict.fromkeys(groups))
         members = [np.array([i for i, g in enumerate(groups) if g == label]) for label in labels]
         logs = {name: np.log(v) for name, v in (("N", N), ("D", D), ("m", m))}
+        for label, i in zip(labels, members):  # a group is one size at one budget: its seeds' N and D / N agree
+            if np.ptp(logs["N"][i]) > 1e-6 or np.ptp(logs["D"][i] - logs["N"][i]) > 0.1:
+                raise FitError(f"group '{label}' holds observations of other sizes or tokens per parameter")
         within_dof = sum(len(i) - 1 for i in members)
         sigma2_within = float(sum(((logs["m"][i] - logs["m"][i].mean()) ** 2).sum() for i in members) / within_dof) if within_dof else 0.0
+        inverse_n = float(np.mean([1 / len(i) for i in members]))
         N, D, m = (np.exp([logs[name][i].mean() for i in members]) for name in ("N", "D", "m"))
     need = 2 + len(terms)
     if len(m) < need or ("size" in terms and distinct(N) < 2) or ("ratio" in terms and distinct(D / N) < 2):
@@ -155,7 +161,7 @@ def fit_multiplier_law(params: Sequence[float], tokens: Sequence[float], multipl
     named = dict(zip(("k", *terms), coef.tolist()))
     return {"k": named["k"], "b": named.get("size", 0.0), "c": named.get("ratio", 0.0), "terms": list(terms),
             "cov": (sigma2 * np.linalg.pinv(X.T @ X)).tolist(), "sigma2": sigma2, "dof": dof,
-            "sigma2_within": sigma2_within, "grouped": groups is not None, "observations": seeds,
+            "sigma2_within": sigma2_within, "inverse_n": inverse_n, "grouped": groups is not None, "observations": seeds,
             "r2": r_squared(y, X @ coef), "points": len(y),
             "regressor_correlation": float(np.corrcoef(np.log(N), np.log(D / N))[0, 1]) if distinct(N) > 1 and distinct(D / N) > 1 else None}
 
@@ -175,7 +181,10 @@ def multiplier_law(fit: dict, params: float, tokens: float, level: float = 0.9) 
     x = _multiplier_features(np.asarray([params], float), np.asarray([tokens], float), terms)[0]
     coef = np.array([fit["k"], *({"size": fit["b"], "ratio": fit["c"]}[t] for t in terms)])
     centre = float(x @ coef)
-    spread = math.sqrt(float(x @ np.asarray(fit["cov"]) @ x) + fit["sigma2"] + fit.get("sigma2_within", 0.0))
+    # one observation's scatter: the group means' holds the seeds' divided by a group's seeds; one seed, all of it
+    within = fit.get("sigma2_within", 0.0)
+    scatter = max(fit["sigma2"] - within * fit.get("inverse_n", 0.0), 0.0) + within
+    spread = math.sqrt(float(x @ np.asarray(fit["cov"]) @ x) + scatter)
     q = float(t.ppf(0.5 + level / 2, fit["dof"]))
     return {"multiplier": math.exp(centre), "low": math.exp(centre - q * spread), "high": math.exp(centre + q * spread),
             "level": level}

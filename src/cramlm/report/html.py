@@ -450,7 +450,7 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
             from cramlm.eval.tables import verdict
 
             for run in runs:
-                if run.untrained_results and (said := verdict(run.eval, run.eval_untrained)):
+                if run.untrained_results and (said := verdict(run.eval, run.eval_untrained, bool(run.config.get("dryrun")))):
                     who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
                     parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     if any(r.pairs or r.pairs_skipped for r in runs):
@@ -458,7 +458,7 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
         from cramlm.eval.tables import verdict
 
         for run in runs:  # a run evaluated zero-shot alone: its verdict here (with fine-tuning, above)
-            if not run.untrained_results and run.untrained_pairs and (said := verdict(run.eval, run.eval_untrained)):
+            if not run.untrained_results and run.untrained_pairs and (said := verdict(run.eval, run.eval_untrained, bool(run.config.get("dryrun")))):
                 who = "" if len(runs) == 1 else f"<b>{html.escape(run.name)}</b>: "
                 parts.append(f'<p class="verdict">{who}{html.escape(said[0].upper() + said[1:])}</p>')
     parts.append("<h2>Plots</h2>")

@@ -45,6 +45,12 @@ class Scorer:
     full_logits: bool = False  # fn computes (B, T, V) logits: the scorer caps its batch by the vocabulary
 
 
+def tokenizer_line(out_dir: Path | str) -> str:
+    """A remote-code export's tokenizer loads with trust_remote_code too (its config names the remote
+    classes; without it AutoTokenizer stops at an interactive prompt)."""
+    return f"tokenizer: transformers.AutoTokenizer.from_pretrained('{out_dir}', trust_remote_code=True)"
+
+
 def objective_name(arch_kind: str, train_objective: str) -> str:
     """The objective a run trains: ``train.objective``, except that a causal arch's default (mlm) is clm."""
     return "clm" if arch_kind == "clm" and train_objective == "mlm" else train_objective
@@ -157,5 +163,5 @@ class Objective:
     def load_lines(self, out_dir: Path, cls: str) -> list[str]:
         """How to load the export, as `cramlm export hf` prints it and the model card says."""
         remote = ", trust_remote_code=True" if cls.startswith("Cramlm") else ""
-        return [f"load with: transformers.{self.auto_class}.from_pretrained('{out_dir}'{remote})"
-                + (f" and transformers.AutoTokenizer.from_pretrained('{out_dir}'{remote})" if remote else "")]
+        return [f"load with: transformers.{self.auto_class}.from_pretrained('{out_dir}'{remote})",
+                *([tokenizer_line(out_dir)] if remote else [])]

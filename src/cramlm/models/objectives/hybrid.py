@@ -34,7 +34,7 @@ from cramlm.data.permute import mix64
 from cramlm.models.base import tied_aliases
 from cramlm.models.config import trunk_flops_per_token
 from cramlm.models.crammed_bert import CrammedBert
-from cramlm.models.objectives.base import Objective, Scorer, masked_collator
+from cramlm.models.objectives.base import Objective, Scorer, masked_collator, tokenizer_line
 from cramlm.models.objectives.config import HybridConfig
 
 _MODE_SALT = np.uint64(0x3C6EF372FE94F82B)  # the per-sequence mode draw: a stream of its own, apart from the masks'
@@ -168,4 +168,4 @@ class Hybrid(Objective):
         remote = ", trust_remote_code=True"
         return [f"load with: transformers.AutoModelForMaskedLM.from_pretrained('{out_dir}'{remote}) (masked mode: "
                 f"fill-mask), or AutoModelForCausalLM.from_pretrained('{out_dir}'{remote}) (causal mode: the same "
-                "weights, next-token log-probabilities)"]
+                "weights, next-token log-probabilities)", tokenizer_line(out_dir)]

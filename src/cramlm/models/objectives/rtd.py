@@ -37,7 +37,7 @@ from cramlm.models.base import tied_aliases
 from cramlm.models.config import TransformerConfig, trunk_flops_per_token
 from cramlm.models.crammed_bert import CrammedBert
 from cramlm.models.model import ACTIVATIONS, IGNORE_INDEX, Trunk, init_weights, make_norm
-from cramlm.models.objectives.base import Objective, Scorer, at_positions, masked_collator, num_special
+from cramlm.models.objectives.base import Objective, Scorer, at_positions, masked_collator, num_special, tokenizer_line
 from cramlm.models.objectives.config import RTDConfig
 
 
@@ -261,4 +261,5 @@ class ELECTRA(Objective):
         remote = ", trust_remote_code=True"
         return [f"load with: transformers.AutoModelForPreTraining.from_pretrained('{out_dir}'{remote}) (the discriminator "
                 f"and its replaced-token detector); the generator, a masked LM: AutoModelForMaskedLM.from_pretrained("
-                f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask"]
+                f"'{Path(out_dir) / 'generator'}'{remote}). The discriminator has no trained masked-LM head: no fill-mask",
+                tokenizer_line(out_dir)]
