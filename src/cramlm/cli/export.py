@@ -134,7 +134,7 @@ def export_folder(out: Path) -> Iterator[Path]:
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    elif path.is_dir() or path.exists() or path.is_symlink():
+    elif path.exists() or path.is_symlink():  # a file, or a link (to a folder too)
         path.unlink()
 
 
