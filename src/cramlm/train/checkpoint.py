@@ -842,10 +842,10 @@ def plan_can_move(train, hours: float | None, usage: dict) -> bool:
     FLOPs or hours; a steps budget alone never caps the batch)."""
     from cramlm.train.budget import Budget, Usage
 
-    limits = Budget(train.budget, hours, 1.0).limits
+    budget = Budget(train.budget, hours, 1.0)
     used = Usage(**{k: v for k, v in usage.items() if k in Usage.__dataclass_fields__})
-    ramping = train.batch_ramp > 0 and Budget(train.budget, hours, 1.0).progress(used) < train.batch_ramp
-    capped = train.min_updates > 0 and bool({"seconds", "tokens", "flops"} & limits.keys())
+    ramping = train.batch_ramp > 0 and budget.progress(used) < train.batch_ramp
+    capped = train.min_updates > 0 and bool({"seconds", "tokens", "flops"} & budget.limits.keys())
     return ramping or capped
 
 
