@@ -37,6 +37,12 @@ def test_export_hf_of_a_run_loads_in_transformers(in_tmp):
     ours.eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, ours(ids)["logits"], rtol=1e-4, atol=1e-4)
+        # a sentence pair: the tokenizer gives segment 1 after the first [SEP], which the run never
+        # trained (it computes every token in segment 0): the export computes what the run computes
+        pair = auto_tok("call me ishmael", "said the whale", return_token_type_ids=True, return_tensors="pt")
+        assert pair["token_type_ids"].max() == 1
+        assert ours.trunk.token_types.weight[1].ne(ours.trunk.token_types.weight[0]).any()  # an untrained row
+        torch.testing.assert_close(hf(**pair).logits, ours(pair["input_ids"])["logits"], rtol=1e-4, atol=1e-4)
 
 
 def test_an_export_replaces_its_own_files_and_never_a_run_or_other_files(in_tmp, monkeypatch):

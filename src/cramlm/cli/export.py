@@ -59,6 +59,7 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     its objective trained (models/objectives/: the arch; ELECTRA's discriminator with its detector,
     and its generator), written as the objective exports it."""
     from cramlm.data.tokenizer import separator_id
+    from cramlm.models.hf import segments_as_trained
     from cramlm.models.objectives.base import build_objective
     from cramlm.run.build import load_run
 
@@ -70,6 +71,7 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     if not own:  # (load_run checked the run's own against its digest)
         load_encoder(model, objective, weights)
     model = objective_export_model(run_dir, objective, model, weights)
+    segments_as_trained(model)  # a tokenizer's pairs give segment 1 after [SEP]; the run trained segment 0 alone
     # a causal LM ends documents with the run's separator: the export's eos (also bos and pad)
     eos = tok.id_to_token(separator_id(tok, cfg.data.tokenizer.separator)) if objective.config.arch_kind == "clm" else None
     out = Path(out_dir)  # (checked by export_run, before any work)

@@ -301,6 +301,18 @@ def write_generation_config(out_dir: Path, special: dict[str, int]) -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
+def segments_as_trained(model: torch.nn.Module) -> int:
+    """Copy segment 0's token-type embedding into the other rows of every token-type table of
+    ``model``; returns how many tables. cramlm pretrains and fine-tunes with every token in segment 0
+    (packed text, no next-sentence task), so the other rows keep their random init; a tokenizer's
+    sentence pairs (segment 1 after the first [SEP]) then compute what the run computes."""
+    tables = [m.token_types for m in model.modules() if isinstance(getattr(m, "token_types", None), torch.nn.Embedding)]
+    with torch.no_grad():
+        for table in tables:
+            table.weight[1:] = table.weight[:1]
+    return len(tables)
+
+
 def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: str | None = None) -> str:
     """Write ``model`` and ``tok`` as an HF folder; returns the class that loads it. ``eos``: a
     causal LM's end-of-document token (default: <|endoftext|>, </s>, ... whichever the tokenizer has).
@@ -323,4 +335,4 @@ def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: 
     return STOCK_CLASSES[arch]
 
 
-__all__ = ["export_hf", "stock_architecture", "mismatches", "to_hf_state_dict"]
+__all__ = ["export_hf", "segments_as_trained", "stock_architecture", "mismatches", "to_hf_state_dict"]
