@@ -22,7 +22,9 @@ x4-256x4.json, 384x6.json 384x6-x2.json); ``--rates`` the contenders' step rates
 (screen-*-runs.json). So the tables read again without the runs' folders (``--runs`` adds more).
 ``--budget-rows`` also reads the shipped recipe (muon-full, momentum 0.85, each size's lr) at each
 budget multiple it was trained at (1x, 2x, ...) on the same tuned frontier: does the multiplier
-hold from the smallest to the largest size when each is given more compute?
+hold from the smallest to the largest size when each is given more compute? A size with none of the
+recipe's own runs (512x8) stands at 1x by its ablation's muon-full at the sweep's best lr, when that
+trained momentum 0.85.
 """
 
 from __future__ import annotations
@@ -147,6 +149,9 @@ def check(stored: Stored, size: str, runs: list[dict]) -> dict:
     finals = {s: r["final"] for s, r in cand["runs"][f"{cand['best_lr']:g}"].items()}
     rate = json.loads((stored.folder / stored.rates.format(size=size)).read_text())["rows"]["muon-full"]["rate_vs_first"]["median"]
     out = {"size": size, "rate_vs_adamw": rate, "adamw_points": [first, *larger], "adamw_1x_other_lrs": one_x, "frontiers": {}}
+    trained = (ab.get("settings") or {}).get("trained", {}).get("muon-full", {})
+    if trained.get("train.optim.momentum") == 0.85:  # the shipped recipe's fields at the sweep's best lr: its 1x row
+        out["recipe_1x"] = {s: {**c, "lr": cand["best_lr"]} for s, c in finals.items()}
     for name, front in fronts.items():
         per_seed = {s: frontier_multiplier(front, c["flops"], c["val_loss"]) for s, c in finals.items()}
         median = statistics.median(m["multiplier"] for m in per_seed.values())
@@ -197,6 +202,9 @@ def budget_rows(results: list[dict], stored: Stored, runs: list[dict] = ()) -> l
         named = from_name(run["folder"].name, fronts)
         if named and is_recipe(named):
             cands.append({**named, "seed": run["cfg"].get("seed", 0), **run["summary"]})
+    for r in results:  # a size without the recipe's own runs: its ablation's muon-full (momentum 0.85, best lr) at 1x
+        if "recipe_1x" in r and not any(c["size"] == r["size"] for c in cands):
+            cands += [{"size": r["size"], "times": 1, "seed": int(s), **c} for s, c in r["recipe_1x"].items()]
     rows = []
     for size in fronts:
         front = fronts[size]

@@ -206,6 +206,11 @@ def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_p
     rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}], stored)
     assert [(r["times"], list(r["per_seed"])) for r in rows] == [(1, [0]), (2, [1])]
     assert rows[0]["median"] == pytest.approx(2.0) and rows[1]["median"] == pytest.approx(2 ** 0.5)
+    # a size with none of the recipe's own runs (512x8): its ablation's muon-full at momentum 0.85 is its 1x row
+    other = {"size": "256x4", "recipe_1x": {"0": {"flops": 2e13, "val_loss": 4.5, "steps": 10, "lr": 0.008}}, **front["128x4"]}
+    rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}, other], stored)
+    assert [(r["size"], r["times"], list(r["per_seed"])) for r in rows] == [("128x4", 1, [0]), ("128x4", 2, [1]), ("256x4", 1, [0])]
+    assert rows[2]["median"] == pytest.approx(2 ** 0.5)  # 4.5: halfway from 5.0 at 2e13 to 4.0 at 4e13
 
 
 def test_the_default_files_give_the_committed_tables(capsys):
