@@ -157,10 +157,12 @@ def file_digest(path: str | Path) -> str:
         return hashlib.file_digest(f, "blake2b").hexdigest()
 
 
-def write_digests(folder: Path, names: Iterable[str], known: dict[str, str] | None = None) -> None:
+def write_digests(folder: Path, names: Iterable[str], known: dict[str, str] | None = None,
+                  pending: dict[str, str] | None = None) -> None:
     """Record the digest of each named file of ``folder`` in ``folder/digests.json``, with those
     already recorded for other files; ``known``: {name: digest} computed elsewhere (by the process
-    that wrote the file)."""
+    that wrote the file); ``pending``: {name: digest} of files about to replace those names
+    (replace_digested), accepted beside the recorded ones until the next write settles them."""
     path = Path(folder) / DIGESTS
     try:
         files = json.loads(path.read_text(encoding="utf-8"))["files"] if path.is_file() else {}
@@ -168,7 +170,28 @@ def write_digests(folder: Path, names: Iterable[str], known: dict[str, str] | No
         files = {}
     files.update(known or {})
     files.update({name: file_digest(Path(folder) / name) for name in names})
-    write_json(path, {"algorithm": "blake2b", "files": files})
+    write_json(path, {"algorithm": "blake2b", "files": files, **({"pending": pending} if pending else {})})
+
+
+@contextmanager
+def replace_digested(folder: Path, names: Iterable[str]) -> Iterator[dict[str, Path]]:
+    """``with replace_digested(folder, names) as tmp:`` write each new file to ``tmp[name]``; then
+    their digests are recorded as pending, each is renamed into place and the record is settled,
+    so a stop at any moment leaves every file matching digests.json (its old digest or its new
+    one). The temporary files are removed when the block raises."""
+    folder = Path(folder)
+    tmp = {name: atomic_path(folder / name) for name in names}
+    try:
+        yield tmp
+        new = {name: file_digest(path) for name, path in tmp.items()}
+        write_digests(folder, [], pending=new)
+        for name, path in tmp.items():
+            os.replace(path, folder / name)
+        write_digests(folder, [], known=new)
+    except BaseException:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        raise
 
 
 def digest_record(folder: Path) -> dict[str, str] | None:
@@ -189,12 +212,14 @@ def digest_problem(path: str | Path) -> str | None:
     if not record.is_file():
         return None
     try:
-        expected = json.loads(record.read_text(encoding="utf-8"))["files"].get(path.name)
+        recorded = json.loads(record.read_text(encoding="utf-8"))
+        expected = recorded["files"].get(path.name)
+        pending = (recorded.get("pending") or {}).get(path.name)  # a replacement stopped half-way (replace_digested)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{DIGESTS} is unreadable"
-    if not isinstance(expected, str):
+    if not isinstance(expected, str) and not isinstance(pending, str):
         return f"{DIGESTS} records no digest of {path.name} (removed or changed since it was written)"
-    if file_digest(path) != expected:
+    if file_digest(path) not in (expected, pending):
         return f"{path.name} does not match its digest in {DIGESTS} (changed or damaged since it was written)"
     return None
 

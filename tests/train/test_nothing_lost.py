@@ -177,6 +177,48 @@ def test_a_removed_digest_entry_is_damage(finished, capsys):
     assert str(run / "model.safetensors") in line and "records no digest" in line, line
 
 
+def test_a_stop_while_the_final_weights_replace_the_runs_leaves_files_their_digests_accept(finished, monkeypatch):
+    """save_run replaces the run's weights as one (io.replace_digested): stopped after the new file
+    is in place but before digests.json settles, the run still loads (its pending digest); stopped
+    before the rename, the old file stays and no temporary is left (was: the new file against the
+    old digest, refused until the run was resumed)."""
+    import shutil
+
+    import cramlm.io as io
+    from cramlm.run.build import load_run
+
+    run = copy_run(finished, "half-saved")
+    first = checkpoint_dirs(run / "checkpoints")[0] / "model.safetensors"
+    assert first.read_bytes() != (run / "model.safetensors").read_bytes()
+    settle = io.write_digests
+
+    def stop_at_settling(folder, names, known=None, pending=None):
+        if known is not None:
+            raise KeyboardInterrupt
+        settle(folder, names, known, pending)
+
+    monkeypatch.setattr(io, "write_digests", stop_at_settling)
+    with pytest.raises(KeyboardInterrupt):
+        with io.replace_digested(run, ["model.safetensors"]) as tmp:
+            shutil.copyfile(first, tmp["model.safetensors"])
+    monkeypatch.undo()
+    assert (run / "model.safetensors").read_bytes() == first.read_bytes()
+    assert "pending" in json.loads((run / DIGESTS).read_text())
+    load_run(run)  # accepted: the file matches its pending digest
+    before = (run / "model.safetensors").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        with io.replace_digested(run, ["model.safetensors"]) as tmp:
+            tmp["model.safetensors"].write_bytes(b"half")
+            raise KeyboardInterrupt
+    assert (run / "model.safetensors").read_bytes() == before and not list(run.glob(".model.safetensors.tmp-*"))
+    with io.replace_digested(run, ["model.safetensors"]) as tmp:  # a save that ends: settled, no pending left
+        shutil.copyfile(first, tmp["model.safetensors"])
+    assert "pending" not in json.loads((run / DIGESTS).read_text())
+    flip_a_weight_byte(run / "model.safetensors")
+    with pytest.raises(Exception, match="does not match its digest"):
+        load_run(run)
+
+
 # ------------------------------------------------------------------ item 4: non-finite weights
 
 

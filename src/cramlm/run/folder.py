@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cramlm.config.loader import to_yaml
 from cramlm.constants import OUTPUTS_DIR
-from cramlm.io import atomic_write, save_safetensors, write_digests, write_json, write_text
+from cramlm.io import replace_digested, save_safetensors, write_json, write_text
 from cramlm.locks import FolderLock, LockHeld
 from cramlm.run.console import console_summary
 
@@ -145,49 +145,50 @@ def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dic
 
 
 def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
-    """Rank 0: the final weights (with their digest) and summary.json."""
+    """Rank 0: the final weights (with their digest) and summary.json. The weights files replace
+    the run's earlier ones as one (io.replace_digested): a stop half-way never leaves a file that
+    its digests.json refuses."""
     from cramlm.train.distributed import barrier
 
     from cramlm.models.objectives.base import build_objective
 
     if dist.main:
         final = Path(summary["final_checkpoint"]) / "model.safetensors"
-        names = ["model.safetensors"]
         objective = build_objective(cfg)
-        if written := sharded_weights(final.parent, cfg.run_dir, objective):
-            names = written
-        elif objective.trained_parts:  # the arch under its own names (fine-tuning), and beside it the
-            from safetensors.torch import load_file  # parts it lacks (eval, export): ELECTRA's generator and detector
+        names = ["model.safetensors", *([objective.trained_parts] if objective.trained_parts else [])]
+        with replace_digested(cfg.run_dir, names) as tmp:
+            if sharded_weights(final.parent, tmp, objective):
+                pass  # assembled from the shards
+            elif objective.trained_parts:  # the arch under its own names (fine-tuning), and beside it the
+                from safetensors.torch import load_file  # parts it lacks (eval, export): ELECTRA's generator and detector
 
-            state = load_file(str(final))
-            save_safetensors(objective.encoder_state(state), cfg.run_dir / "model.safetensors", {"format": "pt"})
-            save_safetensors(objective.parts_state(state), cfg.run_dir / objective.trained_parts, {"format": "pt"})
-            names.append(objective.trained_parts)
-        else:
-            with atomic_write(cfg.run_dir / "model.safetensors") as tmp:
-                shutil.copyfile(final, tmp)
-        write_digests(cfg.run_dir, names)
+                state = load_file(str(final))
+                save_safetensors(objective.encoder_state(state), tmp["model.safetensors"], {"format": "pt"})
+                save_safetensors(objective.parts_state(state), tmp[objective.trained_parts], {"format": "pt"})
+            else:
+                shutil.copyfile(final, tmp["model.safetensors"])
         write_json(cfg.run_dir / "summary.json", summary)
         say(console_summary(summary, cfg.run_dir))
     barrier(dist)
 
 
-def sharded_weights(folder: Path, run_dir: Path, objective) -> list[str]:
+def sharded_weights(folder: Path, paths: dict[str, Path], objective) -> bool:
     """A sharded final checkpoint (``folder``): the run's model.safetensors (the arch's weights; an
     objective with trained parts, e.g. ELECTRA: those beside it) assembled from the shards a tensor
-    at a time on this process, never the optimizer's; the files written ([] for a full checkpoint)."""
+    at a time on this process, never the optimizer's, into ``paths`` ({file name: path}); False
+    for a full checkpoint (nothing written)."""
     from cramlm.train.sharded import is_sharded, stream_weights, weight_shapes
 
     if not is_sharded(folder):
-        return []
+        return False
     if not objective.trained_parts:
-        stream_weights(folder, run_dir / "model.safetensors")
-        return ["model.safetensors"]
+        stream_weights(folder, paths["model.safetensors"])
+        return True
     names = {k: k for k in weight_shapes(folder)}  # the objective's selections applied to names: {new name: name}
     for part, select in (("model.safetensors", objective.encoder_state), (objective.trained_parts, objective.parts_state)):
         renamed = {old: new for new, old in select(names).items()}
-        stream_weights(folder, run_dir / part, rename=renamed.get)
-    return ["model.safetensors", objective.trained_parts]
+        stream_weights(folder, paths[part], rename=renamed.get)
+    return True
 
 
 def named_run(path: str | Path) -> Path:
