@@ -84,19 +84,23 @@ def main(argv: list[str]) -> dict:
                      f"{fit['dof']} | {day['multiplier']:.2f}x ({day['low']:.2f}x - {day['high']:.2f}x) | "
                      f"{hour['multiplier']:.2f}x ({hour['low']:.2f}x - {hour['high']:.2f}x) |")
     # the law's test (issue 37 item 3): 512x8 at 1.6e14 FLOPs (muon-full's 113 steps), predicted by the
-    # laws fitted without it (as registered before its runs), and against what it measured where it has
+    # laws fitted without it (as registered before its runs), beside its measured multiplier once it has one
     held_out = [o for o in fitted if o["size"] != "512x8"]
     measured = [o for o in fitted if o["size"] == "512x8" and o["times"] == 1]
-    test = {"params": PARAMS["512x8"], "tokens": (measured[0]["tokens"] if measured else 113 * TOKENS_PER_STEP)}
+    bounds = [o for o in obs if o["bound"] and o["size"] == "512x8" and o["times"] == 1]  # beyond the frontier: no verdict
+    test = {"params": PARAMS["512x8"], "tokens": (measured[0]["tokens"] if measured else 113 * TOKENS_PER_STEP),
+            "flops": measured[0]["flops"] if measured else 1.6e14}
     hN, hD, hm = ([o[k] for o in held_out] for k in ("params", "tokens", "multiplier"))
     hgroups = [f"{o['size']}-{o['times']}x" for o in held_out]
     result["test_512x8"] = {**test, "fitted_without_512x8": True,
-                            "measured": [o["multiplier"] for o in measured] or None}
+                            "measured": [o["multiplier"] for o in measured] or None,
+                            "bounds": [{"multiplier": o["multiplier"], "bound": o["bound"]} for o in bounds] or None}
     for terms, grouped in ((("size", "ratio"), True), (("ratio",), True), (("size",), True), (("size", "ratio"), False)):
         fit = fit_multiplier_law(hN, hD, hm, terms, groups=hgroups if grouped else None)
         result["test_512x8"]["+".join(terms) + ("" if grouped else " (per seed)")] = multiplier_law(fit, test["params"], test["tokens"])
     seen = (", measured " + " / ".join(f"{x:.2f}x" for x in result["test_512x8"]["measured"])) if measured else ""
-    lines += ["", f"512x8 at 1.6e14 FLOPs (N {test['params'] / 1e6:.1f}M, D/N {test['tokens'] / test['params']:.3f}){seen}; "
+    seen += "".join(f", a {o['bound']} bound {o['multiplier']:.2f}x (no verdict)" for o in bounds)
+    lines += ["", f"512x8 at {test['flops']:.2g} FLOPs (N {test['params'] / 1e6:.1f}M, D/N {test['tokens'] / test['params']:.3f}){seen}; "
               "predicted by the laws fitted without it: "
               + "; ".join(f"{name} {p['multiplier']:.2f}x ({p['low']:.2f}x - {p['high']:.2f}x)"
                           + ("" if not measured else " inside" if all(p["low"] <= o["multiplier"] <= p["high"] for o in measured)

@@ -176,10 +176,15 @@ def write_digests(folder: Path, names: Iterable[str], known: dict[str, str] | No
 @contextmanager
 def replace_digested(folder: Path, names: Iterable[str]) -> Iterator[dict[str, Path]]:
     """``with replace_digested(folder, names) as tmp:`` write each new file to ``tmp[name]``; then
-    their digests are recorded as pending, each is renamed into place and the record is settled,
-    so a stop at any moment leaves every file matching digests.json (its old digest or its new
-    one). The temporary files are removed when the block raises."""
+    their digests are recorded as pending, each is renamed into place and the record is settled.
+    A stop at any moment leaves the files all old or all new, each matching digests.json, or some
+    of each, which digest_problem refuses (files of two saves are never used together). The
+    temporary files are removed when the block raises (a killed writer's: by the next call)."""
     folder = Path(folder)
+    names = list(names)
+    for name in names:  # a killed writer's leftovers (the folder has one writer: its run lock)
+        for leftover in folder.glob(f".{name}.tmp-*"):
+            leftover.unlink(missing_ok=True)
     tmp = {name: atomic_path(folder / name) for name in names}
     try:
         yield tmp
@@ -206,22 +211,41 @@ def digest_record(folder: Path) -> dict[str, str] | None:
 def digest_problem(path: str | Path) -> str | None:
     """Whether ``path`` still has the digest its folder's digests.json recorded: None when it does
     or when the folder has no digests.json; otherwise what is wrong, in a few words. A digests.json
-    without an entry for ``path`` is damage: cramlm records every file of the folders it digests."""
+    without an entry for ``path`` is damage: cramlm records every file of the folders it digests.
+    A replacement stopped half-way (replace_digested's ``pending``) counts when its files are all
+    old or all new, not a mix of the two saves."""
     path = Path(path)
     record = path.parent / DIGESTS
     if not record.is_file():
         return None
     try:
         recorded = json.loads(record.read_text(encoding="utf-8"))
-        expected = recorded["files"].get(path.name)
-        pending = (recorded.get("pending") or {}).get(path.name)  # a replacement stopped half-way (replace_digested)
+        files, pending = recorded["files"], recorded.get("pending") or {}
+        expected, new = files.get(path.name), pending.get(path.name)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{DIGESTS} is unreadable"
-    if not isinstance(expected, str) and not isinstance(pending, str):
+    if not isinstance(expected, str) and not isinstance(new, str):
         return f"{DIGESTS} records no digest of {path.name} (removed or changed since it was written)"
-    if file_digest(path) not in (expected, pending):
+    digest = file_digest(path)
+    if digest not in (expected, new):
         return f"{path.name} does not match its digest in {DIGESTS} (changed or damaged since it was written)"
+    if path.name in pending:  # the others of its save must stand where it does: all old, or all new
+        state = {name: _save_state(path.parent / name, files.get(name), d, digest if name == path.name else None)
+                 for name, d in pending.items()}
+        if len(set(state.values()) - {"both"}) > 1:
+            return (f"{path.name} and {', '.join(n for n in state if n != path.name)} are from two saves (one stopped "
+                    "half-way): resume the run (--resume auto) to save its weights again")
     return None
+
+
+def _save_state(path: Path, old: str | None, new: str, digest: str | None = None) -> str:
+    """Which save ``path`` (its ``digest``, if known) is from: "old", "new", "both" (the two saves
+    wrote the same bytes) or "other"."""
+    try:
+        digest = digest or file_digest(path)
+    except OSError:
+        return "other"
+    return "both" if digest == new == old else "new" if digest == new else "old" if digest == old else "other"
 
 
 class CheckpointFileError(ValueError):

@@ -213,6 +213,28 @@ def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_p
     assert rows[2]["median"] == pytest.approx(2 ** 0.5)  # 4.5: halfway from 5.0 at 2e13 to 4.0 at 4e13
 
 
+def test_an_ablation_whose_candidate_trained_the_recipes_momentum_gives_its_size_a_1x_row(tmp_path):
+    """A size without the recipe's own runs (512x8) stands at 1x by its ablation's muon-full at the
+    sweep's best lr, only when that trained the recipe's momentum (0.85)."""
+    import json
+
+    import frontier_lr_check as flc
+
+    final = {"flops": 2e13, "seconds": 1.0, "tokens": 100, "steps": 10}
+    ab = {"contenders": {"adamw": {"best_lr": 0.002, "runs": {"0.002": {"0": {"final": {**final, "val_loss": 5.0}}}}},
+                         "muon-full": {"best_lr": 0.008, "runs": {"0.008": {"0": {"final": {**final, "val_loss": 4.5}}}}}},
+          "baseline_frontier": {"0": [{**final, "val_loss": 5.0}, {**final, "flops": 4e13, "val_loss": 4.0}]}}
+    (tmp_path / "steps_mlm_256x4.json").write_text(json.dumps({"rows": {"muon-full": {"rate_vs_first": {"median": 1.0}}}}))
+    rows = {}
+    for momentum in (0.85, 0.95):
+        ab["settings"] = {"trained": {"muon-full": {"train.optim.momentum": momentum}}}
+        (tmp_path / "ab.json").write_text(json.dumps(ab))
+        stored = flc.Stored(folder=tmp_path, ablations={"256x4": ["ab.json"]})
+        rows[momentum] = flc.budget_rows([flc.check(stored, "256x4", [])], stored)
+    assert [(r["size"], r["times"]) for r in rows[0.85]] == [("256x4", 1)] and rows[0.95] == []
+    assert rows[0.85][0]["median"] == pytest.approx(2 ** 0.5) and rows[0.85][0]["per_seed"][0]["steps"] == 10
+
+
 def test_the_default_files_give_the_committed_tables(capsys):
     """frontier_lr_check's defaults name the committed files its tables were read from: read again,
     they give frontier-lr-check.json's multipliers and budget-rows.json's rows; another folder is

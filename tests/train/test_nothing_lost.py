@@ -177,45 +177,72 @@ def test_a_removed_digest_entry_is_damage(finished, capsys):
     assert str(run / "model.safetensors") in line and "records no digest" in line, line
 
 
-def test_a_stop_while_the_final_weights_replace_the_runs_leaves_files_their_digests_accept(finished, monkeypatch):
-    """save_run replaces the run's weights as one (io.replace_digested): stopped after the new file
-    is in place but before digests.json settles, the run still loads (its pending digest); stopped
-    before the rename, the old file stays and no temporary is left (was: the new file against the
-    old digest, refused until the run was resumed)."""
-    import shutil
+def test_a_stop_while_save_run_replaces_a_runs_weights_never_leaves_two_saves_in_use(tmp_path, monkeypatch):
+    """save_run replaces an ELECTRA run's two weight files (model.safetensors, electra.safetensors)
+    through io.replace_digested: stopped after both renames but before digests.json settles, the
+    run loads (the pending digests); stopped between the renames (new model, old generator and
+    detector), each file is refused, naming the other, until a save ends (was: a new
+    model.safetensors against its old digest, refused as damage; and with pending digests checked a
+    file at a time, the two saves' files used together); a killed writer's temporaries are cleared."""
+    import yaml
 
     import cramlm.io as io
+    from cramlm.config.loader import validate
     from cramlm.run.build import load_run
+    from cramlm.run.config import PretrainConfig
+    from cramlm.run.folder import save_run
+    from cramlm.train.checkpoint import verified_weights
+    from cramlm.train.distributed import Dist
 
-    run = copy_run(finished, "half-saved")
-    first = checkpoint_dirs(run / "checkpoints")[0] / "model.safetensors"
-    assert first.read_bytes() != (run / "model.safetensors").read_bytes()
-    settle = io.write_digests
+    from .helpers import run_inprocess
+
+    summary = run_inprocess(tmp_path, "electra", "train.objective=rtd", *STEPS)
+    run = tmp_path / "electra"
+    cfg = validate(PretrainConfig, yaml.safe_load((run / "config.yaml").read_text()))
+    first = checkpoint_dirs(run / "checkpoints")[0]
+    names = ["model.safetensors", "electra.safetensors"]
+    final = {n: (run / n).read_bytes() for n in names}
+
+    def save(checkpoint, **patches):
+        with monkeypatch.context() as patched:
+            for name, fn in patches.items():
+                patched.setattr(io, name, fn)
+            save_run(cfg, Dist(), {**summary, "final_checkpoint": str(checkpoint)}, lambda line: None)
+
+    settle, rename = io.write_digests, io.os.replace
 
     def stop_at_settling(folder, names, known=None, pending=None):
         if known is not None:
             raise KeyboardInterrupt
         settle(folder, names, known, pending)
 
-    monkeypatch.setattr(io, "write_digests", stop_at_settling)
     with pytest.raises(KeyboardInterrupt):
-        with io.replace_digested(run, ["model.safetensors"]) as tmp:
-            shutil.copyfile(first, tmp["model.safetensors"])
-    monkeypatch.undo()
-    assert (run / "model.safetensors").read_bytes() == first.read_bytes()
-    assert "pending" in json.loads((run / DIGESTS).read_text())
-    load_run(run)  # accepted: the file matches its pending digest
-    before = (run / "model.safetensors").read_bytes()
+        save(first, write_digests=stop_at_settling)
+    assert all((run / n).read_bytes() != final[n] for n in names) and "pending" in json.loads((run / DIGESTS).read_text())
+    load_run(run) and verified_weights(run / "electra.safetensors")  # all new: accepted
+    (run / ".model.safetensors.tmp-1").write_bytes(b"a killed writer's")
+    save(first)  # a save that ends: settled, no pending, no temporaries left
+    assert "pending" not in json.loads((run / DIGESTS).read_text()) and not list(run.glob(".*.tmp-*"))
+
+    class Os:  # io's os, stopping the save at electra.safetensors' rename into place (model.safetensors' done)
+        def __getattr__(self, name):
+            return getattr(__import__("os"), name)
+
+        def replace(self, a, b):
+            if Path(b) == run / "electra.safetensors":
+                raise KeyboardInterrupt
+            rename(a, b)
+
     with pytest.raises(KeyboardInterrupt):
-        with io.replace_digested(run, ["model.safetensors"]) as tmp:
-            tmp["model.safetensors"].write_bytes(b"half")
-            raise KeyboardInterrupt
-    assert (run / "model.safetensors").read_bytes() == before and not list(run.glob(".model.safetensors.tmp-*"))
-    with io.replace_digested(run, ["model.safetensors"]) as tmp:  # a save that ends: settled, no pending left
-        shutil.copyfile(first, tmp["model.safetensors"])
-    assert "pending" not in json.loads((run / DIGESTS).read_text())
+        save(summary["final_checkpoint"], os=Os())
+    assert (run / "model.safetensors").read_bytes() == final["model.safetensors"]  # new, the other old
+    for name, other in (("model.safetensors", "electra.safetensors"), ("electra.safetensors", "model.safetensors")):
+        with pytest.raises(io.CheckpointFileError, match=f"{name} and {other} are from two saves"):
+            verified_weights(run / name)
+    save(summary["final_checkpoint"])
+    load_run(run) and verified_weights(run / "electra.safetensors")
     flip_a_weight_byte(run / "model.safetensors")
-    with pytest.raises(Exception, match="does not match its digest"):
+    with pytest.raises(io.CheckpointFileError, match="does not match its digest"):
         load_run(run)
 
 
