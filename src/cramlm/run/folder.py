@@ -146,8 +146,8 @@ def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dic
 
 def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
     """Rank 0: the final weights (with their digest) and summary.json. The weights files replace
-    the run's earlier ones as one (io.replace_digested): a stop half-way never leaves a file that
-    its digests.json refuses."""
+    the run's earlier ones through pending digests (io.replace_digested): a stop half-way leaves
+    one save's files, accepted, or files of both, refused together."""
     from cramlm.train.distributed import barrier
 
     from cramlm.models.objectives.base import build_objective
