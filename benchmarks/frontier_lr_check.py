@@ -16,7 +16,7 @@ wall-clock multiplier is the compute multiplier times the stored rate of counted
 What it reads, in ``--dir`` (default benchmarks/results/recipe_multiplier), each replaceable:
 ``--ablation SIZE FILE [FILE ...]`` per size the ablation with muon-full's runs and AdamW's 1x/2x
 frontier, then further stored AdamW frontier points (default: 128x4.json x4-128x4.json, 256x4.json
-x4-256x4.json, 384x6.json 384x6-x2.json); ``--rates`` the contenders' step rates
+x4-256x4.json, 384x6.json 384x6-x2.json, 512x8.json); ``--rates`` the contenders' step rates
 (steps_mlm_{size}.json); ``--frontier-runs`` the finals of AdamW runs trained since
 (frontier-*-runs.json); ``--recipe-runs`` the finals of the shipped recipe's runs
 (screen-*-runs.json). So the tables read again without the runs' folders (``--runs`` adds more).
@@ -51,7 +51,7 @@ class Stored:
     folder: Path = Path(__file__).parent / "results" / "recipe_multiplier"
     ablations: dict[str, list[str]] = field(default_factory=lambda: {
         "128x4": ["128x4.json", "x4-128x4.json"], "256x4": ["256x4.json", "x4-256x4.json"],
-        "384x6": ["384x6.json", "384x6-x2.json"]})
+        "384x6": ["384x6.json", "384x6-x2.json"], "512x8": ["512x8.json"]})
     rates: str = "steps_mlm_{size}.json"
     frontier_runs: str = "frontier-*-runs.json"
     recipe_runs: str = "screen-*-runs.json"
