@@ -26,9 +26,10 @@ PYTHON_SCHEME = "python://"  # python://<package>[==<version>]/<path>: inside an
 NPM_SCHEME = "npm://"  # npm://<package>@<version>/<path>: inside an npm package installed under npm_prefix()
 
 
-def atomic_path(path: Path) -> Path:
-    """The temporary name ``path`` is written under (hidden, per process) before the rename."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def atomic_path(path: Path, pid: int | str | None = None) -> Path:
+    """The temporary name ``path`` is written under (hidden, per process: ``pid``, default this
+    one's; "*" gives the glob of every process's) before the rename."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid() if pid is None else pid}")
 
 
 @contextmanager
@@ -58,7 +59,7 @@ def atomic_dir(path: str | Path, tmp: str | Path | None = None, if_exists: str =
     the two names. ``durable``: fsync every file and then the parent, so the rename survives a
     power loss (checkpoints)."""
     path = Path(path)
-    tmp = Path(tmp) if tmp is not None else path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = Path(tmp) if tmp is not None else atomic_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
@@ -183,7 +184,7 @@ def replace_digested(folder: Path, names: Iterable[str]) -> Iterator[dict[str, P
     folder = Path(folder)
     names = list(names)
     for name in names:  # a killed writer's leftovers (the folder has one writer: its run lock)
-        for leftover in folder.glob(f".{name}.tmp-*"):
+        for leftover in folder.glob(atomic_path(folder / name, "*").name):
             leftover.unlink(missing_ok=True)
     tmp = {name: atomic_path(folder / name) for name in names}
     try:

@@ -301,16 +301,15 @@ def write_generation_config(out_dir: Path, special: dict[str, int]) -> None:
     (out_dir / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def segments_as_trained(model: torch.nn.Module) -> int:
+def segments_as_trained(model: torch.nn.Module) -> None:
     """Copy segment 0's token-type embedding into the other rows of every token-type table of
-    ``model``; returns how many tables. cramlm pretrains and fine-tunes with every token in segment 0
+    ``model``. cramlm pretrains and fine-tunes with every token in segment 0
     (packed text, no next-sentence task), so the other rows keep their random init; a tokenizer's
     sentence pairs (segment 1 after the first [SEP]) then compute what the run computes."""
-    tables = [m.token_types for m in model.modules() if isinstance(getattr(m, "token_types", None), torch.nn.Embedding)]
     with torch.no_grad():
-        for table in tables:
-            table.weight[1:] = table.weight[:1]
-    return len(tables)
+        for m in model.modules():
+            if isinstance(table := getattr(m, "token_types", None), torch.nn.Embedding):
+                table.weight[1:] = table.weight[:1]
 
 
 def export_hf(model: torch.nn.Module, tok: Tokenizer, out_dir: str | Path, eos: str | None = None) -> str:
