@@ -19,6 +19,7 @@ shared BLiMP paradigms (both PLL variants; ELECTRA runs by their detector and th
     python benchmarks/bridge.py branch --line rtd --seed 0 --k 1   # waits for its checkpoint, then the cooldown
     python benchmarks/bridge.py own --line rtd --seed 0 --k 1  # the recipe's own schedule at 1x
     python benchmarks/bridge.py eval --line rtd --seed 0 --k 1     # fine-tuning of one point (--twin: the twin)
+    python benchmarks/bridge.py segments                     # which ran where: every run's segments (markdown)
     python benchmarks/bridge.py summarize                    # table (JSON + markdown + plot) of what has finished,
                                                              # and where each line leaves its untrained twin
     python benchmarks/bridge.py summarize --merge benchmarks/results/bridge/points.json \\
@@ -422,9 +423,24 @@ def plan(out: Path, data_dir: str) -> list[str]:
     return cmds
 
 
+def segments_markdown(out: Path) -> str:
+    """Every run folder's segments under ``out`` (two levels: the ablations' and screens' runs sit in
+    folders of their own), as one markdown table: which ran where, and what a cut-off cost."""
+    from cramlm.report.rundata import read_metrics
+    from cramlm.report.segments import markdown, segment_rows, segments
+
+    rows = []
+    for metrics in sorted([*out.glob("*/metrics.jsonl"), *out.glob("*/*/metrics.jsonl")]):
+        run_dir = metrics.parent
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+        steps = summary.get("steps")
+        rows += segment_rows(str(run_dir.relative_to(out)), segments(read_metrics(metrics), steps if isinstance(steps, int) else None))
+    return markdown(rows)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["plan", "long", "branch", "own", "eval", "summarize"])
+    ap.add_argument("what", choices=["plan", "long", "branch", "own", "eval", "summarize", "segments"])
     ap.add_argument("--out", type=Path, default=Path("outputs/bridge"))
     ap.add_argument("--line", choices=sorted(LINES), default="rtd")
     ap.add_argument("--seed", type=int, default=0)
@@ -454,6 +470,8 @@ def main(argv: list[str]) -> None:
         run_name = name(args.line, args.seed, args.k, args.schedule)
         if not (out / run_name / ("eval-untrained.json" if args.twin else "eval.json")).is_file():
             run(eval_cmd(out, run_name, data_dir, args.twin), log)
+    elif args.what == "segments":
+        print(segments_markdown(out))
     elif args.what == "summarize":
         result = summarize(out, args.merge, args.twins)
         text = table(result) + (f"\n\n{vs}" if (vs := versus_table(result)) else "")

@@ -184,3 +184,16 @@ def test_zero_shot_only_twins_stand_for_lines_without_one(tmp_path):
     assert [(r["kind"], r["what"], r["cells"][1][1]) for r in rows] == [("zero-shot", "macro (log-probability)", 1),
                                                                         ("zero-shot", "agreement", 1)]
     assert "| untrained twin (gpt2@twin-pairs) | 0 | - | - | - | 50.0 (log-probability; 0 / 0) |" in bridge.table(result)
+
+
+def test_segments_table_reads_every_run_folder_two_levels_down(tmp_path):
+    for rel, lines in {"own-rtd-s0-1x": [{"kind": "train", "step": 1}, {"kind": "train", "step": 2}],
+                       "r37/adamw-s0": [{"kind": "train", "step": 1}, {"kind": "event", "event": "interrupted", "step": 1, "signal": "SIGTERM"},
+                                        {"kind": "event", "event": "resumed", "step": 1, "from": "c"}, {"kind": "train", "step": 2}]}.items():
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (tmp_path / "r37" / "adamw-s0" / "summary.json").write_text(json.dumps({"steps": 2}))
+    rows = bridge.segments_markdown(tmp_path).splitlines()[2:]
+    assert [r.split(" | ")[:3] for r in rows] == [["| own-rtd-s0-1x", "1", "0-2"], ["| r37/adamw-s0", "1", "0-1"], ["| r37/adamw-s0", "2", "1-2"]]
+    assert rows[0].endswith("running, or cut off after step 2 (last logged) |") and rows[2].endswith("done at step 2 |")
+    assert "stopped by SIGTERM after step 1" in rows[1]

@@ -386,3 +386,41 @@ def test_a_run_evaluated_zero_shot_alone_gets_its_verdict(tmp_path):
     assert "<h2>Evaluation" not in html
     said = section(html, "Zero-shot minimal pairs (accuracy, %)")
     assert re.search(r'<p class="verdict">Zero-shot, pretraining paid: .* on 2 of 2 paradigms', said), said
+
+
+def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
+    """A log with segment lines (a SIGTERM stop, then a cut-off whose next segment resumed three
+    steps back) and one from before them (split at its resumed events): each segment's steps, its
+    machine and how it ended; the page shows them; a run trained in one go by old code shows none."""
+    from cramlm.report.segments import segments
+
+    here = {"host": "vm", "boot": "0123abcd", "cpu": "AMD EPYC (family 25, model 17)", "accelerator": None, "torch": "2.13.0"}
+
+    def segment(step, wall):
+        return {"kind": "segment", "step": step, "wall": wall, "pid": 1, "world_size": 1, "threads": 1, "budget_seconds": float(step),
+                "machine": here, "code": {"version": "0.1.0", "commit": "abc123", "dirty": False}}
+
+    def train(a, b):
+        return [{"kind": "train", "step": s, "elapsed": float(s), "loss": 5.0} for s in range(a, b + 1)]
+
+    run = fake_run(tmp_path / "new", "new", 8.0, with_extras=False)
+    lines = [segment(0, "2026-12-06T10:00:00+00:00"), *train(1, 10),
+             {"kind": "event", "event": "interrupted", "step": 10, "wall": "2026-12-06T10:05:00+00:00", "signal": "SIGTERM"},
+             segment(10, "2026-12-06T11:00:00+00:00"), {"kind": "event", "event": "resumed", "step": 10, "from": "ckpt/step-00000010"},
+             *train(11, 20), segment(17, "2026-12-06T12:00:00+00:00"), {"kind": "event", "event": "resumed", "step": 17, "from": "c"},
+             *train(18, 30)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    a, b, c = segs = segments([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], 30)
+    assert [(s.start, s.end) for s in segs] == [(0, 10), (10, 20), (17, 30)]
+    assert a.ended == "stopped by SIGTERM after step 10, checkpoint written" and a.wall_end == "2026-12-06T10:05:00+00:00"
+    assert b.ended == "cut off after step 20 (last logged); the next resumed from step 17: 3 steps trained again" and b.retrained == 3
+    assert b.wall_end == "~2026-12-06T11:00:10+00:00" and c.ended == "done at step 30" and b.resumed_from == "ckpt/step-00000010"
+    assert a.machine == "vm (boot 0123abcd), AMD EPYC (family 25, model 17), torch 2.13.0" and a.code == "cramlm 0.1.0 @ abc123"
+    table = section(write_report(run).read_text(), "Segments (which ran where)")
+    assert table.count("<tr><td>") == 3 and "3 steps trained again" in table and "0123abcd" in table
+
+    old = [*train(1, 5), {"kind": "event", "event": "resumed", "step": 4, "from": "x"}, *train(5, 9)]
+    x, y = segments(old, None)  # from before segment lines: split at the resume, no machine
+    assert (x.start, x.end, x.retrained, x.machine, y.start, y.end) == (0, 5, 1, None, 4, 9)
+    assert y.ended == "running, or cut off after step 9 (last logged)"
+    assert "Segments (which ran where)" not in write_report(fake_run(tmp_path / "plain", "plain", 8.0, with_extras=False)).read_text()

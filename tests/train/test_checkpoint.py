@@ -45,6 +45,14 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     # the loss of every step is the same too (resumed steps append to metrics.jsonl)
     assert {s: l for s, l in losses(tmp_path / "killed").items()} == losses(tmp_path / "ref")
     assert any(r["event"] == "resumed" for r in records(tmp_path / "killed", "event"))
+    from cramlm.report.rundata import read_metrics
+    from cramlm.report.segments import segments
+
+    cut, last = segments(read_metrics(metrics), 10)  # the kill is a segment cut off: the steps after its checkpoint ran twice
+    (resumed_at,) = [r["step"] for r in records(tmp_path / "killed", "event") if r["event"] == "resumed"]
+    assert cut.stopped is None and last.start == resumed_at <= min(max(done), cut.end) and cut.retrained == cut.end - resumed_at
+    assert cut.ended.startswith(f"cut off after step {cut.end} (last logged); the next resumed from step {resumed_at}")
+    assert last.ended == "done at step 10" and cut.info["machine"]["boot"] == last.info["machine"]["boot"]
     import json  # the thread count is recorded, so impl.threads=auto can resume with the same one
 
     state = json.loads((latest_checkpoint(tmp_path / "killed" / "checkpoints") / "state.json").read_text())

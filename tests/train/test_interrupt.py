@@ -14,8 +14,11 @@ import torch
 from cramlm.io import write_digests
 from safetensors.torch import load_file
 
+from cramlm.report.rundata import read_metrics
+from cramlm.report.segments import segments
 from cramlm.train import checkpoint as ckpt
 from cramlm.train.checkpoint import checkpoint_dirs
+from cramlm.train.hardware import machine
 from cramlm.train.preemption import EXIT_INTERRUPTED
 
 from .helpers import CAUSAL, REPO, cramlm_cmd, env, free_port, losses, overrides, records, run_inprocess
@@ -71,6 +74,12 @@ def test_signal_checkpoints_and_exits_75_then_resume_is_bitwise(tmp_path, sig):
 
     resumed = run_inprocess(tmp_path, "sig", *STEPS, "resume=auto")
     assert resumed["steps"] == 60
+    segs = segments(read_metrics(tmp_path / "sig" / "metrics.jsonl"), resumed["steps"])  # which ran where
+    assert [(s.start, s.end) for s in segs] == [(0, stopped), (stopped, 60)]
+    assert segs[0].ended == f"stopped by {sig.name} after step {stopped}, checkpoint written" and segs[1].ended == "done at step 60"
+    here = machine(torch.device("cpu"))
+    assert all(s.info["machine"] == here and s.info["world_size"] == 1 and s.wall for s in segs)
+    assert segs[0].wall_end == segs[0].stopped["wall"] and segs[1].resumed_from.endswith(f"step-{stopped:08d}")
     if sig == signal.SIGTERM:  # one reference run is enough to show the resume is exact
         run_inprocess(tmp_path, "ref", *STEPS)
         assert same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "sig" / "model.safetensors")

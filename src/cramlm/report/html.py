@@ -421,6 +421,18 @@ def stages_table(run: RunData, now: datetime | None = None) -> str:
     return _table(["stage", "status", "seconds", "finished (UTC)"], rows) if rows else ""
 
 
+def segments_table(run: RunData) -> str:
+    """Each start or resume of the training and how it ended (report/segments.py); "" for a run
+    trained in one go by code that wrote no segment line."""
+    from cramlm.report.segments import HEADER, segment_rows, segments
+
+    steps = run.summary.get("steps")
+    segs = segments(run.metrics, steps if isinstance(steps, int) else None)
+    if not segs or (len(segs) == 1 and not segs[0].info):
+        return ""
+    return _table(HEADER[1:], [row[1:] for row in segment_rows(run.name, segs)])
+
+
 # ------------------------------------------------------------------------------------ page
 
 
@@ -468,6 +480,8 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
     if len(runs) == 1:
         if stages := stages_table(runs[0], now):
             parts += ["<h2>Pipeline stages</h2>", stages]
+        if segments := segments_table(runs[0]):
+            parts += ["<h2>Segments (which ran where)</h2>", segments]
         if runs[0].config:
             config = yaml.safe_dump(runs[0].config, sort_keys=False)
             parts.append(f"<details><summary>Resolved config</summary><pre>{html.escape(config)}</pre></details>")

@@ -223,13 +223,52 @@ def cache_dir() -> Path:
 
 
 def cpu_model() -> str:
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+def _cpuinfo_field(name: str) -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if key.strip().lower() == name:
+                return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def machine(device: torch.device) -> dict:
+    """Which machine this process runs on, as a segment record names it (report/segments.py): the
+    host name, the boot's id (VMs share host names; a new machine or a reboot has a new one), the CPU
+    with its x86 family and model (VMs often report a bare "AMD EPYC"), the accelerator, torch."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8] or None
+    except OSError:
+        boot = None
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    cpu = cpu_model() + (f" (family {family}, model {model})" if family and model else "")
+    accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"host": platform.node(), "boot": boot, "cpu": cpu, "accelerator": accelerator, "torch": torch.__version__}
+
+
+def code_version() -> dict:
+    """The cramlm that runs: its version and, when it runs from a git work tree, the commit and
+    whether tracked files differ from it (a copy made by ``git archive`` has no commit to read)."""
+    import subprocess
+
+    from cramlm import __version__
+
+    where = Path(__file__).resolve().parent
+    out = {"version": __version__, "commit": None, "dirty": None}
+    try:
+        git = ["git", "-C", str(where)]
+        head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
+        if head.returncode == 0:
+            changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", str(where.parent)], capture_output=True, text=True, timeout=10)
+            out.update(commit=head.stdout.strip(), dirty=bool(changed.stdout.strip()) if changed.returncode == 0 else None)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
 
 
 def machine_key(device: torch.device, hidden: int, intermediate: int) -> str:

@@ -4,7 +4,13 @@ Weights & Biases when ``impl.tensorboard`` / ``impl.wandb`` ask for them."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
+
+
+def wall_clock() -> str:
+    """Now, UTC, to the second (ISO 8601): the time a segment or event line was written."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class MetricsLog:
@@ -34,6 +40,8 @@ class MetricsLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
+        if record.get("kind") == "segment":  # which ran where: not a metric
+            return
         step = record.get("step", 0)
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tb:

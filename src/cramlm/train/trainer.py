@@ -33,6 +33,7 @@ The whole state (weights, optimizer, scaler, counters, data position, RNG) goes 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +56,11 @@ from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
 from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, on_main, sync_replicated_grads
-from cramlm.train.metrics import MetricsLog
+from cramlm.train.metrics import MetricsLog, wall_clock
 from cramlm.train.optim import config_hyperparameters
 from cramlm.train.parallelize import Parallel
 from cramlm.train.preemption import Interrupted, StopRequest, signal_name
-from cramlm.train.hardware import PrecisionChoice
+from cramlm.train.hardware import PrecisionChoice, code_version, machine
 from cramlm.train.impl import ImplConfig
 from cramlm.train.schedules import build_schedule
 from cramlm.train.step import OptimizerStep
@@ -376,6 +377,11 @@ class Trainer:
 
     def _open_log(self) -> None:
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
+        if self.dist.main:  # which ran where: one line each time the run starts or resumes (report/segments.py)
+            self.log.write({"kind": "segment", "step": self.used.steps, "wall": wall_clock(), "pid": os.getpid(),
+                            "world_size": self.dist.world, "threads": torch.get_num_threads(),
+                            "budget_seconds": round(self.used.seconds, 3), "machine": machine(self.device),
+                            "code": code_version()})
         for line in [self.resumed_from] * bool(self.resumed_from) + self.notes:
             self.log.write(line)
 
@@ -387,7 +393,7 @@ class Trainer:
 
     def event(self, name: str, message: str, **extra) -> None:
         """An event line in metrics.jsonl, printed too (rank 0)."""
-        self.log.write({"kind": "event", "event": name, "step": self.used.steps, **extra, "message": message})
+        self.log.write({"kind": "event", "event": name, "step": self.used.steps, "wall": wall_clock(), **extra, "message": message})
         if self.dist.main:
             tqdm.write(f"cramlm: {message}")
 

@@ -1,0 +1,120 @@
+"""Which ran where: a run's segments (each start or resume to its stop) from its metrics.jsonl.
+
+Each time the trainer starts or resumes it writes a ``"kind": "segment"`` line (the step it starts
+from, the UTC time, pid, processes, threads, the machine: host, boot id, CPU and its x86 family,
+accelerator, torch, and the code: version, git commit, whether the package's tracked files differed).
+A segment ends at the next one, or with an ``interrupted`` event (a signal: checkpoint written), or
+at the run's end. A segment that stopped without that event was cut off (SIGKILL, a session's hard
+stop, a lost machine): the next one resumed from an earlier checkpoint and trained the steps between
+again; its table row says how many. Logs written before segment lines existed are split at their
+``resumed`` events, without machine or time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+
+@dataclass
+class Segment:
+    number: int
+    start: int  # the step it started from: 0, or the checkpoint it resumed
+    end: int | None = None  # the last step it logged (None: none)
+    wall: str | None = None  # when it started, UTC (None: a log from before segment lines)
+    info: dict[str, Any] = field(default_factory=dict)  # the segment line as written
+    stopped: dict[str, Any] | None = None  # its `interrupted` event, when a signal stopped it
+    resumed_from: str | None = None  # the checkpoint folder it resumed from
+    ended: str = ""  # how it ended, in words (set by `segments`)
+    retrained: int = 0  # steps the next segment trained again (cut off after its last checkpoint)
+    last_elapsed: float | None = None  # the budget clock at its last logged line (seconds)
+
+    @property
+    def machine(self) -> str | None:
+        m = self.info.get("machine") or {}
+        if not m:
+            return None
+        where = f"{m.get('host') or '?'} (boot {m.get('boot') or '?'})"
+        device = m.get("accelerator") or m.get("cpu") or "?"
+        return f"{where}, {device}, torch {m.get('torch') or '?'}"
+
+    @property
+    def code(self) -> str | None:
+        c = self.info.get("code") or {}
+        if not c:
+            return None
+        commit = c.get("commit")
+        return f"cramlm {c.get('version')}" + (f" @ {commit}{' + changes' if c.get('dirty') else ''}" if commit else " (no git)")
+
+    @property
+    def wall_end(self) -> str | None:
+        """When it stopped: its interrupted event's time, else estimated from the budget clock
+        (training seconds only, so a lower bound), prefixed by "~"."""
+        if self.stopped and self.stopped.get("wall"):
+            return self.stopped["wall"]
+        began, clock = self.info.get("budget_seconds"), self.last_elapsed
+        if self.wall and isinstance(began, (int, float)) and isinstance(clock, (int, float)) and clock >= began:
+            try:
+                return "~" + (datetime.fromisoformat(self.wall) + timedelta(seconds=clock - began)).isoformat(timespec="seconds")
+            except ValueError:
+                return None
+        return None
+
+
+def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -> list[Segment]:
+    """The run's segments in order. ``finished_steps``: summary.json's ``steps`` when the run
+    finished (its last segment then ended "done")."""
+    out: list[Segment] = []
+    for r in metrics:
+        kind, step = r.get("kind"), r.get("step")
+        if kind == "segment":
+            out.append(Segment(len(out) + 1, int(step or 0), wall=r.get("wall"), info=r))
+        elif kind == "event" and r.get("event") == "resumed":
+            current = out[-1] if out else None
+            if current is None or current.end is not None or current.resumed_from or current.start != step:
+                current = Segment(len(out) + 1, int(step or 0))  # a log from before segment lines
+                out.append(current)
+            current.resumed_from = r.get("from")
+        elif isinstance(step, int) and kind in ("train", "val", "event"):
+            if not out:
+                out.append(Segment(1, 0))
+            seg = out[-1]
+            if kind != "event":
+                seg.end = step if seg.end is None else max(seg.end, step)
+                if isinstance(r.get("elapsed"), (int, float)):
+                    seg.last_elapsed = r["elapsed"]
+            elif r.get("event") == "interrupted":
+                seg.stopped = r
+                seg.end = step if seg.end is None else max(seg.end, step)
+    for seg, after in zip(out, out[1:] + [None]):
+        last = seg.end if seg.end is not None else seg.start
+        if seg.stopped:
+            seg.ended = f"stopped by {seg.stopped.get('signal') or 'a signal'} after step {seg.stopped.get('step')}, checkpoint written"
+        elif after is not None:
+            seg.retrained = max(0, last - after.start)
+            seg.ended = (f"cut off after step {last} (last logged); the next resumed from step {after.start}"
+                         + (f": {seg.retrained} steps trained again" if seg.retrained else ""))
+        elif finished_steps is not None and last >= finished_steps:
+            seg.ended = f"done at step {finished_steps}"
+        else:
+            seg.ended = f"running, or cut off after step {last} (last logged)"
+    return out
+
+
+def segment_rows(name: str, segs: list[Segment]) -> list[list[str]]:
+    """Table rows: run, segment, steps, started and stopped (UTC), machine, code, processes x threads, how it ended."""
+    rows = []
+    for s in segs:
+        steps = f"{s.start}-{s.end if s.end is not None else s.start}"
+        procs = f"{s.info.get('world_size', '?')} x {s.info.get('threads', '?')}" if s.info else "-"
+        rows.append([name, str(s.number), steps, s.wall or "-", s.wall_end or "-", s.machine or "-", s.code or "-", procs, s.ended])
+    return rows
+
+
+HEADER = ["run", "segment", "steps", "started (UTC)", "stopped (UTC)", "machine", "code", "processes x threads", "ended"]
+
+
+def markdown(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
