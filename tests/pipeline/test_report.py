@@ -423,4 +423,8 @@ def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
     x, y = segments(old, None)  # from before segment lines: split at the resume, no machine
     assert (x.start, x.end, x.retrained, x.machine, y.start, y.end) == (0, 5, 1, None, 4, 9)
     assert y.ended == "running, or cut off after step 9 (last logged)"
+    legacy = fake_run(tmp_path / "old", "old", 8.0, with_extras=False)
+    (legacy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    table = section(write_report(legacy).read_text(), "Segments (which ran where)")
+    assert "<th>machine</th>" not in table and "<th>ended</th>" in table and "1 step trained again" in table
     assert "Segments (which ran where)" not in write_report(fake_run(tmp_path / "plain", "plain", 8.0, with_extras=False)).read_text()

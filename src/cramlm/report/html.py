@@ -430,7 +430,9 @@ def segments_table(run: RunData) -> str:
     segs = segments(run.metrics, steps if isinstance(steps, int) else None)
     if not segs or (len(segs) == 1 and not segs[0].info):
         return ""
-    return _table(HEADER[1:], [row[1:] for row in segment_rows(run.name, segs)])
+    rows = [row[1:] for row in segment_rows(run.name, segs)]
+    keep = [i for i in range(len(HEADER) - 1) if any(row[i] != "-" for row in rows)]  # a log from before segment lines: no machine or time
+    return _table([HEADER[1:][i] for i in keep], [[row[i] for i in keep] for row in rows])
 
 
 # ------------------------------------------------------------------------------------ page

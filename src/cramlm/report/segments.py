@@ -94,7 +94,7 @@ def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -
         elif after is not None:
             seg.retrained = max(0, last - after.start)
             seg.ended = (f"cut off after step {last} (last logged); the next resumed from step {after.start}"
-                         + (f": {seg.retrained} steps trained again" if seg.retrained else ""))
+                         + (f": {seg.retrained} step{'s' * (seg.retrained != 1)} trained again" if seg.retrained else ""))
         elif finished_steps is not None and last >= finished_steps:
             seg.ended = f"done at step {finished_steps}"
         else:
