@@ -183,8 +183,9 @@ def replace_digested(folder: Path, names: Iterable[str]) -> Iterator[dict[str, P
     temporary files are removed when the block raises (a killed writer's: by the next call)."""
     folder = Path(folder)
     names = list(names)
-    for name in names:  # a killed writer's leftovers (the folder has one writer: its run lock)
-        for leftover in folder.glob(atomic_path(folder / name, "*").name):
+    for name in names:  # a killed writer's leftovers (the folder has one writer: its run lock), and the
+        mine = atomic_path(folder / name, "*")  # temporaries of writers that write atomically to tmp[name] themselves
+        for leftover in [*folder.glob(mine.name), *folder.glob(atomic_path(mine, "*").name)]:
             leftover.unlink(missing_ok=True)
     tmp = {name: atomic_path(folder / name) for name in names}
     try:

@@ -408,23 +408,73 @@ def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
              {"kind": "event", "event": "interrupted", "step": 10, "wall": "2026-12-06T10:05:00+00:00", "signal": "SIGTERM"},
              segment(10, "2026-12-06T11:00:00+00:00"), {"kind": "event", "event": "resumed", "step": 10, "from": "ckpt/step-00000010"},
              *train(11, 20), segment(17, "2026-12-06T12:00:00+00:00"), {"kind": "event", "event": "resumed", "step": 17, "from": "c"},
-             *train(18, 30)]
+             *train(18, 30), {"kind": "finished", "step": 30, "wall": "2026-12-06T12:30:00+00:00", "checkpoint": "ckpt/step-00000030"},
+             segment(30, "2026-12-06T13:00:00+00:00"), *train(31, 35), {"kind": "event", "event": "failed", "step": 35, "error": "OSError: disk"}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    a, b, c = segs = segments([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], 30)
-    assert [(s.start, s.end) for s in segs] == [(0, 10), (10, 20), (17, 30)]
+    a, b, c, d = segs = segments([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()], 30)
+    assert [(s.start, s.end) for s in segs] == [(0, 10), (10, 20), (17, 30), (30, 35)]
     assert a.ended == "stopped by SIGTERM after step 10, checkpoint written" and a.wall_end == "2026-12-06T10:05:00+00:00"
-    assert b.ended == "cut off after step 20 (last logged); the next resumed from step 17: 3 steps trained again" and b.retrained == 3
-    assert b.wall_end == "~2026-12-06T11:00:10+00:00" and c.ended == "done at step 30" and b.resumed_from == "ckpt/step-00000010"
+    assert b.ended == "cut off after step 20 (last logged); the next resumed from step 17: at least 3 steps trained again" and b.retrained == 3
+    assert b.wall_end == "~2026-12-06T11:00:10+00:00" and b.resumed_from == "ckpt/step-00000010"
+    assert c.ended == "done at step 30; the next segment went on from step 30 (extended)" and c.wall_end == "2026-12-06T12:30:00+00:00"
+    assert d.ended == "failed after step 35: OSError: disk"  # summary.json's steps are an older finish's: not read for new logs
     assert a.machine == "vm (boot 0123abcd), AMD EPYC (family 25, model 17), torch 2.13.0" and a.code == "cramlm 0.1.0 @ abc123"
     table = section(write_report(run).read_text(), "Segments (which ran where)")
-    assert table.count("<tr><td>") == 3 and "3 steps trained again" in table and "0123abcd" in table
+    assert table.count("<tr><td>") == 4 and "3 steps trained again" in table and "0123abcd" in table
+
+    sparse = [segment(0, None), *[{"kind": "train", "step": s} for s in (1, 100)], segment(150, None), *train(170, 200)]
+    e, f = segments(sparse)  # logged every 100 steps, killed after its checkpoint at 150: it reached 150 at least
+    assert (e.end, e.retrained, f.start) == (150, 0, 150) and e.ended == "cut off after step 100 (last logged); the next resumed from step 150"
+    stopped = [segment(0, None), *train(1, 8), {"kind": "event", "event": "interrupted", "step": 8, "signal": "SIGTERM", "checkpoint": "None"},
+               segment(5, None), *train(6, 9)]
+    g, _ = segments(stopped)  # a stop whose checkpoint could not be written (a full disk): the next went back to 5
+    assert g.ended == "stopped by SIGTERM after step 8, no checkpoint written; the next resumed from step 5: at least 3 steps trained again"
 
     old = [*train(1, 5), {"kind": "event", "event": "resumed", "step": 4, "from": "x"}, *train(5, 9)]
     x, y = segments(old, None)  # from before segment lines: split at the resume, no machine
     assert (x.start, x.end, x.retrained, x.machine, y.start, y.end) == (0, 5, 1, None, 4, 9)
+    assert segments(old, 9)[-1].ended == "done at step 9"  # such a log's finish: from summary.json
     assert y.ended == "running, or cut off after step 9 (last logged)"
     legacy = fake_run(tmp_path / "old", "old", 8.0, with_extras=False)
     (legacy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     table = section(write_report(legacy).read_text(), "Segments (which ran where)")
-    assert "<th>machine</th>" not in table and "<th>ended</th>" in table and "1 step trained again" in table
+    assert "<th>machine</th>" not in table and "<th>ended</th>" in table and "at least 1 step trained again" in table
     assert "Segments (which ran where)" not in write_report(fake_run(tmp_path / "plain", "plain", 8.0, with_extras=False)).read_text()
+
+
+def test_code_version_names_a_commit_only_where_git_tracks_the_package(tmp_path):
+    """A segment line's code: this checkout's commit, but never that of a repository which merely
+    holds an installed copy (a project with its .venv inside)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from cramlm.train.hardware import code_version
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    src = Path(__file__).resolve().parents[2] / "src" / "cramlm"
+    head = subprocess.run(["git", "-C", str(src), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert code_version()["commit"] == head.stdout.strip()
+    ident = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b"}
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    shutil.copytree(src, tmp_path / "venv" / "cramlm", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["git", "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "theirs"], check=True, env={**os.environ, **ident})
+    out = subprocess.run([sys.executable, "-c", "import cramlm.train.hardware as h; print(h.__file__, h.code_version())"],
+                         cwd=tmp_path / "venv", capture_output=True, text=True, check=True).stdout
+    assert out.startswith(str(tmp_path / "venv" / "cramlm")) and "'commit': None" in out, out
+
+
+def test_a_line_cut_by_a_kill_does_not_swallow_the_next_segment_line(tmp_path):
+    from types import SimpleNamespace
+
+    from cramlm.report.rundata import read_metrics
+    from cramlm.train.metrics import MetricsLog
+
+    (tmp_path / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n{"kind": "train", "st')
+    log = MetricsLog(tmp_path, SimpleNamespace(tensorboard=False, wandb=False), {}, append=True)
+    log.write({"kind": "segment", "step": 1, "wall": "2026-12-07T00:00:00+00:00"})
+    log.close()
+    assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["train", "segment"]

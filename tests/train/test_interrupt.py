@@ -261,6 +261,8 @@ def test_a_run_whose_every_update_was_nonfinite_fails(tmp_path, how):
     result = CliRunner().invoke(main, ["pretrain", *overrides(tmp_path, "div", "budget=null", "train.budget.steps=4", *extra)])
     assert result.exit_code == 1 and "Error: training diverged" in result.output, result.output
     assert not (tmp_path / "div" / "model.safetensors").exists() and not (tmp_path / "div" / "summary.json").exists()
+    (seg,) = segments(read_metrics(tmp_path / "div" / "metrics.jsonl"))  # a failure is no cut-off: it names its error
+    assert seg.ended.startswith("failed after step 4: NonFiniteError: training diverged"), seg.ended
 
 
 def test_nonfinite_flags_read_at_metrics_lines_equal_a_per_step_check(tmp_path):

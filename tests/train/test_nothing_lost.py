@@ -221,6 +221,7 @@ def test_a_stop_while_save_run_replaces_a_runs_weights_never_leaves_two_saves_in
     assert all((run / n).read_bytes() != final[n] for n in names) and "pending" in json.loads((run / DIGESTS).read_text())
     load_run(run) and verified_weights(run / "electra.safetensors")  # all new: accepted
     (run / ".model.safetensors.tmp-1").write_bytes(b"a killed writer's")
+    (run / "..model.safetensors.tmp-1.tmp-1").write_bytes(b"and of save_safetensors' own atomic write into it")
     save(first)  # a save that ends: settled, no pending, no temporaries left
     assert "pending" not in json.loads((run / DIGESTS).read_text()) and not list(run.glob(".*.tmp-*"))
 

@@ -63,8 +63,8 @@ class Segment:
 
 
 def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -> list[Segment]:
-    """The run's segments in order. ``finished_steps``: summary.json's ``steps`` when the run
-    finished (its last segment then ended "done")."""
+    """The run's segments in order. ``finished_steps``: summary.json's ``steps``, read only for a
+    log from before ``finished`` lines (its last segment then ended "done" when it reached them)."""
     out: list[Segment] = []
     for r in metrics:
         kind, step = r.get("kind"), r.get("step")
@@ -76,29 +76,47 @@ def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -
                 current = Segment(len(out) + 1, int(step or 0))  # a log from before segment lines
                 out.append(current)
             current.resumed_from = r.get("from")
-        elif isinstance(step, int) and kind in ("train", "val", "event"):
+        elif isinstance(step, int) and kind in ("train", "val", "event", "finished"):
             if not out:
                 out.append(Segment(1, 0))
             seg = out[-1]
-            if kind != "event":
+            if kind in ("train", "val"):
                 seg.end = step if seg.end is None else max(seg.end, step)
                 if isinstance(r.get("elapsed"), (int, float)):
                     seg.last_elapsed = r["elapsed"]
-            elif r.get("event") == "interrupted":
+            elif kind == "finished" or r.get("event") in ("interrupted", "failed"):
                 seg.stopped = r
                 seg.end = step if seg.end is None else max(seg.end, step)
+    legacy = not any(s.info for s in out)
     for seg, after in zip(out, out[1:] + [None]):
+        logged = seg.end
+        if after is not None and after.start > (seg.end if seg.end is not None else seg.start):
+            seg.end = after.start  # it wrote the checkpoint the next one resumed (a step logged only every log_every)
         last = seg.end if seg.end is not None else seg.start
-        if seg.stopped:
-            seg.ended = f"stopped by {seg.stopped.get('signal') or 'a signal'} after step {seg.stopped.get('step')}, checkpoint written"
+        if after is not None and logged is not None and logged > after.start:
+            seg.retrained = logged - after.start  # at least: it may have trained past its last logged step
+        stop = seg.stopped or {}
+        again = f": at least {seg.retrained} step{'s' * (seg.retrained != 1)} trained again" if seg.retrained else ""
+        if stop.get("kind") == "finished":
+            seg.ended = f"done at step {stop.get('step')}" + (
+                f"; the next segment went on from step {after.start}" + (" (rewound)" if after.start < last else " (extended)")
+                if after is not None else "")
+        elif stop.get("event") == "failed":
+            seg.ended = f"failed after step {stop.get('step')}: {stop.get('error', '?')}" + (
+                f"; the next resumed from step {after.start}{again}" if after is not None else "")
+        elif stop:
+            saved = stop.get("checkpoint", "?") not in (None, "None", "")
+            seg.ended = (f"stopped by {stop.get('signal') or 'a signal'} after step {stop.get('step')}, "
+                         + ("checkpoint written" if saved else "no checkpoint written")
+                         + (f"; the next resumed from step {after.start}{again}" if after is not None and (again or not saved) else ""))
         elif after is not None:
-            seg.retrained = max(0, last - after.start)
-            seg.ended = (f"cut off after step {last} (last logged); the next resumed from step {after.start}"
-                         + (f": {seg.retrained} step{'s' * (seg.retrained != 1)} trained again" if seg.retrained else ""))
-        elif finished_steps is not None and last >= finished_steps:
+            seg.ended = (f"cut off after step {logged} (last logged)" if logged is not None else "cut off before logging a step") + (
+                f"; the next resumed from step {after.start}{again}")
+        elif legacy and finished_steps is not None and last >= finished_steps:
             seg.ended = f"done at step {finished_steps}"
         else:
-            seg.ended = f"running, or cut off after step {last} (last logged)"
+            seg.ended = (f"running, or cut off after step {logged} (last logged)" if logged is not None
+                         else "running, or cut off before logging a step")
     return out
 
 

@@ -252,20 +252,27 @@ def machine(device: torch.device) -> dict:
 
 
 def code_version() -> dict:
-    """The cramlm that runs: its version and, when it runs from a git work tree, the commit and
-    whether tracked files differ from it (a copy made by ``git archive`` has no commit to read)."""
+    """The cramlm that runs: its version and, when it runs from a git work tree that tracks this
+    very file (not a repository that merely holds the installed package, such as a project with its
+    .venv inside), the commit and whether the package's tracked files differ from it. Read when
+    training starts; a copy made by ``git archive`` has no commit to read. git takes no lock."""
     import subprocess
 
     from cramlm import __version__
 
-    where = Path(__file__).resolve().parent
+    here = Path(__file__).resolve()
     out = {"version": __version__, "commit": None, "dirty": None}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    git = ["git", "--no-optional-locks", "-C", str(here.parent)]
     try:
-        git = ["git", "-C", str(where)]
-        head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5)
-        if head.returncode == 0:
-            changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", str(where.parent)], capture_output=True, text=True, timeout=10)
-            out.update(commit=head.stdout.strip(), dirty=bool(changed.stdout.strip()) if changed.returncode == 0 else None)
+        def ask(*args: str, timeout: float = 5) -> subprocess.CompletedProcess:
+            return subprocess.run([*git, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+        if ask("ls-files", "--error-unmatch", "--", here.name).returncode == 0:
+            head = ask("rev-parse", "--short=12", "HEAD")
+            if head.returncode == 0:
+                changed = ask("status", "--porcelain", "--untracked-files=no", "--", str(here.parents[1]), timeout=10)
+                out.update(commit=head.stdout.strip(), dirty=bool(changed.stdout.strip()) if changed.returncode == 0 else None)
     except (OSError, subprocess.SubprocessError):
         pass
     return out

@@ -8,6 +8,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether the file's last line lacks its newline (a kill mid-write)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            if f.tell() == 0:
+                return False
+            f.seek(-1, 2)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
 def wall_clock() -> str:
     """Now, UTC, to the second (ISO 8601): the time a segment or event line was written."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -21,7 +34,11 @@ class MetricsLog:
         self.file = self.tb = self.wandb = None
         if not enabled:
             return
-        self.file = open(run_dir / "metrics.jsonl", "a" if append else "w", encoding="utf-8")
+        path = run_dir / "metrics.jsonl"
+        torn = append and _ends_torn(path)
+        self.file = open(path, "a" if append else "w", encoding="utf-8")
+        if torn:  # a line cut by a kill mid-write: the next record starts on a line of its own
+            self.file.write("\n")
         if impl.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
@@ -40,7 +57,7 @@ class MetricsLog:
             return
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        if record.get("kind") == "segment":  # which ran where: not a metric
+        if record.get("kind") in ("segment", "finished"):  # which ran where: not metrics
             return
         step = record.get("step", 0)
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}

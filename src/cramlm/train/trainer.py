@@ -276,7 +276,20 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train until the budget is spent, validate, write the final checkpoint; the summary.
-        A stop signal ends the run after the current step with a checkpoint (``Interrupted``)."""
+        A stop signal ends the run after the current step with a checkpoint (``Interrupted``); an
+        error leaves a ``failed`` event, so that the run's segments tell it from a cut-off."""
+        try:
+            return self._fit()
+        except Interrupted:
+            raise
+        except Exception as e:
+            if self.log and self.log.file and not self.log.file.closed:
+                self.log.write({"kind": "event", "event": "failed", "step": self.used.steps, "wall": wall_clock(),
+                                "error": f"{type(e).__name__}: {e}"[:2000]})
+                self.log.close()
+            raise
+
+    def _fit(self) -> dict:
         meter, used = self.meter, self.meter.used
         self._open_log()
         bar, window = self._progress_bar(), Window()
@@ -305,6 +318,7 @@ class Trainer:
         self._check_trained(val_loss)  # a diverged run fails here, before a NaN model is saved as final
         final = self.save_checkpoint(final=True)
         self.batches.close()
+        self.log.write({"kind": "finished", "step": used.steps, "wall": wall_clock(), "checkpoint": str(final)})
         self.log.close()
         return self._summary(val_loss, final)
 
@@ -475,8 +489,7 @@ class Trainer:
         n, used = self.events["nonfinite_steps"], self.used.steps
         what = ("the weights are no longer finite" if bad else "no step had a finite loss" if used and n >= used
                 else f"the held-out loss is {val_loss}" if val_loss is not None and not math.isfinite(val_loss) else None)
-        if what:
-            self.log.close()
+        if what:  # (fit() writes the failed event and closes the log)
             raise NonFiniteError(
                 f"training diverged: {what} after step {used} ({n} of {used} steps non-finite); no final "
                 "checkpoint or model written. Lower train.optim.lr or set train.grad_clip"
@@ -577,7 +590,7 @@ class Trainer:
         if units != self.plan.units and ckpt.follows(units, self.plan.here, self.cfg.full_batch()):  # (else refused, allowed or moot: check_batch_plan)
             p = self.plan
             self.plan = BatchPlan(self.cfg, *p.here, p.seq_len, p.budget, p.optimizer_flops_per_step, units=units)
-        self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "from": str(folder),
+        self.resumed_from = {"kind": "event", "event": "resumed", "step": self.used.steps, "wall": wall_clock(), "from": str(folder),
                              "world_size": self.dist.world, "checkpoint_world_size": state["world_size"],
                              "data_format": training["data"]["format"]}
 
