@@ -242,6 +242,16 @@ def test_a_stop_while_save_run_replaces_a_runs_weights_never_leaves_two_saves_in
             verified_weights(run / name)
     save(summary["final_checkpoint"])
     load_run(run) and verified_weights(run / "electra.safetensors")
+
+    def full(tensors, path, metadata=None):  # safetensors' own error for a full disk wraps the OS error in text
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })")
+
+    with monkeypatch.context() as patched, pytest.raises(OSError, match="disk full writing the run's model.safetensors and "
+                                                          "electra.safetensors from its final checkpoint .*, which is intact"):
+        patched.setattr("cramlm.run.folder.save_safetensors", full)
+        save_run(cfg, Dist(), {**summary, "final_checkpoint": summary["final_checkpoint"]}, lambda line: None)
+    load_run(run) and verified_weights(run / "electra.safetensors")  # the old save stands (these raise otherwise)
+    assert not list(run.glob(".*.tmp-*"))
     flip_a_weight_byte(run / "model.safetensors")
     with pytest.raises(io.CheckpointFileError, match="does not match its digest"):
         load_run(run)

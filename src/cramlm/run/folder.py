@@ -156,17 +156,25 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
         final = Path(summary["final_checkpoint"]) / "model.safetensors"
         objective = build_objective(cfg)
         names = ["model.safetensors", *([objective.trained_parts] if objective.trained_parts else [])]
-        with replace_digested(cfg.run_dir, names) as tmp:
-            if sharded_weights(final.parent, tmp, objective):
-                pass  # assembled from the shards
-            elif objective.trained_parts:  # the arch under its own names (fine-tuning), and beside it the
-                from safetensors.torch import load_file  # parts it lacks (eval, export): ELECTRA's generator and detector
+        try:
+            with replace_digested(cfg.run_dir, names) as tmp:
+                if sharded_weights(final.parent, tmp, objective):
+                    pass  # assembled from the shards
+                elif objective.trained_parts:  # the arch under its own names (fine-tuning), and beside it the
+                    from safetensors.torch import load_file  # parts it lacks (eval, export): ELECTRA's generator and detector
 
-                state = load_file(str(final))
-                save_safetensors(objective.encoder_state(state), tmp["model.safetensors"], {"format": "pt"})
-                save_safetensors(objective.parts_state(state), tmp[objective.trained_parts], {"format": "pt"})
-            else:
-                shutil.copyfile(final, tmp["model.safetensors"])
+                    state = load_file(str(final))
+                    save_safetensors(objective.encoder_state(state), tmp["model.safetensors"], {"format": "pt"})
+                    save_safetensors(objective.parts_state(state), tmp[objective.trained_parts], {"format": "pt"})
+                else:
+                    shutil.copyfile(final, tmp["model.safetensors"])
+        except Exception as e:  # (torch's and safetensors' errors wrap the OS error in text)
+            from cramlm.train.checkpoint import _is_disk_full
+
+            if not _is_disk_full(e):
+                raise
+            raise OSError(f"{cfg.run_dir}: disk full writing the run's {' and '.join(names)} from its final checkpoint "
+                          f"{final.parent}, which is intact: free space, then `--resume auto` writes them") from None
         write_json(cfg.run_dir / "summary.json", summary)
         say(console_summary(summary, cfg.run_dir))
     barrier(dist)
