@@ -421,6 +421,7 @@ def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
     assert a.machine == "vm (boot 0123abcd), AMD EPYC (family 25, model 17), torch 2.13.0" and a.code == "cramlm 0.1.0 @ abc123"
     table = section(write_report(run).read_text(), "Segments (which ran where)")
     assert table.count("<tr><td>") == 4 and "3 steps trained again" in table and "0123abcd" in table
+    assert "<td>2026-12-06 10:05:00</td>" in table and "<td>~2026-12-06 11:00:10</td>" in table  # UTC, as people read it
 
     sparse = [segment(0, None), *[{"kind": "train", "step": s} for s in (1, 100)], segment(150, None), *train(170, 200)]
     e, f = segments(sparse)  # logged every 100 steps, killed after its checkpoint at 150: it reached 150 at least

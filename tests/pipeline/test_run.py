@@ -214,6 +214,23 @@ def test_failed_stage_is_recorded_and_rerun(tiny_run, tmp_path, monkeypatch):
     assert "eval ..." in cramlm("run", *TINY_RUN, cwd=tmp_path)  # the failed stage runs again
 
 
+def test_a_stage_stopped_by_a_signal_is_recorded_as_interrupted_not_failed(tiny_run, tmp_path, monkeypatch):
+    from cramlm.pipeline import recipe
+    from cramlm.train.preemption import EXIT_INTERRUPTED, Interrupted
+
+    shutil.copytree(tiny_run.parents[1], tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+
+    def stopped(cfg):
+        raise Interrupted("SIGTERM", 3, None)
+
+    monkeypatch.setitem(recipe.RUNNERS, "eval", stopped)
+    result = CliRunner().invoke(main, ["run", *TINY_RUN, "eval.tasks=[no/such/task]"])  # (another eval: the stage runs)
+    assert result.exit_code == EXIT_INTERRUPTED, result.output
+    stage = json.loads((tmp_path / "outputs" / "default" / "pipeline.json").read_text())["stages"]["eval"]
+    assert stage["status"] == "interrupted" and stage["error"].startswith("Interrupted: SIGTERM")
+
+
 def test_recipe_errors_name_the_key():
     with pytest.raises(ConfigError, match="train.optim.lrr"):
         resolve_recipe("default", ["train.optim.lrr=1"])

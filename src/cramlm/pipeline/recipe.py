@@ -541,7 +541,10 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         try:
             info = RUNNERS[stage](cfg)
         except BaseException as e:  # record the failure (also Ctrl-C) so a re-run redoes this stage
-            record["stages"][stage].update(status="failed", error=f"{type(e).__name__}: {e}"[:500])
+            from cramlm.train.preemption import Interrupted
+
+            stopped = isinstance(e, (Interrupted, KeyboardInterrupt))  # a signal: pretrain's checkpoint is written
+            record["stages"][stage].update(status="interrupted" if stopped else "failed", error=f"{type(e).__name__}: {e}"[:500])
             write_json(run_dir / RECORD, record)
             raise
         record["stages"][stage].update(status="done", finished=_now(), seconds=round(time.perf_counter() - start, 2), result=info,

@@ -31,6 +31,7 @@ figcaption small { font-weight: normal; color: #555; }
 img { max-width: 100%; border: 1px solid #eee; }
 pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
 p.note { color: #555; font-size: 0.85em; max-width: 60em; }
+div.text td, div.text th { text-align: left; }
 """
 
 UNDEFINED = "undefined"
@@ -432,7 +433,7 @@ def segments_table(run: RunData) -> str:
         return ""
     rows = [row[1:] for row in segment_rows(run.name, segs)]
     keep = [i for i in range(len(HEADER) - 1) if any(row[i] != "-" for row in rows)]  # a log from before segment lines: no machine or time
-    return _table([HEADER[1:][i] for i in keep], [[row[i] for i in keep] for row in rows])
+    return '<div class="text">' + _table([HEADER[1:][i] for i in keep], [[row[i] for i in keep] for row in rows]) + "</div>"
 
 
 # ------------------------------------------------------------------------------------ page
