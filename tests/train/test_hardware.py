@@ -243,3 +243,16 @@ def test_the_gpu_peak_table_takes_the_longest_matching_name(name, tflops):
     from cramlm.train import flops
 
     assert flops.gpu_peak_flops(name) == (tflops * 1e12 if tflops else None)
+
+
+def test_the_precision_cache_tells_apart_cpus_that_report_one_name(monkeypatch):
+    """Two VMs that both say "AMD EPYC" (AVX2 only: bf16 at a fifth of fp32; AVX512-BF16: twice it)
+    get separate cache entries, so a home folder shared between them never carries one's answer to the other."""
+    cpus = {"zen2": {"model name": "AMD EPYC", "cpu family": "23", "model": "49", "flags": "fpu avx2"},
+            "zen4": {"model name": "AMD EPYC", "cpu family": "25", "model": "17", "flags": "fpu avx2 avx512f avx512_bf16"}}
+    keys = {}
+    for name, info in cpus.items():
+        monkeypatch.setattr(hardware, "_cpuinfo_field", info.get)
+        keys[name] = hardware.machine_key(torch.device("cpu"), 128, 512)
+    assert keys["zen2"] != keys["zen4"] and "family 25, model 17, avx512_bf16" in keys["zen4"], keys
+    assert "(family 23, model 49)" in keys["zen2"]

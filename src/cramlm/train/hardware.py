@@ -6,7 +6,7 @@ forward and backward of an MLP with the model's widths (hidden -> intermediate -
 against bf16 autocast, interleaved and best-of, in well under a second; bf16 wins when it is at
 least ``BF16_MIN_SPEEDUP`` times faster, timed on one core in CPU time (so other work on a shared
 machine does not decide). The answer is cached per machine in ``$CRAMLM_CACHE/hardware.json``
-(default ``~/.cache/cramlm``), keyed by CPU model, torch version, device and the shapes. On a CUDA
+(default ``~/.cache/cramlm``), keyed by CPU (model name, x86 family and model, bf16 instructions), torch version, device and the shapes. On a CUDA
 GPU with bf16 support the answer is bf16, unmeasured.
 
 Threads. ``auto`` takes the CPUs this process may run on (its affinity mask) capped by the cgroup
@@ -237,6 +237,17 @@ def _cpuinfo_field(name: str) -> str | None:
     return None
 
 
+def cpu_description() -> str:
+    """The CPU as the precision cache and segment lines name it: its model name with its x86 family
+    and model and the bf16 instructions it has (two VMs that both say "AMD EPYC" ran bf16 at 0.2x
+    and 2x fp32: AVX2 only, and AVX512-BF16)."""
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    flags = set((_cpuinfo_field("flags") or "").split())
+    extra = [f"family {family}, model {model}"] if family and model else []
+    extra += [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    return cpu_model() + (f" ({', '.join(extra)})" if extra else "")
+
+
 def machine(device: torch.device) -> dict:
     """Which machine this process runs on, as a segment record names it (report/segments.py): the
     host name, the boot's id (VMs share host names; a new machine or a reboot has a new one), the CPU
@@ -245,8 +256,7 @@ def machine(device: torch.device) -> dict:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8] or None
     except OSError:
         boot = None
-    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
-    cpu = cpu_model() + (f" (family {family}, model {model})" if family and model else "")
+    cpu = cpu_description()
     accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"host": platform.node(), "boot": boot, "cpu": cpu, "accelerator": accelerator, "torch": torch.__version__}
 
@@ -279,7 +289,7 @@ def code_version() -> dict:
 
 
 def machine_key(device: torch.device, hidden: int, intermediate: int) -> str:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {cpu_model()}"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu {cpu_description()}"
     return f"v{CACHE_VERSION} | {name} | torch {torch.__version__} | mlp {hidden}x{intermediate}"
 
 
