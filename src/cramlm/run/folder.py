@@ -169,9 +169,9 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
                 else:
                     shutil.copyfile(final, tmp["model.safetensors"])
         except Exception as e:  # (torch's and safetensors' errors wrap the OS error in text)
-            from cramlm.train.checkpoint import _is_disk_full
+            from cramlm.train.checkpoint import is_disk_full
 
-            if not _is_disk_full(e):
+            if not is_disk_full(e):
                 raise
             raise OSError(f"{cfg.run_dir}: disk full writing the run's {' and '.join(names)} from its final checkpoint "
                           f"{final.parent}, which is intact: free space, then `--resume auto` writes them") from None

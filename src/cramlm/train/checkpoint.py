@@ -165,7 +165,7 @@ def _nbytes(obj) -> int:
     return 0
 
 
-def _is_disk_full(e: BaseException | None) -> bool:
+def is_disk_full(e: BaseException | None) -> bool:
     """ENOSPC / EDQUOT, also as torch's and safetensors' own errors, which wrap the OS error in text."""
     while e is not None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -203,7 +203,7 @@ def write_checkpoint(
         needed, free = _nbytes(model_state) + _nbytes(training), shutil.disk_usage(root).free
         # torch.save's zip writer says only "file write failed" or "unexpected pos ...": whatever
         # the message, a write that needed more than the free space failed for want of it
-        if _is_disk_full(e) or free < needed:
+        if is_disk_full(e) or free < needed:
             raise DiskFullError(final, needed, free, latest_checkpoint(root)) from None
         raise
     drop_old_checkpoints(root, keep)
@@ -424,7 +424,7 @@ def write_sharded_checkpoint(root: Path, step: int, model_state: dict, optim_sta
                 broadcast_object("failed", d)
             needed = _nbytes(model_state) + _nbytes(tensors) + _nbytes(training)  # (a DTensor's numel is global)
             free = shutil.disk_usage(root).free
-            outcome = (needed, free, latest_checkpoint(root)) if _is_disk_full(e) else f"{type(e).__name__}: {e}"
+            outcome = (needed, free, latest_checkpoint(root)) if is_disk_full(e) else f"{type(e).__name__}: {e}"
             broadcast_object(outcome, d)
             if isinstance(outcome, tuple):
                 raise DiskFullError(final, *outcome) from None

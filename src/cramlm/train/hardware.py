@@ -21,6 +21,7 @@ core is taken by a neighbour stalls them all. Measured on a 2-core VM with other
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -226,15 +227,23 @@ def cpu_model() -> str:
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
-def _cpuinfo_field(name: str) -> str | None:
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's first processor, read once ({} where there is none)."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
             key, _, value = line.partition(":")
-            if key.strip().lower() == name:
-                return value.strip()
+            fields.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return None
+    return fields
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    return _cpuinfo().get(name)
 
 
 def cpu_description() -> str:
@@ -256,9 +265,8 @@ def machine(device: torch.device) -> dict:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8] or None
     except OSError:
         boot = None
-    cpu = cpu_description()
     accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"host": platform.node(), "boot": boot, "cpu": cpu, "accelerator": accelerator, "torch": torch.__version__}
+    return {"host": platform.node(), "boot": boot, "cpu": cpu_description(), "accelerator": accelerator, "torch": torch.__version__}
 
 
 def code_version() -> dict:
