@@ -442,6 +442,13 @@ def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
     assert "<th>machine</th>" not in table and "<th>ended</th>" in table and "at least 1 step trained again" in table
     assert "Segments (which ran where)" not in write_report(fake_run(tmp_path / "plain", "plain", 8.0, with_extras=False)).read_text()
 
+    # the curves read the run as it stands: the steps a cut-off segment logged past the next one's start are not drawn twice
+    current = load_run_data(run)
+    steps = [m["step"] for m in current.metrics if m.get("kind") == "train"]
+    assert steps == list(range(1, 36)) and len(current.log) == len(lines)
+    assert current.series("step", "loss")[0] == [float(s) for s in range(1, 36)]
+    assert [m["step"] for m in load_run_data(legacy).metrics if m.get("kind") == "train"] == list(range(1, 10))
+
 
 def test_code_version_names_a_commit_only_where_git_tracks_the_package(tmp_path):
     """A segment line's code: this checkout's commit, but never that of a repository which merely

@@ -428,7 +428,7 @@ def segments_table(run: RunData) -> str:
     from cramlm.report.segments import HEADER, segment_rows, segments
 
     steps = run.summary.get("steps")
-    segs = segments(run.metrics, steps if isinstance(steps, int) else None)
+    segs = segments(run.log, steps if isinstance(steps, int) else None)
     if not segs or (len(segs) == 1 and not segs[0].info):
         return ""
     rows = [row[1:] for row in segment_rows(run.name, segs)]

@@ -16,13 +16,16 @@ from typing import Any
 
 import numpy as np
 
+from cramlm.report.segments import current_lines
+
 
 @dataclass
 class RunData:
     folder: Path
     name: str
     config: dict[str, Any] = field(default_factory=dict)
-    metrics: list[dict[str, Any]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # the run as it stands (segments.current_lines)
+    log: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl's every line, superseded ones too
     summary: dict[str, Any] = field(default_factory=dict)
     eval: dict[str, Any] = field(default_factory=dict)
     eval_untrained: dict[str, Any] = field(default_factory=dict)  # the untrained twin's eval.json
@@ -215,11 +218,13 @@ def load_run_data(folder: str | Path) -> RunData:
 
         loaded = safe_load_text(_read_text(folder / "config.yaml"), str(folder / "config.yaml"))
         config = loaded if isinstance(loaded, dict) else {}
+    log = read_metrics(folder / "metrics.jsonl")
     run = RunData(
         folder=folder,
         name=str(config.get("name") or folder.name),
         config=config,
-        metrics=read_metrics(folder / "metrics.jsonl"),
+        metrics=current_lines(log),
+        log=log,
         summary=_json(folder / "summary.json"),
         eval=_json(folder / "eval.json"),
         eval_untrained=_json(folder / "eval-untrained.json"),

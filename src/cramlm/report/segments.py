@@ -120,6 +120,21 @@ def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -
     return out
 
 
+def current_lines(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run as it stands: every line but the train and val lines a later segment superseded (a
+    segment cut off after its last checkpoint, or one a resume from an older checkpoint rewound,
+    logged steps past the step the next one started from; those steps were trained again). Curves
+    and last values read these; the segments table reads every line."""
+    out: list[dict[str, Any]] = []
+    for r in metrics:
+        step = r.get("step")
+        starts = r.get("kind") == "segment" or (r.get("kind") == "event" and r.get("event") == "resumed")
+        if starts and isinstance(step, int):
+            out = [m for m in out if not (m.get("kind") in ("train", "val") and isinstance(m.get("step"), int) and m["step"] > step)]
+        out.append(r)
+    return out
+
+
 def segment_rows(name: str, segs: list[Segment]) -> list[list[str]]:
     """Table rows: run, segment, steps, started and stopped (UTC), machine, code, processes x threads, how it ended."""
     rows = []
