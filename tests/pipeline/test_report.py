@@ -486,3 +486,21 @@ def test_a_line_cut_by_a_kill_does_not_swallow_the_next_segment_line(tmp_path):
     log.write({"kind": "segment", "step": 1, "wall": "2026-12-07T00:00:00+00:00"})
     log.close()
     assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["train", "segment"]
+
+
+def test_a_run_still_training_is_named_by_its_configured_objective(tmp_path):
+    """Before summary.json exists the report reads the objective from config.yaml: a hybrid or
+    ELECTRA run is not titled an MLM, a causal architecture's default objective is clm."""
+    run = fake_run(tmp_path / "r", "r", 8.0, with_extras=False)
+    (run / "summary.json").unlink()
+    for arch, trained, expected in [("crammed-bert", "hybrid", "hybrid"), ("crammed-bert", "rtd", "rtd"),
+                                    ("gpt2", "mlm", "clm"), ("crammed-bert", None, "mlm"), ("no-such-arch", None, "mlm")]:
+        train = f"\ntrain: {{objective: {trained}}}" if trained else ""
+        (run / "config.yaml").write_text(f"name: r\narch: {{type: {arch}}}{train}\n")
+        assert load_run_data(run).objective == expected, (arch, trained)
+    (run / "config.yaml").write_text("name: r\narch: {type: crammed-bert}\ntrain: {objective: hybrid}\n")
+    (run / "pipeline.json").write_text(json.dumps({"stages": {"data": {"status": "done", "seconds": 19.26,
+                                                                        "finished": "2026-12-06T14:30:55+00:00"}}}))
+    page = write_report(run).read_text()
+    assert "<td>hybrid (GPT-BERT" in page
+    assert "<td>2026-12-06 14:30:55</td>" in page  # stage times in UTC as the segments table writes them

@@ -407,6 +407,8 @@ def pairs_table(runs: list[RunData]) -> str:
 def stages_table(run: RunData, now: datetime | None = None) -> str:
     """The pipeline's stages. The report stage is running while this page is written; a page that
     exists finished it, so it is shown done, its time counted up to now."""
+    from cramlm.report.segments import when
+
     now = now or datetime.now(timezone.utc)
     stages = run.pipeline.get("stages") or {}
     rows = []
@@ -418,7 +420,8 @@ def stages_table(run: RunData, now: datetime | None = None) -> str:
                 seconds = round((now - datetime.fromisoformat(s["started"])).total_seconds(), 2)
             except (KeyError, TypeError, ValueError):
                 seconds = ""
-        rows.append([name, status, f"{seconds:,.1f}" if is_number(seconds) else seconds, finished])
+        rows.append([name, status, f"{seconds:,.1f}" if is_number(seconds) else seconds,
+                     when(finished) if isinstance(finished, str) and finished else ""])
     return _table(["stage", "status", "seconds", "finished (UTC)"], rows) if rows else ""
 
 

@@ -58,13 +58,17 @@ class RunData:
     def objective(self) -> str:
         """The registered objective (models/objectives/) the run trained, as it recorded it: "mlm",
         "clm", "rtd" (ELECTRA: its loss is the generator's MLM loss, a group of its own), "hybrid", ...;
-        else from its architecture's name."""
-        from cramlm.config.registry import names
+        else (a run still training) from its config: ``train.objective`` on its architecture."""
+        from cramlm.config.registry import config_class, names
+        from cramlm.models.objectives.base import objective_name
 
         for where in (self.summary, self.heldout):
             if where.get("objective") in names("objective"):
                 return str(where["objective"])
-        return "clm" if (self.config.get("arch") or {}).get("type") in ("gpt2", "llama") else "mlm"
+        arch = (self.config.get("arch") or {}).get("type")
+        kind = config_class("model", arch).objective if arch in names("model") else "mlm"
+        trained = (self.config.get("train") or {}).get("objective")
+        return objective_name(kind, trained) if trained in names("objective") else kind
 
     @property
     def objective_config(self):

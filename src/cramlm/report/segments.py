@@ -141,11 +141,11 @@ def segment_rows(name: str, segs: list[Segment]) -> list[list[str]]:
     for s in segs:
         steps = f"{s.start}-{s.end if s.end is not None else s.start}"
         procs = f"{s.info.get('world_size', '?')} x {s.info.get('threads', '?')}" if s.info else "-"
-        rows.append([name, str(s.number), steps, _when(s.wall), _when(s.wall_end), s.machine or "-", s.code or "-", procs, s.ended])
+        rows.append([name, str(s.number), steps, when(s.wall), when(s.wall_end), s.machine or "-", s.code or "-", procs, s.ended])
     return rows
 
 
-def _when(iso: str | None) -> str:
+def when(iso: str | None) -> str:
     """An ISO time in UTC as people read it: 2026-12-07 00:23:28 ("~": estimated); "-": unknown."""
     return iso.replace("T", " ").removesuffix("+00:00") if iso else "-"
 
