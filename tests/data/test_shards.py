@@ -83,3 +83,48 @@ def test_merge_with_a_corrupt_shard_record_names_the_file(tmp_path):
     (folder / "shard.json").unlink()
     with pytest.raises(FileNotFoundError, match="no shard.json"):
         read_shard_info(folder)
+
+
+def test_a_stopped_preparations_temporary_folder_is_removed_by_the_next(tmp_path, capsys):
+    """A preparation killed while merging (SIGKILL, a lost machine) leaves ``.<entry>.tmp-<pid>``, as
+    large as the packed tokens; the next preparation of that entry, holding its lock, removes it and
+    says so. Another entry's temporary folder is not touched."""
+    from cramlm.data.prepare import output_folder
+
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}])
+    folder = output_folder(cfg, tmp_path / "cache")
+    folder.parent.mkdir(parents=True)
+    stale = folder.with_name(f".{folder.name}.tmp-4194000")
+    (stale / "train.cramtok").parent.mkdir()
+    (stale / "train.cramtok").write_bytes(b"\0" * 3_000_000)
+    other = folder.with_name(f".{folder.name}x.tmp-4194000")
+    other.mkdir()
+    prepared = prepare_data(cfg, tmp_path / "cache", progress=False)
+    assert (prepared.folder / "manifest.json").is_file() and not stale.exists() and other.is_dir()
+    assert f"removed {stale} (3.0 MB), left by a preparation of {folder.name} that was stopped" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.parent.iterdir()) == sorted([folder.name, other.name])  # no lock file left
+
+
+def test_merge_holds_the_entrys_lock(tmp_path):
+    """`cramlm data merge` takes the entry's lock as a preparation does: one held elsewhere makes it wait."""
+    import multiprocessing
+
+    import pytest
+
+    from cramlm.data import prepare as prep
+    from cramlm.locks import LockHeld
+
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}])
+    prepare_shard(cfg, tmp_path / "cache", 1, 0, progress=False)
+    folder = prep.output_folder(cfg, tmp_path / "cache")
+    with prep.preparation_lock(folder), multiprocessing.get_context("spawn").Pool(1) as pool:
+        with pytest.raises(LockHeld, match="data cache entry .* is in use by pid"):
+            pool.apply(_merge_waiting_briefly, (cfg, tmp_path / "cache"))  # another process: waits 0.5 s, then refused
+    assert (merge_prepared(cfg, tmp_path / "cache", 1).folder / "manifest.json").is_file()
+
+
+def _merge_waiting_briefly(cfg, cache):
+    from cramlm.data import prepare as prep
+
+    prep.PREPARE_WAIT_S = 0.5
+    return prep.merge_prepared(cfg, cache, 1)

@@ -30,7 +30,7 @@ from cramlm.config.registry import component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.sources import DataError, JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
 from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
-from cramlm.io import atomic_dir, atomic_write
+from cramlm.io import atomic_dir, atomic_path, atomic_write
 from cramlm.locks import FolderLock
 
 if TYPE_CHECKING:
@@ -320,11 +320,40 @@ def reuse_prepared(cfg: DataConfig, folder: Path, say=_note, resuming: bool = Fa
     return prepared
 
 
+def preparation_lock(folder: Path) -> FolderLock:
+    """The lock one preparation or merge of a data-cache entry holds (``.<folder>.lock`` beside it)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return FolderLock(folder.with_name(f".{folder.name}.lock"), f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S)
+
+
+def clear_stopped_writes(folder: Path, say=_note) -> list[Path]:
+    """Remove the temporary folders (``.<folder>.tmp-<pid>``) that stopped preparations of this entry
+    left, a kill's (SIGKILL, a lost machine) as large as the packed tokens. Called only while holding
+    the entry's lock, so no live writer owns one."""
+    removed = []
+    for stale in sorted(folder.parent.glob(atomic_path(folder, "*").name)):
+        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file()) if stale.is_dir() else stale.stat().st_size
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        say(f"cramlm: removed {stale} ({size / 1e6:,.1f} MB), left by a preparation of {folder.name} that was stopped")
+        removed.append(stale)
+    return removed
+
+
 def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
-    """Merge the ``num_shards`` finished shards into the output folder."""
+    """Merge the ``num_shards`` finished shards into the output folder (holding its lock, so a second
+    merge or preparation of the same entry waits, then reuses the result)."""
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
         return reuse_prepared(cfg, folder)
+    with preparation_lock(folder) as lock:
+        prepared = _merge_locked(cfg, cache_root, num_shards, keep_shards) if not (folder / "manifest.json").is_file() else None
+        lock.path.unlink(missing_ok=True)
+    return prepared or reuse_prepared(cfg, folder)
+
+
+def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
+    folder = output_folder(cfg, cache_root)
+    clear_stopped_writes(folder)
     start = time.perf_counter()
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
@@ -344,15 +373,13 @@ def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool 
     folder = output_folder(cfg, cache_root)
     if (folder / "manifest.json").is_file():
         return reuse_prepared(cfg, folder, resuming=resuming)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = folder.with_name(f".{folder.name}.lock")
     prepared = None
-    with FolderLock(lock, f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S):
+    with preparation_lock(folder) as lock:
         if not (folder / "manifest.json").is_file():  # else the process that held the lock prepared it
             prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
-            prepared = merge_prepared(cfg, cache_root, 1)
+            prepared = _merge_locked(cfg, cache_root, 1)
         # prepared: whoever takes the lock from now on (this file, or a new one) finds the manifest
-        lock.unlink(missing_ok=True)
+        lock.path.unlink(missing_ok=True)
     return prepared or load_prepared(folder)
 
 
