@@ -423,6 +423,9 @@ def test_segments_say_which_ran_where_and_what_a_cut_off_cost(tmp_path):
     assert table.count("<tr><td>") == 4 and "3 steps trained again" in table and "0123abcd" in table
     assert "<td>2026-12-06 10:05:00</td>" in table and "<td>~2026-12-06 11:00:10</td>" in table  # UTC, as people read it
 
+    two = {**segment(0, None), "world_size": 4, "machines": [{**here, "host": "vm2", "boot": "4567cdef", "ranks": [1, 3]}]}
+    assert segments([two])[0].machine == ("ranks 0, 2: vm (boot 0123abcd), AMD EPYC (family 25, model 17), torch 2.13.0; "
+                                          "ranks 1, 3: vm2 (boot 4567cdef), AMD EPYC (family 25, model 17), torch 2.13.0")
     sparse = [segment(0, None), *[{"kind": "train", "step": s} for s in (1, 100)], segment(150, None), *train(170, 200)]
     e, f = segments(sparse)  # logged every 100 steps, killed after its checkpoint at 150: it reached 150 at least
     assert (e.end, e.retrained, f.start) == (150, 0, 150) and e.ended == "cut off after step 100 (last logged); the next resumed from step 150"

@@ -68,6 +68,8 @@ def test_slurm_example_as_local_processes(tmp_path):
     assert summary["data"].startswith(str(cache))
     resumed = [r for r in records(run_dir, "event") if r["event"] == "resumed"]
     assert resumed and resumed[0]["step"] == event["step"] and resumed[0]["checkpoint_world_size"] == 2
+    segs = records(run_dir, "segment")  # every rank's machine gathered: both "nodes" are this one, so one is named
+    assert [(g["step"], g["world_size"], "machines" in g) for g in segs] == [(0, 2, False), (event["step"], 2, False)]
     # the same run as one process, across the interruption
     run_inprocess(tmp_path, "one", *STEPS, f"impl.data_cache={cache}")
     reference, got = losses(tmp_path / "one"), losses(run_dir)

@@ -32,12 +32,16 @@ class Segment:
 
     @property
     def machine(self) -> str | None:
+        """Where it ran; a multi-node job's machines each with their ranks."""
         m = self.info.get("machine") or {}
         if not m:
             return None
-        where = f"{m.get('host') or '?'} (boot {m.get('boot') or '?'})"
-        device = m.get("accelerator") or m.get("cpu") or "?"
-        return f"{where}, {device}, torch {m.get('torch') or '?'}"
+        others = [o for o in self.info.get("machines") or [] if isinstance(o, dict)]
+        if not others:
+            return _machine(m)
+        theirs = {r for o in others for r in o.get("ranks") or []}
+        first = [r for r in range(int(self.info.get("world_size") or 0)) if r not in theirs] or [0]
+        return "; ".join(f"{_ranks(ranks)}: {_machine(x)}" for ranks, x in [(first, m), *((o.get("ranks") or [], o) for o in others)])
 
     @property
     def code(self) -> str | None:
@@ -143,6 +147,23 @@ def segment_rows(name: str, segs: list[Segment]) -> list[list[str]]:
         procs = f"{s.info.get('world_size', '?')} x {s.info.get('threads', '?')}" if s.info else "-"
         rows.append([name, str(s.number), steps, when(s.wall), when(s.wall_end), s.machine or "-", s.code or "-", procs, s.ended])
     return rows
+
+
+def _machine(m: dict[str, Any]) -> str:
+    where = f"{m.get('host') or '?'} (boot {m.get('boot') or '?'})"
+    return f"{where}, {m.get('accelerator') or m.get('cpu') or '?'}, torch {m.get('torch') or '?'}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2, 5"."""
+    spans: list[list[int]] = []
+    for r in sorted(ranks):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank{'s' * (len(ranks) != 1)} {text}"
 
 
 def when(iso: str | None) -> str:

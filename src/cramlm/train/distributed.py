@@ -204,6 +204,15 @@ def broadcast_object(obj, d: Dist):
     return box[0]
 
 
+def gather_object(obj, d: Dist) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not d.enabled:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def on_main(fn, d: Dist):
     """``fn()`` run on rank 0 alone, its result on every rank; what it raises there is raised on every
     rank (the same exception), so that no rank is left waiting in a collective for one that stopped:

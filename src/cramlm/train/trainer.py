@@ -55,7 +55,8 @@ from cramlm.train import sharded as shards
 from cramlm.train.batches import LocalBatches, StepData
 from cramlm.train.budget import BatchPlan, Meter
 from cramlm.train.config import TrainConfig
-from cramlm.train.distributed import all_reduce, barrier, gradient_sync, load_from_rank0, on_main, sync_replicated_grads
+from cramlm.train.distributed import (all_reduce, barrier, gather_object, gradient_sync, load_from_rank0, on_main,
+                                      sync_replicated_grads)
 from cramlm.train.metrics import MetricsLog, wall_clock
 from cramlm.train.optim import config_hyperparameters
 from cramlm.train.parallelize import Parallel
@@ -391,11 +392,16 @@ class Trainer:
 
     def _open_log(self) -> None:
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
+        here = gather_object(machine(self.device), self.dist)  # every rank's: a job may span several machines
         if self.dist.main:  # which ran where: one line each time the run starts or resumes (report/segments.py)
-            self.log.write({"kind": "segment", "step": self.used.steps, "wall": wall_clock(), "pid": os.getpid(),
-                            "world_size": self.dist.world, "threads": torch.get_num_threads(),
-                            "budget_seconds": round(self.used.seconds, 3), "machine": machine(self.device),
-                            "code": code_version()})
+            line = {"kind": "segment", "step": self.used.steps, "wall": wall_clock(), "pid": os.getpid(),
+                    "world_size": self.dist.world, "threads": torch.get_num_threads(),
+                    "budget_seconds": round(self.used.seconds, 3), "machine": here[0], "code": code_version()}
+            others = [m for m in here if m != here[0]]
+            if others:  # the other machines of a multi-node job, each with its ranks
+                line["machines"] = [{"ranks": [r for r, m in enumerate(here) if m == other], **other}
+                                    for other in [m for i, m in enumerate(others) if m not in others[:i]]]
+            self.log.write(line)
         for line in [self.resumed_from] * bool(self.resumed_from) + self.notes:
             self.log.write(line)
 
