@@ -1,7 +1,10 @@
 """Exclusive locks on folders cramlm writes (a run folder, a data-cache entry), one mechanism for all.
 
 A lock is ``filelock.FileLock`` (``flock`` on Unix): the kernel releases it when its process dies,
-even by SIGKILL, so a lock left by a killed run never needs to be removed by hand. Beside the lock
+even by SIGKILL, so a lock left by a killed run never needs to be removed by hand. Machines that
+share a file system share its locks where it honours ``flock`` across clients (NFS does by default,
+through its byte-range locks; Lustre when mounted with ``-o flock``; neither with a local-only option,
+``local_lock=flock`` / ``localflock``, where each machine sees only its own). Beside the lock
 file, ``<lock>.owner`` records who holds it (pid, host, since when, the command) so that a refused
 process can say who is in the way.
 """

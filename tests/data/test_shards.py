@@ -85,7 +85,7 @@ def test_merge_with_a_corrupt_shard_record_names_the_file(tmp_path):
         read_shard_info(folder)
 
 
-def test_a_stopped_preparations_temporary_folder_is_removed_by_the_next(tmp_path, capsys):
+def test_a_stopped_preparations_temporary_folder_is_removed_by_the_next(tmp_path, capsys, monkeypatch):
     """A preparation killed while merging (SIGKILL, a lost machine) leaves ``.<entry>.tmp-<pid>``, as
     large as the packed tokens; the next preparation of that entry, holding its lock, removes it and
     says so. Another entry's temporary folder is not touched."""
@@ -99,8 +99,18 @@ def test_a_stopped_preparations_temporary_folder_is_removed_by_the_next(tmp_path
     (stale / "train.cramtok").write_bytes(b"\0" * 3_000_000)
     other = folder.with_name(f".{folder.name}x.tmp-4194000")
     other.mkdir()
+    from cramlm.data import prepare as prep
+
+    packed_with_it = []
+    real = prep.prepare_shard
+
+    def pack(*args, **kwargs):  # the space it holds may be what packing needs: removed first
+        packed_with_it.append(stale.exists())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prep, "prepare_shard", pack)
     prepared = prepare_data(cfg, tmp_path / "cache", progress=False)
-    assert (prepared.folder / "manifest.json").is_file() and not stale.exists() and other.is_dir()
+    assert (prepared.folder / "manifest.json").is_file() and not stale.exists() and other.is_dir() and packed_with_it == [False]
     assert f"removed {stale} (3.0 MB), left by a preparation of {folder.name} that was stopped" in capsys.readouterr().err
     assert sorted(p.name for p in folder.parent.iterdir()) == sorted([folder.name, other.name])  # no lock file left
 

@@ -31,13 +31,13 @@ def test_slurm_example_as_local_processes(tmp_path):
     run([*cramlm, "data", "merge", *data, f"cache={cache}", "--num-shards", "2"], timeout=300)
     prepared = sorted(p.name for p in cache.iterdir())
 
-    def nodes():  # srun: one launcher (torchrun agent) per node, each its own process group (srun signals each)
+    def nodes(**extra):  # srun: one launcher (torchrun agent) per node, each its own process group (srun signals each)
         port = free_port()
         job = [sys.executable, "-m", "cramlm.launch", "--nnodes", "2", "--nproc_per_node", "1",
                "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job42",
                "-m", "cramlm", "pretrain", *TINY, f"base_dir={tmp_path}", "name=bert24", f"impl.data_cache={cache}",
                *STEPS, "--resume", "auto"]
-        return [subprocess.Popen(job, env=env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        return [subprocess.Popen(job, env={**env(), **extra}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True) for _ in range(2)]
 
     run_dir = tmp_path / "bert24"
@@ -55,7 +55,7 @@ def test_slurm_example_as_local_processes(tmp_path):
     assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 40, outs[0][1][-2000:]
     assert [p.name for p in checkpoint_dirs(run_dir / "checkpoints")] == [f"step-{event['step']:08d}"]
 
-    agents = nodes()  # the requeued job: the same commands
+    agents = nodes(CRAMLM_PLUGINS="tests.train.two_hosts")  # the requeued job, each node reporting a host of its own
     try:
         outs = [a.communicate(timeout=300) for a in agents]
     finally:
@@ -68,8 +68,10 @@ def test_slurm_example_as_local_processes(tmp_path):
     assert summary["data"].startswith(str(cache))
     resumed = [r for r in records(run_dir, "event") if r["event"] == "resumed"]
     assert resumed and resumed[0]["step"] == event["step"] and resumed[0]["checkpoint_world_size"] == 2
-    segs = records(run_dir, "segment")  # every rank's machine gathered: both "nodes" are this one, so one is named
-    assert [(g["step"], g["world_size"], "machines" in g) for g in segs] == [(0, 2, False), (event["step"], 2, False)]
+    first, again = records(run_dir, "segment")  # every rank's machine gathered: one named while both nodes are this one
+    assert (first["step"], first["world_size"], "machines" in first) == (0, 2, False)
+    assert again["step"] == event["step"] and again["machine"]["host"] == "node0"
+    assert [(m["host"], m["ranks"]) for m in again["machines"]] == [("node1", [1])]
     # the same run as one process, across the interruption
     run_inprocess(tmp_path, "one", *STEPS, f"impl.data_cache={cache}")
     reference, got = losses(tmp_path / "one"), losses(run_dir)

@@ -329,7 +329,8 @@ def preparation_lock(folder: Path) -> FolderLock:
 def clear_stopped_writes(folder: Path, say=_note) -> list[Path]:
     """Remove the temporary folders (``.<folder>.tmp-<pid>``) that stopped preparations of this entry
     left, a kill's (SIGKILL, a lost machine) as large as the packed tokens. Called only while holding
-    the entry's lock, so no live writer owns one."""
+    the entry's lock, so no live writer owns one (on a file system shared by several machines, where
+    it honours ``flock`` as the run folders' locks need too: cramlm/locks.py)."""
     removed = []
     for stale in sorted(folder.parent.glob(atomic_path(folder, "*").name)):
         size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file()) if stale.is_dir() else stale.stat().st_size
@@ -346,6 +347,7 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
     if (folder / "manifest.json").is_file():
         return reuse_prepared(cfg, folder)
     with preparation_lock(folder) as lock:
+        clear_stopped_writes(folder)
         prepared = _merge_locked(cfg, cache_root, num_shards, keep_shards) if not (folder / "manifest.json").is_file() else None
         lock.path.unlink(missing_ok=True)
     return prepared or reuse_prepared(cfg, folder)
@@ -353,7 +355,6 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
 
 def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
     folder = output_folder(cfg, cache_root)
-    clear_stopped_writes(folder)
     start = time.perf_counter()
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
@@ -375,6 +376,7 @@ def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool 
         return reuse_prepared(cfg, folder, resuming=resuming)
     prepared = None
     with preparation_lock(folder) as lock:
+        clear_stopped_writes(folder)  # before packing: the space they hold may be what packing needs
         if not (folder / "manifest.json").is_file():  # else the process that held the lock prepared it
             prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
             prepared = _merge_locked(cfg, cache_root, 1)

@@ -391,8 +391,8 @@ class Trainer:
     # ------------------------------------------------------------------ what fit() calls
 
     def _open_log(self) -> None:
+        here = gather_object(machine(self.device), self.dist)  # every rank's (a job may span machines), before rank 0 alone can fail
         self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
-        here = gather_object(machine(self.device), self.dist)  # every rank's: a job may span several machines
         if self.dist.main:  # which ran where: one line each time the run starts or resumes (report/segments.py)
             line = {"kind": "segment", "step": self.used.steps, "wall": wall_clock(), "pid": os.getpid(),
                     "world_size": self.dist.world, "threads": torch.get_num_threads(),
