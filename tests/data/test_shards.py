@@ -138,3 +138,20 @@ def _merge_waiting_briefly(cfg, cache):
 
     prep.PREPARE_WAIT_S = 0.5
     return prep.merge_prepared(cfg, cache, 1)
+
+
+def test_a_merge_leaves_the_shards_of_another_count_in_place(tmp_path):
+    """An array job packing 2 shards while `cramlm run` prepares the same config in one: the run's
+    merge removes its own shard, not the array job's (nor their shared tokenizer); the array job's
+    merge then removes the rest."""
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}])
+    cache = tmp_path / "cache"
+    prepare_shard(cfg, cache, 2, 0, progress=False)  # the array job, one shard packed so far
+    root = shards_folder(cfg, cache)
+    stale = root / ".shard-00000-of-00001.tmp-4194000"  # a killed packer of the run's own count
+    stale.mkdir()
+    prepare_data(cfg, cache, progress=False)
+    assert sorted(p.name for p in root.iterdir() if p.name != "tokenizer.lock") == ["shard-00000-of-00002", "tokenizer.json"]
+    prepare_shard(cfg, cache, 2, 1, progress=False)
+    merge_prepared(cfg, cache, 2)  # the entry exists: reused, and the array job's shards go
+    assert not root.exists()

@@ -342,15 +342,21 @@ def clear_stopped_writes(folder: Path, say=_note) -> list[Path]:
 
 def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
     """Merge the ``num_shards`` finished shards into the output folder (holding its lock, so a second
-    merge or preparation of the same entry waits, then reuses the result)."""
+    merge or preparation of the same entry waits, then reuses the result; the shards, no longer
+    needed, go unless ``keep_shards``)."""
     folder = output_folder(cfg, cache_root)
-    if (folder / "manifest.json").is_file():
-        return reuse_prepared(cfg, folder)
-    with preparation_lock(folder) as lock:
-        clear_stopped_writes(folder)
-        prepared = _merge_locked(cfg, cache_root, num_shards, keep_shards) if not (folder / "manifest.json").is_file() else None
-        lock.path.unlink(missing_ok=True)
-    return prepared or reuse_prepared(cfg, folder)
+    prepared = None
+    if not (folder / "manifest.json").is_file():
+        with preparation_lock(folder) as lock:
+            clear_stopped_writes(folder)
+            if not (folder / "manifest.json").is_file():
+                prepared = _merge_locked(cfg, cache_root, num_shards, keep_shards)
+            lock.path.unlink(missing_ok=True)
+    if prepared is None:  # merged by another process (`cramlm run` preparing the same config, say)
+        prepared = reuse_prepared(cfg, folder)
+        if not keep_shards:
+            remove_shards(shards_folder(cfg, cache_root), num_shards)
+    return prepared
 
 
 def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
@@ -361,8 +367,22 @@ def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
     with atomic_dir(folder, if_exists="keep") as tmp:  # another process finished first: its result stands
         _merge_into(tmp, cfg, root, tok, num_shards, start)
     if not keep_shards:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_shards(root, num_shards)
     return load_prepared(folder)
+
+
+SHARED = ("tokenizer.json", "tokenizer.lock", "tokenizer.lock.owner")  # what the shards of every count share
+
+
+def remove_shards(root: Path, num_shards: int) -> None:
+    """After a merge of ``num_shards``: those shards and their temporaries of killed packers; the
+    whole ``.shards`` folder (its tokenizer too) only when no other count's shards are in it, as
+    those of an array job still packing with another count would be."""
+    for name in [shard_name(i, num_shards) for i in range(num_shards)]:
+        for leftover in [root / name, *root.glob(atomic_path(root / name, "*").name)]:
+            shutil.rmtree(leftover, ignore_errors=True)
+    if root.is_dir() and all(p.name in SHARED or p.name.startswith(".tokenizer.json.tmp-") for p in root.iterdir()):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool = True, batch_chars: int = 2_000_000,
