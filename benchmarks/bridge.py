@@ -438,9 +438,42 @@ def segments_markdown(out: Path) -> str:
     return markdown(rows)
 
 
+def status(out: Path, now: float | None = None) -> str:
+    """What the queues are doing: each unfinished run's step, share of its budget, rate over its last
+    ten minutes of training and when it should end at that rate (UTC); each queue's next lines."""
+    from datetime import datetime, timezone
+
+    from cramlm.report.rundata import read_metrics
+    from cramlm.report.segments import current_lines, when
+
+    now = time.time() if now is None else now
+    rows = []
+    for metrics in sorted([*out.glob("*/metrics.jsonl"), *out.glob("*/*/metrics.jsonl")]):
+        if (metrics.parent / "summary.json").is_file():
+            continue
+        train = [r for r in current_lines(read_metrics(metrics)) if r.get("kind") == "train" and r.get("t")]
+        if not train:
+            continue
+        last = train[-1]
+        recent = [r for r in train if r["elapsed"] >= last["elapsed"] - 600]
+        rate = (last["t"] - recent[0]["t"]) / (last["elapsed"] - recent[0]["elapsed"]) if len(recent) > 1 else 0.0
+        idle = now - metrics.stat().st_mtime
+        ends = "-" if rate <= 0 else when(datetime.fromtimestamp(now + (1 - last["t"]) / rate, timezone.utc).isoformat(timespec="minutes"))
+        per_minute = 60 * rate * last["step"] / last["t"]
+        rows.append([str(metrics.parent.relative_to(out)), f"{last['step']:,} of ~{last['step'] / last['t']:,.0f}",
+                     f"{100 * last['t']:.1f}%", f"{per_minute:.0f}", ends if idle < 600 else f"stopped ({idle / 60:,.0f} min since its last line)"])
+    lines = ["| run | step | budget | steps a minute | ends at this rate (UTC) |", "|---|---:|---:|---:|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows] or ["| (no unfinished run) | | | | |"]
+    for queue in sorted(out.glob("queue-*.txt")):
+        todo = [x for x in queue.read_text().splitlines() if x.strip() and not x.lstrip().startswith("#")]
+        lines += ["", f"{queue.name}: {len(todo)} line{'s' * (len(todo) != 1)} to run"]
+        lines += [f"  {i + 1}. {x[:160]}" for i, x in enumerate(todo[:3])]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["plan", "long", "branch", "own", "eval", "summarize", "segments"])
+    ap.add_argument("what", choices=["plan", "long", "branch", "own", "eval", "summarize", "segments", "status"])
     ap.add_argument("--out", type=Path, default=Path("outputs/bridge"))
     ap.add_argument("--line", choices=sorted(LINES), default="rtd")
     ap.add_argument("--seed", type=int, default=0)
@@ -472,6 +505,8 @@ def main(argv: list[str]) -> None:
             run(eval_cmd(out, run_name, data_dir, args.twin), log)
     elif args.what == "segments":
         print(segments_markdown(out))
+    elif args.what == "status":
+        print(status(out))
     elif args.what == "summarize":
         result = summarize(out, args.merge, args.twins)
         text = table(result) + (f"\n\n{vs}" if (vs := versus_table(result)) else "")

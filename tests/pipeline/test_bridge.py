@@ -197,3 +197,32 @@ def test_segments_table_reads_every_run_folder_two_levels_down(tmp_path):
     assert [r.split(" | ")[:3] for r in rows] == [["| own-rtd-s0-1x", "1", "0-2"], ["| r37/adamw-s0", "1", "0-1"], ["| r37/adamw-s0", "2", "1-2"]]
     assert rows[0].endswith("running, or cut off after step 2 (last logged) |") and rows[2].endswith("done at step 2 |")
     assert "stopped by SIGTERM after step 1" in rows[1]
+
+
+def test_status_shows_each_unfinished_runs_rate_and_end_and_each_queues_next_lines(tmp_path):
+    """A run at 40% of its budget, 20 steps a minute over its last ten minutes (a cut-off's lines
+    trained again not counted), ends in 15 minutes; a finished run is not listed; a queue's notes are not lines."""
+    import os
+    import time
+
+    run = tmp_path / "own-x-s0-4x"
+    run.mkdir()
+    lines = [{"kind": "segment", "step": 0}]
+    lines += [{"kind": "train", "step": s, "t": s / 500, "elapsed": 3.0 * s} for s in range(10, 210, 10)]
+    lines += [{"kind": "segment", "step": 150}]  # resumed from step 150: 160-200 trained again
+    lines += [{"kind": "train", "step": s, "t": s / 500, "elapsed": 3.0 * s} for s in range(160, 210, 10)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    done = tmp_path / "own-y-s0-1x"
+    done.mkdir()
+    (done / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 5, "t": 1.0, "elapsed": 9.0}) + "\n")
+    (done / "summary.json").write_text("{}")
+    (tmp_path / "queue-0.txt").write_text("# a note\nfirst command\n\nsecond command\n")
+    now = time.time()
+    os.utime(run / "metrics.jsonl", (now, now))
+    text = bridge.status(tmp_path, now)
+    (row,) = [x for x in text.splitlines() if x.startswith("| own-")]
+    ends = time.strftime("%Y-%m-%d %H:%M", time.gmtime(now + 0.6 / (0.4 / 600)))[:-1]
+    assert row.startswith("| own-x-s0-4x | 200 of ~500 | 40.0% | 20 | " + ends), row
+    assert "queue-0.txt: 2 lines to run\n  1. first command\n  2. second command" in text
+    os.utime(run / "metrics.jsonl", (now - 3600, now - 3600))
+    assert "stopped (60 min since its last line)" in bridge.status(tmp_path, now)
