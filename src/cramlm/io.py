@@ -96,6 +96,18 @@ def atomic_dir(path: str | Path, tmp: str | Path | None = None, if_exists: str =
         shutil.rmtree(old)
 
 
+def is_disk_full(e: BaseException | None) -> bool:
+    """ENOSPC / EDQUOT, also as torch's and safetensors' own errors, which wrap the OS error in text."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if "No space left" in text or "StorageFull" in text or "Disk quota exceeded" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def fsync(path: str | Path) -> None:
     """Flush a file or folder to disk."""
     fd = os.open(path, os.O_RDONLY)

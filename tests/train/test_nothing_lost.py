@@ -375,3 +375,37 @@ def test_a_checkpoint_of_version_1_or_without_its_runs_record_is_refused_not_set
     (line,) = error_lines(result.output)
     assert f"resume from {newest}: it is a checkpoint of version 1" in line and "start the run fresh" in line, line
     assert contents(run) == before and newest.is_dir()
+
+
+def test_a_full_disk_under_metrics_jsonl_holds_its_lines_and_training_goes_on(tmp_path, monkeypatch):
+    """While the disk is full (writes 8-15 fail, the first after half its bytes) the run trains on,
+    the file keeps only whole lines, and every line is written in order once there is space: one
+    warning, one line saying so (a checkpoint that cannot be written is handled the same way)."""
+    import errno
+
+    import cramlm.train.metrics as metrics
+
+    calls = []
+
+    class FullForAWhile:
+        def __init__(self, real):
+            self.real = real
+
+        def write(self, data):
+            calls.append(len(data))
+            if 8 <= len(calls) < 16:
+                if len(calls) == 8:
+                    self.real.write(data[: len(data) // 2])  # a torn line, cut back
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.real.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    monkeypatch.setattr(metrics, "open", lambda *a, **k: FullForAWhile(open(*a, **k)), raising=False)
+    result = invoke("pretrain", *overrides(tmp_path, "full", "budget=null", "train.budget.steps=12", "train.checkpoint_every=0"))
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]  # every line whole
+    assert [r["step"] for r in lines if r.get("kind") == "train"] == list(range(1, 13))
+    assert lines[0]["kind"] == "segment" and lines[-1]["kind"] == "finished" and len(calls) > 16
+    assert result.output.count("disk full while writing") == 1 and result.output.count("the lines held while the disk was full are written") == 1

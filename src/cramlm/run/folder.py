@@ -169,7 +169,7 @@ def save_run(cfg: PretrainConfig, dist, summary: dict, say) -> None:
                 else:
                     shutil.copyfile(final, tmp["model.safetensors"])
         except Exception as e:  # (torch's and safetensors' errors wrap the OS error in text)
-            from cramlm.train.checkpoint import is_disk_full
+            from cramlm.io import is_disk_full
 
             if not is_disk_full(e):
                 raise

@@ -50,6 +50,7 @@ from cramlm.io import (
     CheckpointFileError,
     atomic_dir,
     digest_problem,
+    is_disk_full,
     load_error_reason,
     safetensors_shapes,
     save_safetensors,
@@ -163,18 +164,6 @@ def _nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(_nbytes(v) for v in obj)
     return 0
-
-
-def is_disk_full(e: BaseException | None) -> bool:
-    """ENOSPC / EDQUOT, also as torch's and safetensors' own errors, which wrap the OS error in text."""
-    while e is not None:
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(e)
-        if "No space left" in text or "StorageFull" in text or "Disk quota exceeded" in text:
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def write_checkpoint(

@@ -4,8 +4,14 @@ Weights & Biases when ``impl.tensorboard`` / ``impl.wandb`` ask for them."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+from cramlm.io import is_disk_full
+
+HELD_LINES = 1_000_000  # lines kept in memory while the disk is full (~250 MB at most); older ones beyond are dropped, counted
 
 
 def _ends_torn(path: Path) -> bool:
@@ -27,18 +33,26 @@ def wall_clock() -> str:
 
 
 class MetricsLog:
-    """One JSON line per record in ``metrics.jsonl``; optionally TensorBoard and W&B."""
+    """One JSON line per record in ``metrics.jsonl``; optionally TensorBoard and W&B.
+
+    A full disk does not stop training (as a checkpoint that cannot be written does not): the lines
+    are held in memory and written once there is space again, the file cut back to its last whole
+    line meanwhile; one warning says so, another when they are written."""
 
     def __init__(self, run_dir: Path, impl, config: dict, enabled: bool = True, append: bool = False):
         self.enabled = enabled
         self.file = self.tb = self.wandb = None
+        self.held: list[bytes] = []  # lines not yet on disk (a full disk)
+        self.dropped = 0  # lines beyond HELD_LINES, lost
+        self.full = False  # the last write found the disk full
         if not enabled:
             return
-        path = run_dir / "metrics.jsonl"
-        torn = append and _ends_torn(path)
-        self.file = open(path, "a" if append else "w", encoding="utf-8")
+        self.path = run_dir / "metrics.jsonl"
+        torn = append and _ends_torn(self.path)
+        self.file = open(self.path, "ab" if append else "wb", buffering=0)  # each line straight to the OS: no half-flushed buffer
+        self.whole = self.file.tell()  # the size up to its last whole line
         if torn:  # a line cut by a kill mid-write: the next record starts on a line of its own
-            self.file.write("\n")
+            self.held.append(b"\n")
         if impl.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
 
@@ -55,8 +69,8 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if not self.enabled:
             return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        self.held.append((json.dumps(record) + "\n").encode("utf-8"))
+        self._write_held()
         if record.get("kind") in ("segment", "finished"):  # which ran where: not metrics
             return
         step = record.get("step", 0)
@@ -67,8 +81,42 @@ class MetricsLog:
         if self.wandb:
             self.wandb.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
 
+    def _write_held(self) -> None:
+        """The held lines, oldest first, as many as there is space for."""
+        written = 0
+        try:
+            for line in self.held:
+                done = 0
+                while done < len(line):
+                    done += self.file.write(line[done:])
+                self.whole += len(line)
+                written += 1
+        except OSError as e:
+            del self.held[:written]
+            if not is_disk_full(e):
+                raise
+            os.ftruncate(self.file.fileno(), self.whole)  # no torn line in the file meanwhile
+            self.file.seek(self.whole)  # ("wb": the next write goes where the torn line began)
+            if not self.full:
+                self.full = True
+                print(f"cramlm: warning: disk full while writing {self.path}: its lines are held in memory and written "
+                      "when there is space again; training goes on", file=sys.stderr)
+            if len(self.held) > HELD_LINES:
+                self.dropped += len(self.held) - HELD_LINES
+                del self.held[:-HELD_LINES]
+            return
+        self.held.clear()
+        if self.full:
+            self.full = False
+            print(f"cramlm: {self.path}: the lines held while the disk was full are written"
+                  + (f"; {self.dropped:,} older ones were lost" if self.dropped else ""), file=sys.stderr)
+            self.dropped = 0
+
     def close(self) -> None:
         if self.file:
+            if self.held:
+                print(f"cramlm: warning: {self.path}: {len(self.held):,} lines could not be written (disk full)",
+                      file=sys.stderr)
             self.file.close()
         if self.tb:
             self.tb.close()
