@@ -108,6 +108,17 @@ def is_disk_full(e: BaseException | None) -> bool:
     return False
 
 
+def free_space(path: str | Path) -> str:
+    """The free space on the disk that holds ``path`` (or its nearest existing parent), in words."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 1e6:,.1f} MB free on that disk"
+    except OSError:
+        return "the free space unknown"
+
+
 def fsync(path: str | Path) -> None:
     """Flush a file or folder to disk."""
     fd = os.open(path, os.O_RDONLY)

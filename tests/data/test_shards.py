@@ -155,3 +155,33 @@ def test_a_merge_leaves_the_shards_of_another_count_in_place(tmp_path):
     prepare_shard(cfg, cache, 2, 1, progress=False)
     merge_prepared(cfg, cache, 2)  # the entry exists: reused, and the array job's shards go
     assert not root.exists()
+
+
+def test_a_full_disk_while_packing_names_the_folder_and_leaves_nothing_half_written(tmp_path, monkeypatch):
+    """The OS error names no file, and closing the buffered file it could not flush raised again
+    (hiding the first error and the other writers' cleanup): one DataError naming the shard folder and
+    the free space; no partial shard; the shared tokenizer, complete, stays."""
+    import errno
+
+    import pytest
+
+    from cramlm.data import cramtok
+    from cramlm.data.sources import DataError
+
+    def full(self, flat, lengths):
+        real = self.file
+
+        class Unflushable:  # a buffered file whose close flushes into the full disk
+            def close(self):
+                real.close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        self.file = Unflushable()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cramtok.PackedWriter, "add_batch", full)
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}])
+    with pytest.raises(DataError, match=r"disk full while packing .*shard-00000-of-00001 \([\d,.]+ MB free on that disk\); its partial files"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)
+    root = shards_folder(cfg, tmp_path / "cache")
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("tokenizer.lock")) == ["tokenizer.json"]

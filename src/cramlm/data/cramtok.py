@@ -131,7 +131,10 @@ class PackedWriter:
 
     def abort(self) -> None:
         for f in (self.file, self.offsets_file):
-            f.close()
+            try:
+                f.close()
+            except OSError:  # its buffer cannot be flushed (a full disk): discarded with the file
+                pass
         self.tmp.unlink(missing_ok=True)
         self.offsets_tmp.unlink(missing_ok=True)
 

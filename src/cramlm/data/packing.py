@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -30,9 +31,9 @@ from tokenizers import Tokenizer
 
 from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.cramtok import PackedWriter
-from cramlm.data.sources import SkipReport, documents
+from cramlm.data.sources import DataError, SkipReport, documents
 from cramlm.data.tokenizer import PIECE_CHARS, split_text
-from cramlm.io import atomic_dir
+from cramlm.io import atomic_dir, free_space, is_disk_full
 from cramlm.progress import progress_bar
 
 # bytes: of the cleaned text the document's tokens encode (bits per byte, data/heldout.py)
@@ -173,9 +174,12 @@ class ShardWriter:
 
     def abort(self) -> None:
         self.packed.abort()
-        self.docs.close()
-        if self.minhash is not None:
-            self.minhash.close()
+        for f in (self.docs, self.minhash):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:  # a full disk: the folder is removed anyway
+                pass
 
 
 SHARD_KEYS = ("shard", "read", "skipped", "skipped_examples", "seconds")
@@ -203,10 +207,24 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
     if (folder / "shard.json").is_file():
         return read_shard_info(folder)
     start = time.perf_counter()
-    with atomic_dir(folder) as tmp:  # a crash leaves no shard folder, so the next run packs it again
+    with naming_a_full_disk(folder, "packing"), atomic_dir(folder) as tmp:  # a crash leaves no shard folder: packed again next time
         info = _pack_into(tmp, cfg, tok, separator, shard, batch_chars, progress, start)
         (tmp / "shard.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+@contextmanager
+def naming_a_full_disk(folder: Path, doing: str) -> Iterator[None]:
+    """A full disk while writing ``folder``: one error naming it and the free space (the OS error
+    names no file), raised once the partial output is removed."""
+    try:
+        yield
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise DataError(f"disk full while {doing} {folder} ({free_space(folder)}); its partial files were removed. "
+                        "Free some space, or prepare into another cache folder (cache=... for `cramlm data`, "
+                        "impl.data_cache=... for a run)") from None
 
 
 def _pack_into(tmp: Path, cfg, tok: Tokenizer, separator: int, shard: tuple[int, int], batch_chars: int,

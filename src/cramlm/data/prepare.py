@@ -360,11 +360,13 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
 
 
 def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: int, keep_shards: bool = False) -> PreparedData:
+    from cramlm.data.packing import naming_a_full_disk
+
     folder = output_folder(cfg, cache_root)
     start = time.perf_counter()
     root = shards_folder(cfg, cache_root)
     tok = get_tokenizer(cfg, root)
-    with atomic_dir(folder, if_exists="keep") as tmp:  # another process finished first: its result stands
+    with naming_a_full_disk(folder, "merging"), atomic_dir(folder, if_exists="keep") as tmp:  # (another process's result stands)
         _merge_into(tmp, cfg, root, tok, num_shards, start)
     if not keep_shards:
         remove_shards(root, num_shards)
