@@ -103,3 +103,26 @@ def test_a_failed_rename_puts_the_earlier_folder_back(tmp_path, monkeypatch, fai
         with atomic_dir(final) as tmp:
             (tmp / "new.txt").write_text("2")
     assert [p.name for p in final.iterdir()] == ["earlier.txt"] and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_full_disk_inside_a_librarys_own_error_is_one_error_line():
+    """safetensors and torch wrap ENOSPC in errors of their own (not OSError): the command line still
+    says "disk full" in one line, where another error of theirs stays a traceback (a bug to see)."""
+    import click
+    import pytest
+
+    from cramlm.cli.common import run_or_exit
+    from cramlm.io import is_disk_full
+
+    def full():
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with pytest.raises(click.ClickException, match=r"^disk full: RuntimeError: Error while serializing"):
+        run_or_exit(full)
+
+    def other():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_or_exit(other)
+    assert is_disk_full(OSError(28, "x")) and not is_disk_full(OSError(2, "x"))

@@ -81,6 +81,15 @@ def test_an_export_replaces_its_own_files_and_never_a_run_or_other_files(in_tmp,
         patched.setattr(hf_module, "save_safetensors", fail)
         result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
     assert result.exit_code == 1 and "disk full" in result.output, result.output
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):  # as safetensors says it: its own error, no file named
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(hf_module, "save_safetensors", full)
+        result = runner.invoke(main, ["export", "hf", "tiny", "hf-out"])
+    assert result.exit_code == 1 and result.output.startswith("Error: hf-out: disk full while exporting tiny ("), result.output
     assert (in_tmp / "hf-out" / "modeling_cramlm.py").is_file()  # the earlier export untouched
     assert not [p for p in [*in_tmp.iterdir(), *(in_tmp / "hf-out").iterdir()] if ".tmp" in p.name]  # no half-written folder left
     assert runner.invoke(main, ["export", "hf", "tiny", "hf-out"]).exit_code == 0

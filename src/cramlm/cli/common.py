@@ -71,3 +71,9 @@ def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
             raise click.ClickException(str(e)) from None
         full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
         raise click.ClickException(f"{e.filename}: {full}{e.strerror or e}") from None
+    except Exception as e:  # a library's own error around a full disk (safetensors, torch.save): one line still
+        from cramlm.io import is_disk_full
+
+        if is_disk_full(e):
+            raise click.ClickException(f"disk full: {type(e).__name__}: {e}") from None
+        raise
