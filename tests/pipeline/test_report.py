@@ -507,3 +507,22 @@ def test_a_run_still_training_is_named_by_its_configured_objective(tmp_path):
     page = write_report(run).read_text()
     assert "<td>hybrid (GPT-BERT" in page
     assert "<td>2026-12-06 14:30:55</td>" in page  # stage times in UTC as the segments table writes them
+
+
+def test_a_full_disk_leaves_no_half_written_plot_and_says_so_in_one_line(tmp_path, monkeypatch):
+    """matplotlib wrote a PNG under its final name, so a full disk left an empty loss_vs_tokens.png
+    and a bare "[Errno 28]": now each figure is written beside its name and renamed."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    run = fake_run(tmp_path / "r", "r", 8.0, with_extras=False)
+
+    def full(self, fname, **kwargs):
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    with pytest.raises(ValueError, match=r"r: disk full while writing the report \([\d,.]+ MB free on that disk\); no file of it"):
+        write_report(run)
+    assert not [p for p in (run / "plots").iterdir()] and not (run / "report.html").exists()

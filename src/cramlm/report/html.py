@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import yaml
 
-from cramlm.io import write_text
+from cramlm.io import free_space, is_disk_full, write_text
 from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, result_score
 
 CSS = """
@@ -513,7 +513,13 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
             raise ValueError("comparing runs needs an output folder (out=...)")
         out = runs[0].folder
     out = Path(out)
-    figures = draw_all(runs, out / "plots")
     path = out / "report.html"
-    write_text(path, render_html(runs, figures))
+    try:
+        figures = draw_all(runs, out / "plots")
+        write_text(path, render_html(runs, figures))
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        raise ValueError(f"{out}: disk full while writing the report ({free_space(out)}); no file of it was left "
+                         "half-written: free some space, or write it elsewhere (cramlm report RUN --out FOLDER)") from None
     return path

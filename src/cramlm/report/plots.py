@@ -11,15 +11,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
+from cramlm.io import atomic_write  # noqa: E402
 from cramlm.report.rundata import RunData, as_percent, is_number, result_score  # noqa: E402
 
 DPI = 110
 
 
 def save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    """``fig`` as ``path`` (written beside it and renamed: never a half-written PNG under its name)."""
+    try:
+        fig.tight_layout()
+        with atomic_write(path) as tmp:
+            fig.savefig(tmp, dpi=DPI, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path
 
 
