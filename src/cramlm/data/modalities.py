@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from cramlm.data.cramtok import PackedFormatError, PackedWriter
+from cramlm.io import atomic_write
 
 # opcodes that only push ints, tuples and lists (or frame/memoize them); nothing callable
 _ALLOWED_OPCODES = {
@@ -94,7 +95,8 @@ def write_pbin(path: str | Path, documents: list, width: int = 2) -> Path:
     for d in documents:
         index.append((pos, len(d) * width))
         pos += len(d) * width
-    Path(path).write_bytes(len(data).to_bytes(8, "little") + width.to_bytes(4, "little") + data + pickle.dumps(index))
+    with atomic_write(path) as tmp:
+        tmp.write_bytes(len(data).to_bytes(8, "little") + width.to_bytes(4, "little") + data + pickle.dumps(index))
     return Path(path)
 
 
