@@ -104,7 +104,7 @@ def is_disk_full(e: BaseException | None) -> bool:
         text = str(e)
         if "No space left" in text or "StorageFull" in text or "Disk quota exceeded" in text:
             return True
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)  # ("raise ... from None": not this error's cause)
     return False
 
 

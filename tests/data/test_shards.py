@@ -185,3 +185,32 @@ def test_a_full_disk_while_packing_names_the_folder_and_leaves_nothing_half_writ
         prepare_data(cfg, tmp_path / "cache", progress=False)
     root = shards_folder(cfg, tmp_path / "cache")
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith("tokenizer.lock")) == ["tokenizer.json"]
+
+
+def test_a_full_disk_while_closing_the_packed_files_closes_every_writer(tmp_path, monkeypatch):
+    """The last bytes of a packed file go out when it is closed: a full disk there left the other
+    writers' files open (held on the disk after their folder was removed)."""
+    import errno
+
+    import pytest
+
+    from cramlm.data import cramtok
+    from cramlm.data.sources import DataError
+
+    seen = []
+    real_init = cramtok.PackedWriter.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        seen.append(self)
+
+    def full(self):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cramtok.PackedWriter, "__init__", init)
+    monkeypatch.setattr(cramtok.PackedWriter, "_close", full)
+    cfg = tiny_data([{"type": "jsonl", "path": str(write_jsonl(tmp_path / "c.jsonl", [{"text": document(i)} for i in range(30)]))}],
+                    validation_fraction=0.2)
+    with pytest.raises(DataError, match="disk full while packing"):
+        prepare_data(cfg, tmp_path / "cache", progress=False)
+    assert len(seen) == 2 and all(w.file.closed and w.offsets_file.closed for w in seen)

@@ -409,3 +409,30 @@ def test_a_full_disk_under_metrics_jsonl_holds_its_lines_and_training_goes_on(tm
     assert [r["step"] for r in lines if r.get("kind") == "train"] == list(range(1, 13))
     assert lines[0]["kind"] == "segment" and lines[-1]["kind"] == "finished" and len(calls) > 16
     assert result.output.count("disk full while writing") == 1 and result.output.count("the lines held while the disk was full are written") == 1
+
+
+def test_a_full_disk_under_tensorboard_drops_that_sink_and_a_closing_log_writes_what_it_held(tmp_path, capsys):
+    """TensorBoard's writer stays broken after a full disk (every later call raises): that sink is
+    dropped with one warning and the run goes on; lines held when the run ends are written if the
+    space has come back by then."""
+    import errno
+    from types import SimpleNamespace
+
+    from cramlm.train.metrics import MetricsLog
+
+    class BrokenBoard:
+        def add_scalar(self, *args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    log = MetricsLog(tmp_path, SimpleNamespace(tensorboard=False, wandb=False), {})
+    log.tb = BrokenBoard()
+    log.write({"kind": "train", "step": 1, "loss": 5.0})
+    log.write({"kind": "train", "step": 2, "loss": 4.0})
+    assert log.tb is None and capsys.readouterr().err.count("disk full while writing TensorBoard's event file") == 1
+    log.held.append(b'{"kind": "finished", "step": 2}\n')  # held while the disk was full, space back at the end
+    log.full = True
+    log.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 2]

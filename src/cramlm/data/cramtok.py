@@ -113,6 +113,14 @@ class PackedWriter:
         self.num_documents += len(lengths)
 
     def close(self) -> Path:
+        """The file complete under its name; a failure (a full disk) aborts it: nothing left open or behind."""
+        try:
+            return self._close()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _close(self) -> Path:
         token_bytes = self.num_tokens * self.width
         self.file.write(b"\0" * (_padded(token_bytes) - token_bytes))
         self.offsets_file.close()

@@ -219,7 +219,7 @@ def naming_a_full_disk(folder: Path, doing: str) -> Iterator[None]:
     names no file), raised once the partial output is removed."""
     try:
         yield
-    except OSError as e:
+    except Exception as e:  # the tokenizers library's own error too
         if not is_disk_full(e):
             raise
         raise DataError(f"disk full while {doing} {folder} ({free_space(folder)}); its partial files were removed. "
@@ -243,14 +243,14 @@ def _pack_into(tmp: Path, cfg, tok: Tokenizer, separator: int, shard: tuple[int,
             total_tokens += _pack_batch(batch, cfg, tok, separator, report, cleaner, hasher, writers, batch_chars)
             bar.set_postfix_str(f"{total_tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tokens/s", refresh=False)
             bar.update(len(batch.texts))
+        for w in writers.values():
+            w.close()
     except BaseException:
         for w in writers.values():
-            w.abort()
+            w.abort()  # (a closed one: nothing left to do)
         raise
     finally:
         bar.close()
-    for w in writers.values():
-        w.close()
     packed = sum(w.documents for w in writers.values())
     if report.read != packed + sum(report.skipped.values()):  # the "nothing lost" invariant
         raise RuntimeError(f"shard {shard}: read {report.read} != packed {packed} + skipped {dict(report.skipped)}")

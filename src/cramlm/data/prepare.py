@@ -245,11 +245,12 @@ def prepare_shard(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
     """Pack shard ``shard_index`` of ``num_shards`` (a no-op if that shard is already done)."""
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard index {shard_index} not in [0, {num_shards})")
-    from cramlm.data.packing import pack_shard
+    from cramlm.data.packing import naming_a_full_disk, pack_shard
 
     check_packages(cfg.sources)  # every missing package named at once, before the tokenizer reads any
     root = shards_folder(cfg, cache_root)
-    tok = get_tokenizer(cfg, root)
+    with naming_a_full_disk(root, "saving the tokenizer in"):
+        tok = get_tokenizer(cfg, root)
     return pack_shard(cfg, tok, separator_id(tok, cfg.tokenizer.separator), root / shard_name(shard_index, num_shards),
                       (shard_index, num_shards), batch_chars, progress)
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 from cramlm.io import is_disk_full
 
-HELD_LINES = 1_000_000  # lines kept in memory while the disk is full (~250 MB at most); older ones beyond are dropped, counted
+HELD_LINES = 1_000_000  # lines kept in memory while the disk is full (~400 MB at most); older ones beyond are dropped, counted
 
 
 def _ends_torn(path: Path) -> bool:
@@ -76,10 +78,24 @@ class MetricsLog:
         step = record.get("step", 0)
         scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self.tb:
-            for key, value in scalars.items():
-                self.tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
+            with self._sink("tb", "TensorBoard's event file"):
+                for key, value in scalars.items():
+                    self.tb.add_scalar(f"{record.get('kind', 'train')}/{key}", value, step)
         if self.wandb:
-            self.wandb.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+            with self._sink("wandb", "W&B's run files"):
+                self.wandb.log({f"{record.get('kind', 'train')}/{k}": v for k, v in scalars.items()}, step=step)
+
+    @contextmanager
+    def _sink(self, name: str, what: str) -> Iterator[None]:
+        """A full disk under TensorBoard or W&B (whose writers stay broken once it happened): that sink
+        is dropped with a warning, training goes on, metrics.jsonl keeps every line."""
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            setattr(self, name, None)
+            _say(f"cramlm: warning: disk full while writing {what}: it stops here; metrics.jsonl holds every line; training goes on")
 
     def _write_held(self) -> None:
         """The held lines, oldest first, as many as there is space for."""
@@ -99,26 +115,41 @@ class MetricsLog:
             self.file.seek(self.whole)  # ("wb": the next write goes where the torn line began)
             if not self.full:
                 self.full = True
-                print(f"cramlm: warning: disk full while writing {self.path}: its lines are held in memory and written "
-                      "when there is space again; training goes on", file=sys.stderr)
+                _say(f"cramlm: warning: disk full while writing {self.path}: its lines are held in memory and written "
+                     "when there is space again; training goes on")
             if len(self.held) > HELD_LINES:
+                ends_torn_line = self.held[0] == b"\n"  # the newline after a torn last line stays first
                 self.dropped += len(self.held) - HELD_LINES
                 del self.held[:-HELD_LINES]
+                if ends_torn_line:
+                    self.held.insert(0, b"\n")
             return
         self.held.clear()
         if self.full:
             self.full = False
-            print(f"cramlm: {self.path}: the lines held while the disk was full are written"
-                  + (f"; {self.dropped:,} older ones were lost" if self.dropped else ""), file=sys.stderr)
+            _say(f"cramlm: {self.path}: the lines held while the disk was full are written"
+                 + (f"; {self.dropped:,} older ones were lost" if self.dropped else ""))
             self.dropped = 0
 
     def close(self) -> None:
         if self.file:
             if self.held:
-                print(f"cramlm: warning: {self.path}: {len(self.held):,} lines could not be written (disk full)",
-                      file=sys.stderr)
+                self._write_held()  # space may have freed since the last line
+            if self.held:
+                _say(f"cramlm: warning: {self.path}: {len(self.held):,} lines could not be written (disk full)")
             self.file.close()
         if self.tb:
-            self.tb.close()
+            with self._sink("tb", "TensorBoard's event file"):
+                self.tb.close()
         if self.wandb:
-            self.wandb.finish()
+            with self._sink("wandb", "W&B's run files"):
+                self.wandb.finish()
+
+
+def _say(message: str) -> None:
+    """A warning on stderr; one that cannot be printed (stderr redirected to the full disk) is dropped,
+    not raised into the training loop."""
+    try:
+        print(message, file=sys.stderr)
+    except OSError:
+        pass
