@@ -126,3 +126,18 @@ def test_a_full_disk_inside_a_librarys_own_error_is_one_error_line():
     with pytest.raises(RuntimeError, match="a bug"):
         run_or_exit(other)
     assert is_disk_full(OSError(28, "x")) and not is_disk_full(OSError(2, "x"))
+
+
+def test_a_full_disk_under_an_atomic_write_names_the_file_not_its_temporary(tmp_path):
+    import errno
+
+    import click
+    import pytest
+
+    from cramlm.cli.common import run_or_exit
+
+    def full():
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".pipeline.json.tmp-4242"))
+
+    with pytest.raises(click.ClickException, match=rf"^{tmp_path}/pipeline.json: disk full: No space left on device$"):
+        run_or_exit(full)

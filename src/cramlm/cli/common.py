@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import importlib
+import re
+from pathlib import Path
 from typing import Any, Callable
 
 import click
@@ -54,6 +56,13 @@ def with_allowed_changes(resume: str | None, allow_change: tuple[str, ...]) -> l
     return out + ([f"allow_change=[{','.join(allow_change)}]"] if allow_change else [])
 
 
+def final_name(filename: Any) -> Any:
+    """The file a temporary was written for (io.atomic_path: ``.<name>.tmp-<pid>``), else ``filename``."""
+    path = Path(str(filename))
+    found = re.fullmatch(r"\.(.+)\.tmp-\d+", path.name)
+    return str(path.with_name(found.group(1))) if found else filename
+
+
 def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
     """Run a stage; expected failures (bad data, bad files, bad values, a file or folder the system
     refuses: missing, no permission, disk full) print one clear line and exit 1."""
@@ -70,7 +79,7 @@ def run_or_exit(fn: Callable[..., Any], *args: Any) -> Any:
         if not e.filename:  # raised by cramlm with its own message
             raise click.ClickException(str(e)) from None
         full = "disk full: " if e.errno == errno.ENOSPC else ""  # partial outputs are removed on the way out
-        raise click.ClickException(f"{e.filename}: {full}{e.strerror or e}") from None
+        raise click.ClickException(f"{final_name(e.filename)}: {full}{e.strerror or e}") from None
     except Exception as e:  # a library's own error around a full disk (safetensors, torch.save): one line still
         from cramlm.io import is_disk_full
 
