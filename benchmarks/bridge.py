@@ -151,7 +151,8 @@ def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -
     median and seeds; each line's twin. Every row names its code: the first word of ``--out``'s
     ``COMMIT.<run>`` file where a run was made by other code than the rest, else of its ``COMMIT``.
     ``merge``: an earlier summary whose rows are kept beside, keyed ``NAME@CODE`` where they were
-    made by other code (a row of the same name and code from the folders replaces its copy). ``twins``:
+    made by other code (a row of the same name and code from the folders replaces its copy; one of
+    this code whose folder is gone, a lost machine's, keeps its name). ``twins``:
     a folder of twins evaluated outside the run folders, ``<run>-untrained.json`` (zero-shot only, ``cramlm eval
     ... untrained=true eval.tasks=[]``, or in full), each the twin of its run's line where the line has none yet
     (key ``LINE@twin-pairs``)."""
@@ -198,9 +199,13 @@ def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -
             continue
         for key, row in rows.items():
             row_code = row.get("code") or "earlier"
-            if "@" not in key and (result[kind].get(key) or {}).get("code") == row_code:
-                continue
-            result[kind].setdefault(key if "@" in key else f"{key}@{row_code}", {**row, "code": row_code})
+            if "@" not in key and key in result[kind]:
+                if result[kind][key].get("code") == row_code:
+                    continue  # the folder's own row replaces its copy
+                key = f"{key}@{row_code}"  # made by other code: beside it
+            elif "@" not in key and row_code != code:
+                key = f"{key}@{row_code}"
+            result[kind].setdefault(key, {**row, "code": row_code})  # (a row of this code whose folder is gone keeps its name)
     for path in sorted(twins.glob("*-untrained.json")) if twins else []:
         line = parse(path.name[: -len("-untrained.json")])["line"]
         if not any(k.partition("@")[0] == line for k in result["twins"]):
