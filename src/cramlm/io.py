@@ -119,6 +119,18 @@ def free_space(path: str | Path) -> str:
         return "the free space unknown"
 
 
+@contextmanager
+def on_full_disk(path: str | Path, message: str, error: type[Exception] = ValueError) -> Iterator[None]:
+    """A full disk inside the block (an OSError, or a library's own error around one, which names no
+    file) becomes one ``error`` of ``message``, its ``{free}`` the free space on ``path``'s disk."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise error(message.replace("{free}", free_space(path))) from None
+
+
 def fsync(path: str | Path) -> None:
     """Flush a file or folder to disk."""
     fd = os.open(path, os.O_RDONLY)

@@ -41,25 +41,20 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
     this process, a tensor at a time, into a temporary file beside the output, removed afterwards)."""
     import tempfile
 
+    from cramlm.io import on_full_disk
     from cramlm.train.checkpoint import assemble_weights
     from cramlm.train.sharded import is_sharded
 
-    from cramlm.io import free_space, is_disk_full
-
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     check_output_folder(Path(out_dir), run_dir)  # before any work
-    try:
+    with on_full_disk(out_dir, f"{out_dir}: disk full while exporting {run_dir.name} ({{free}}); nothing of the export was "
+                      "kept and the folder is as it was: free some space or export elsewhere"):  # safetensors' own error too
         if weights.is_file() or not is_sharded(weights.parent):
             return export_weights(run_dir, weights, out_dir)
         parent = Path(out_dir).resolve().parent
         parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{Path(out_dir).name}.assembled-", dir=parent) as tmp:  # beside the output
             return export_weights(run_dir, assemble_weights(weights.parent, Path(tmp)), out_dir)
-    except Exception as e:  # safetensors' own error too, which wraps the OS error in text
-        if not is_disk_full(e):
-            raise
-        raise ValueError(f"{out_dir}: disk full while exporting {run_dir.name} ({free_space(out_dir)}); nothing of the "
-                         "export was kept and the folder is as it was: free some space or export elsewhere") from None
 
 
 def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:

@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 import zlib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -33,7 +32,7 @@ from cramlm.data.clean import Cleaner, MinHasher, text_hash
 from cramlm.data.cramtok import PackedWriter
 from cramlm.data.sources import DataError, SkipReport, documents
 from cramlm.data.tokenizer import PIECE_CHARS, split_text
-from cramlm.io import atomic_dir, free_space, is_disk_full
+from cramlm.io import atomic_dir, on_full_disk
 from cramlm.progress import progress_bar
 
 # bytes: of the cleaned text the document's tokens encode (bits per byte, data/heldout.py)
@@ -213,18 +212,12 @@ def pack_shard(cfg, tok: Tokenizer, separator: int, folder: Path, shard: tuple[i
     return info
 
 
-@contextmanager
-def naming_a_full_disk(folder: Path, doing: str) -> Iterator[None]:
-    """A full disk while writing ``folder``: one error naming it and the free space (the OS error
-    names no file), raised once the partial output is removed."""
-    try:
-        yield
-    except Exception as e:  # the tokenizers library's own error too
-        if not is_disk_full(e):
-            raise
-        raise DataError(f"disk full while {doing} {folder} ({free_space(folder)}); its partial files were removed. "
-                        "Free some space, or prepare into another cache folder (cache=... for `cramlm data`, "
-                        "impl.data_cache=... for a run)") from None
+def naming_a_full_disk(folder: Path, doing: str):
+    """A full disk while writing ``folder``: one DataError naming it and the free space, raised once
+    the partial output is removed."""
+    return on_full_disk(folder, f"disk full while {doing} {folder} ({{free}}); its partial files were removed. Free some "
+                        "space, or prepare into another cache folder (cache=... for `cramlm data`, impl.data_cache=... for a run)",
+                        DataError)
 
 
 def _pack_into(tmp: Path, cfg, tok: Tokenizer, separator: int, shard: tuple[int, int], batch_chars: int,

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterator, Literal
@@ -327,6 +328,17 @@ def preparation_lock(folder: Path) -> FolderLock:
     return FolderLock(folder.with_name(f".{folder.name}.lock"), f"data cache entry {folder} (preparation)", timeout=PREPARE_WAIT_S)
 
 
+@contextmanager
+def preparing(folder: Path) -> Iterator[None]:
+    """Hold the entry's lock, its stopped preparations' temporaries removed first (the space they
+    hold may be what packing needs); the lock file goes once the block has prepared the entry
+    (whoever takes the lock from then on finds its manifest)."""
+    with preparation_lock(folder) as lock:
+        clear_stopped_writes(folder)
+        yield
+        lock.path.unlink(missing_ok=True)
+
+
 def clear_stopped_writes(folder: Path, say=_note) -> list[Path]:
     """Remove the temporary folders (``.<folder>.tmp-<pid>``) that stopped preparations of this entry
     left, a kill's (SIGKILL, a lost machine) as large as the packed tokens. Called only while holding
@@ -348,11 +360,9 @@ def merge_prepared(cfg: DataConfig, cache_root: str | Path | None, num_shards: i
     folder = output_folder(cfg, cache_root)
     prepared = None
     if not (folder / "manifest.json").is_file():
-        with preparation_lock(folder) as lock:
-            clear_stopped_writes(folder)
+        with preparing(folder):
             if not (folder / "manifest.json").is_file():
                 prepared = _merge_locked(cfg, cache_root, num_shards, keep_shards)
-            lock.path.unlink(missing_ok=True)
     if prepared is None:  # merged by another process (`cramlm run` preparing the same config, say)
         prepared = reuse_prepared(cfg, folder)
         if not keep_shards:
@@ -398,13 +408,10 @@ def prepare_data(cfg: DataConfig, cache_root: str | Path | None, progress: bool 
     if (folder / "manifest.json").is_file():
         return reuse_prepared(cfg, folder, resuming=resuming)
     prepared = None
-    with preparation_lock(folder) as lock:
-        clear_stopped_writes(folder)  # before packing: the space they hold may be what packing needs
+    with preparing(folder):
         if not (folder / "manifest.json").is_file():  # else the process that held the lock prepared it
             prepare_shard(cfg, cache_root, 1, 0, progress, batch_chars)
             prepared = _merge_locked(cfg, cache_root, 1)
-        # prepared: whoever takes the lock from now on (this file, or a new one) finds the manifest
-        lock.path.unlink(missing_ok=True)
     return prepared or load_prepared(folder)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import yaml
 
-from cramlm.io import free_space, is_disk_full, write_text
+from cramlm.io import on_full_disk, write_text
 from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, result_score
 
 CSS = """
@@ -514,12 +514,8 @@ def write_report(*run_dirs: str | Path, out: str | Path | None = None) -> Path:
         out = runs[0].folder
     out = Path(out)
     path = out / "report.html"
-    try:
+    with on_full_disk(out, f"{out}: disk full while writing the report ({{free}}); no file of it was left half-written: "
+                      "free some space, or write it elsewhere (cramlm report RUN --out FOLDER)"):
         figures = draw_all(runs, out / "plots")
         write_text(path, render_html(runs, figures))
-    except OSError as e:
-        if not is_disk_full(e):
-            raise
-        raise ValueError(f"{out}: disk full while writing the report ({free_space(out)}); no file of it was left "
-                         "half-written: free some space, or write it elsewhere (cramlm report RUN --out FOLDER)") from None
     return path
