@@ -2,6 +2,7 @@
 or half-replaced checkpoints do not stop ``resume=auto``, a full disk is reported as such, a resumed
 run's summary and progress bar continue the run's history, and a diverged run fails."""
 
+import json
 import re
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import torch
 from cramlm.io import write_digests
 from safetensors.torch import load_file
 
-from cramlm.report.rundata import read_metrics
+from cramlm.report.rundata import load_run_data, read_metrics
 from cramlm.report.segments import segments
 from cramlm.train import checkpoint as ckpt
 from cramlm.train.checkpoint import checkpoint_dirs
@@ -294,3 +295,41 @@ def test_sigterm_to_torchrun_reaches_the_workers_which_checkpoint(tmp_path):
     assert f"SIGTERM: stopped after step {event['step']}" in out + err, (out + err)[-3000:]
     assert event["event"] == "interrupted" and event["signal"] == "SIGTERM" and event["step"] < 60
     assert [p.name for p in checkpoint_dirs(tmp_path / "tr" / "checkpoints")] == [f"step-{event['step']:08d}"]
+
+
+def test_a_run_killed_before_its_first_checkpoint_keeps_its_log_when_started_again(tmp_path, capsys):
+    """SIGKILL after step 3 with no checkpoint written: `--resume auto` starts again from step 0 and
+    appends, so the lost start's lines stay (which ran where, the steps trained again) while the
+    curves read the run as it stands; the config history keeps both starts."""
+    args = ["budget=null", "train.budget.steps=5", "train.checkpoint_every=100"]
+    script = (
+        "import os, signal\n"
+        "from cramlm.train import metrics\n"
+        "write = metrics.MetricsLog.write\n"
+        "def killing(self, record):\n"
+        "    write(self, record)\n"
+        "    if record.get('kind') == 'train' and record.get('step') == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "metrics.MetricsLog.write = killing\n"
+        "from cramlm.cli import main\n"
+        f"main(['pretrain', *{overrides(tmp_path, 'early', *args)!r}])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run_dir = tmp_path / "early"
+    assert checkpoint_dirs(run_dir / "checkpoints") == []
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3]
+    capsys.readouterr()
+    summary = run_inprocess(tmp_path, "early", *args, "resume=auto")
+    assert summary["steps"] == 5
+    assert "starting again from step 0 (metrics.jsonl keeps the earlier start's lines, to step 3" in capsys.readouterr().out
+    assert (run_dir / "metrics.jsonl").read_bytes().startswith(before)  # the lost start's lines, byte for byte
+    assert [r["step"] for r in records(run_dir)] == [1, 2, 3, 1, 2, 3, 4, 5]
+    history = [json.loads(line) for line in (run_dir / "config-history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [0, 0]
+    log = load_run_data(run_dir)
+    first, second = segments(log.log)
+    assert first.ended == "cut off after step 3 (last logged); the next started again from step 0 (no checkpoint): at least 3 steps trained again"
+    assert second.ended == "done at step 5"
+    assert [r["step"] for r in log.metrics if r.get("kind") == "train"] == [1, 2, 3, 4, 5]  # the run as it stands

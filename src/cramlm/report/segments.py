@@ -5,8 +5,8 @@ from, the UTC time, pid, processes, threads, the machine: host, boot id, CPU and
 accelerator, torch, and the code: version, git commit, whether the package's tracked files differed).
 A segment ends at the next one, or with an ``interrupted`` event (a signal: checkpoint written), or
 at the run's end. A segment that stopped without that event was cut off (SIGKILL, a session's hard
-stop, a lost machine): the next one resumed from an earlier checkpoint and trained the steps between
-again; its table row says how many. Logs written before segment lines existed are split at their
+stop, a lost machine): the next one resumed from an earlier checkpoint, or started again from step 0
+where none was written, and trained the steps between again; its table row says how many. Logs written before segment lines existed are split at their
 ``resumed`` events, without machine or time.
 """
 
@@ -101,21 +101,23 @@ def segments(metrics: list[dict[str, Any]], finished_steps: int | None = None) -
             seg.retrained = logged - after.start  # at least: it may have trained past its last logged step
         stop = seg.stopped or {}
         again = f": at least {seg.retrained} step{'s' * (seg.retrained != 1)} trained again" if seg.retrained else ""
+        went_on = ("started again from step 0 (no checkpoint)" if after is not None and after.start == 0 and not after.resumed_from
+                   else f"resumed from step {after.start if after is not None else '?'}")
         if stop.get("kind") == "finished":
             seg.ended = f"done at step {stop.get('step')}" + (
                 f"; the next segment went on from step {after.start}" + (" (rewound)" if after.start < last else " (extended)")
                 if after is not None else "")
         elif stop.get("event") == "failed":
             seg.ended = f"failed after step {stop.get('step')}: {stop.get('error', '?')}" + (
-                f"; the next resumed from step {after.start}{again}" if after is not None else "")
+                f"; the next {went_on}{again}" if after is not None else "")
         elif stop:
             saved = stop.get("checkpoint", "?") not in (None, "None", "")
             seg.ended = (f"stopped by {stop.get('signal') or 'a signal'} after step {stop.get('step')}, "
                          + ("checkpoint written" if saved else "no checkpoint written")
-                         + (f"; the next resumed from step {after.start}{again}" if after is not None and (again or not saved) else ""))
+                         + (f"; the next {went_on}{again}" if after is not None and (again or not saved) else ""))
         elif after is not None:
             seg.ended = (f"cut off after step {logged} (last logged)" if logged is not None else "cut off before logging a step") + (
-                f"; the next resumed from step {after.start}{again}")
+                f"; the next {went_on}{again}")
         elif legacy and finished_steps is not None and last >= finished_steps:
             seg.ended = f"done at step {finished_steps}"
         else:
@@ -134,7 +136,8 @@ def current_lines(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
         step = r.get("step")
         starts = r.get("kind") == "segment" or (r.get("kind") == "event" and r.get("event") == "resumed")
         if starts and isinstance(step, int):
-            out = [m for m in out if not (m.get("kind") in ("train", "val") and isinstance(m.get("step"), int) and m["step"] > step)]
+            out = [m for m in out if not (m.get("kind") in ("train", "val") and isinstance(m.get("step"), int)
+                                          and (m["step"] > step or step == 0))]  # a start again from step 0: all of them
         out.append(r)
     return out
 

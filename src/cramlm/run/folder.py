@@ -131,15 +131,35 @@ def prepare_run_dir(cfg: PretrainConfig, resume_from: Path | None, say) -> None:
             "(kept; the run goes on from the older step)")
 
 
-def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict) -> None:
+def logged_steps(run_dir: Path) -> int | None:
+    """The last step ``metrics.jsonl`` logged (0: none yet); None where there is no log. A folder
+    with a log and no checkpoint holds an earlier start that was cut off before its first checkpoint."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    last = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            try:
+                line = json.loads(raw)
+            except ValueError:  # a line cut by the kill
+                continue
+            if isinstance(line, dict) and line.get("kind") in ("train", "val") and isinstance(line.get("step"), int):
+                last = max(last, line["step"])
+    return last
+
+
+def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict, restarted: bool = False) -> None:
     """Rank 0, once the run has started or its resume has loaded (a refused resume writes nothing):
-    this segment's config (config.yaml; config-history.jsonl keeps every segment's) and the run's tokenizer."""
+    this segment's config (config.yaml; config-history.jsonl keeps every segment's) and the run's
+    tokenizer. ``restarted``: a start again from step 0 after one cut off before its first
+    checkpoint, whose history line stays."""
     from cramlm.train.checkpoint import written_state
 
     run_dir = cfg.run_dir
     if resume_from is None or changes:
         step = written_state(resume_from)["usage"]["steps"] if resume_from else 0
-        record_segment(run_dir, step, changes, cfg.model_dump(mode="json"), fresh=resume_from is None)
+        record_segment(run_dir, step, changes, cfg.model_dump(mode="json"), fresh=resume_from is None and not restarted)
     write_text(run_dir / "config.yaml", to_yaml(cfg))
     shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
 

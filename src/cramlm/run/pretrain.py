@@ -17,7 +17,7 @@ from cramlm.config.extras import check_extras
 from cramlm.run.build import load_data, make_collator, run_model, validation_set
 from cramlm.run.config import PretrainConfig
 from cramlm.run.console import arch_banner, objective_banner
-from cramlm.run.folder import lock_run_dir, prepare_run_dir, record_run, save_run, unlock_run_dir
+from cramlm.run.folder import lock_run_dir, logged_steps, prepare_run_dir, record_run, save_run, unlock_run_dir
 from cramlm.train.impl import setup_device
 
 # torch and the modules that import it are imported inside the functions below: PretrainConfig
@@ -111,9 +111,13 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     if resume_from is not None:
         ckpt.resume_trainer(trainer, resume_from, changes, say, budgets=ckpt.budget_keys(cfg))
     elif cfg.resume == "auto":
-        say("cramlm: resume=auto found no checkpoint; starting fresh")
+        earlier = logged_steps(cfg.run_dir) if dist.main else None
+        trainer.restarted = earlier is not None  # an earlier start wrote no checkpoint: its lines stay, this one appends
+        say("cramlm: resume=auto found no checkpoint; " + (
+            f"starting again from step 0 (metrics.jsonl keeps the earlier start's lines, to step {earlier}, "
+            "and the segments table counts them as trained again)" if trainer.restarted else "starting fresh"))
     if dist.main:
-        record_run(cfg, data, resume_from, changes)
+        record_run(cfg, data, resume_from, changes, restarted=trainer.restarted)
     barrier(dist)
     setup_seconds = time.perf_counter() - setup_start
     say(

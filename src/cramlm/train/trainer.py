@@ -250,6 +250,7 @@ class Trainer:
         self.stop = StopRequest()
         self.last_loss: float | None = None
         self.resumed_from: dict | None = None
+        self.restarted = False  # started again from step 0 in a folder whose log an earlier start left (no checkpoint): appended
         self.notes: list[dict] = []  # event lines for metrics.jsonl once fit() opens it (e.g. config_changed)
         self.log: MetricsLog | None = None  # opened by fit(): a resumed run appends to metrics.jsonl
 
@@ -392,7 +393,7 @@ class Trainer:
 
     def _open_log(self) -> None:
         here = gather_object(machine(self.device), self.dist)  # every rank's (a job may span machines), before rank 0 alone can fail
-        self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from))
+        self.log = MetricsLog(self.run_dir, self.impl, self.config, enabled=self.dist.main, append=bool(self.resumed_from) or self.restarted)
         if self.dist.main:  # which ran where: one line each time the run starts or resumes (report/segments.py)
             line = {"kind": "segment", "step": self.used.steps, "wall": wall_clock(), "pid": os.getpid(),
                     "world_size": self.dist.world, "threads": torch.get_num_threads(),
