@@ -117,6 +117,45 @@ def test_an_export_replaces_its_own_files_and_never_a_run_or_other_files(in_tmp,
     assert transformers.AutoConfig.from_pretrained(in_tmp / "latest").model_type == "bert"
 
 
+def test_an_export_removes_what_a_killed_export_left_and_refuses_a_second_at_once(in_tmp):
+    """A killed export (SIGKILL, a lost machine) leaves its half-written folder and assembled weights,
+    each as large as the model: the next export into that folder removes them, saying so; while one
+    export holds the folder a second is refused, naming the holder."""
+    import subprocess
+    import sys
+
+    from tests.train.helpers import REPO, env
+
+    runner = CliRunner()
+    assert runner.invoke(main, ["pretrain", "arch=bert-original-tiny", "name=tiny", "dryrun=true", *TINY_PRETRAIN]).exit_code == 0
+    left = [in_tmp / ".new-out.tmp-4242", in_tmp / ".new-out.assembled-x1y2"]  # a new folder's, killed before its rename
+    for folder in left:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"0" * 2_000_000)
+    result = runner.invoke(main, ["export", "hf", "tiny", "new-out"])
+    assert result.exit_code == 0, result.output
+    for folder in left:
+        assert not folder.exists() and f"removed {folder} (2.0 MB), left by an export into new-out that was stopped" in result.output
+    inside = in_tmp / "new-out" / ".export.tmp-4242"  # an existing folder's, killed before its entries moved in
+    inside.mkdir()
+    result = runner.invoke(main, ["export", "hf", "tiny", "new-out"])
+    assert result.exit_code == 0 and not inside.exists(), result.output
+    assert sorted(p.name for p in in_tmp.iterdir() if p.name.startswith(".new-out")) == []  # the lock file gone too
+    assert not (in_tmp / "new-out" / ".export.lock").exists()
+    lock = in_tmp / "new-out" / ".export.lock"
+    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in (in_tmp / "new-out").iterdir())
+        result = runner.invoke(main, ["export", "hf", "tiny", "new-out"])
+        assert result.exit_code == 1 and result.output.startswith(f"Error: export folder {in_tmp / 'new-out'} is in use by pid "), result.output
+        assert sorted(p.name for p in (in_tmp / "new-out").iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_export_hf_of_a_missing_run_fails_cleanly(in_tmp):
     result = CliRunner().invoke(main, ["export", "hf", "nope", "out"])
     assert result.exit_code == 1 and "no such run" in result.output

@@ -47,7 +47,7 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
 
     run_dir, weights = resolve_checkpoint(run_or_checkpoint)
     check_output_folder(Path(out_dir), run_dir)  # before any work
-    with on_full_disk(out_dir, f"{out_dir}: disk full while exporting {run_dir.name} ({{free}}); nothing of the export was "
+    with exporting(Path(out_dir)), on_full_disk(out_dir, f"{out_dir}: disk full while exporting {run_dir.name} ({{free}}); nothing of the export was "
                       "kept and the folder is as it was: free some space or export elsewhere"):  # safetensors' own error too
         if weights.is_file() or not is_sharded(weights.parent):
             return export_weights(run_dir, weights, out_dir)
@@ -91,6 +91,32 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     for line in lines:
         click.echo(line)
     return cls
+
+
+@contextmanager
+def exporting(out: Path) -> Iterator[None]:
+    """One export into ``out`` at a time (a lock file inside an existing folder, which may be a mount
+    point, else beside it; removed afterwards; a second export is refused, naming the first), and what
+    a killed export left first removed: its assembled weights (``.<out>.assembled-*``) and its
+    half-written folder (``.<out>.tmp-<pid>`` beside it, or ``.export.tmp-<pid>`` inside it), each as
+    large as the model."""
+    from cramlm.io import atomic_path
+    from cramlm.locks import FolderLock
+
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = FolderLock(out / ".export.lock" if out.is_dir() else out.with_name(f".{out.name}.export-lock"), f"export folder {out}")
+    with lock:
+        stale = [*out.parent.glob(f".{out.name}.assembled-*"), *out.parent.glob(atomic_path(out, "*").name),
+                 *(out.glob(".export.tmp-*") if out.is_dir() else [])]
+        for path in sorted(stale):
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+            _remove(path)
+            click.echo(f"cramlm: removed {path} ({size / 1e6:,.1f} MB), left by an export into {out.name} that was stopped")
+        try:
+            yield
+        finally:
+            lock.path.unlink(missing_ok=True)
 
 
 EXPORTED = ".cramlm-export.json"  # the entries an export wrote: the next export into the folder replaces just these
