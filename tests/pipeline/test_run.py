@@ -371,3 +371,53 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert faster == keys  # nor how fast it runs (was: the README's impl.threads=1 then a plain re-run trained it again)
     shipped = stage_keys(resolve_recipe("default", TINY_RUN))  # ns_dtype: auto
     assert shipped["data"] == keys["data"] and shipped["pretrain"] not in (keys["pretrain"], fp32["pretrain"])
+
+
+def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_another_config(tmp_path, monkeypatch):
+    """`cramlm run` SIGKILLed after its step-4 checkpoint, then the same command again (no --resume):
+    it continues from that checkpoint to the same weights as a run never cut off (was: started
+    afresh, its checkpoints deleted); the command with a changed training setting is refused first,
+    naming the change and the ways out, the folder untouched."""
+    import hashlib
+    import signal
+    import subprocess
+    import sys
+
+    from tests.train.helpers import REPO, env
+
+    args = ["default", *[a for a in TINY_RUN if not a.startswith("budget=")], "budget=null", "train.budget.steps=6", "train.log_every=1",
+            "train.checkpoint_every=2", "stages=[data,pretrain]"]
+    cramlm("run", *args, "name=whole", cwd=tmp_path)
+    script = (
+        "import os, signal\n"
+        "from cramlm.train import metrics\n"
+        "write = metrics.MetricsLog.write\n"
+        "def killing(self, record):\n"
+        "    write(self, record)\n"
+        "    if record.get('kind') == 'train' and record.get('step') == 5:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "metrics.MetricsLog.write = killing\n"
+        "from cramlm.cli import main\n"
+        f"main(['run', *{[*args, 'name=cut']!r}])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    run = tmp_path / "outputs" / "cut"
+    assert read_record(run)["stages"]["pretrain"]["status"] == "running"
+
+    def contents():
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    before = contents()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["run", *args, "name=cut", "train.optim.lr=1e-3"])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: outputs/cut holds a pretraining cut off (its newest checkpoint step-00000004) under "
+                                    "another configuration (train.optim.lr "), result.output
+    assert "--resume auto" in result.output and "overwrite=true" in result.output
+    assert contents() == before
+    out = cramlm("run", *args, "name=cut", cwd=tmp_path)
+    assert "the run in outputs/cut was cut off (its newest checkpoint step-00000004): continuing it, as --resume auto does" in out
+    assert "resumed from outputs/cut/checkpoints/step-00000004 (step 4)" in out
+    whole, cut = (load_file(tmp_path / "outputs" / n / "model.safetensors") for n in ("whole", "cut"))
+    assert whole.keys() == cut.keys() and all(whole[k].equal(cut[k]) for k in whole)

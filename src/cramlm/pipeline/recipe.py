@@ -518,6 +518,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     if rank == 0 and run_dir.is_dir() and (reconcile_results(cfg, record, keys) | migrated):  # (before deciding what runs)
         write_json(run_dir / RECORD, record)
     todo = stages_to_run(cfg, record)
+    if "pretrain" in todo:
+        cfg = continue_unfinished(cfg, record, keys, say=print if rank == 0 else (lambda *a: None))
     if rank != 0:
         if "pretrain" in todo:
             run_pretrain(cfg)
@@ -551,6 +553,31 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
                                        **({"outputs": made} if (made := output_digests(cfg, stage)) else {}))
         write_json(run_dir / RECORD, record)
     return record
+
+
+def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str], say=print) -> PipelineConfig:
+    """A pretrain stage cut off (a kill, a signal, an error) and run again without ``--resume``: under
+    the same configuration it continues, as with ``--resume auto`` (its checkpoints, or its log where
+    it wrote none, are the run's; starting it afresh would delete them); under another it is refused,
+    naming what changed and the ways out. ``overwrite=true`` or ``force=[pretrain]`` start it afresh."""
+    from cramlm.train.checkpoint import checkpoint_dirs
+
+    entry = (record.get("stages") or {}).get("pretrain") or {}
+    if cfg.resume is not None or cfg.overwrite or "pretrain" in cfg.force or entry.get("status") not in ("running", "interrupted", "failed"):
+        return cfg
+    newest = checkpoint_dirs(cfg.run_dir / "checkpoints")[-1:]
+    same = entry.get("key") == keys["pretrain"]
+    if not (newest or (same and (cfg.run_dir / "metrics.jsonl").is_file())):
+        return cfg  # nothing to continue, or only the log of a start under another configuration
+    how = {"running": "cut off", "interrupted": "stopped by a signal", "failed": "stopped by an error"}[entry["status"]]
+    where = f"its newest checkpoint {newest[0].name}" if newest else "no checkpoint, its metrics.jsonl"
+    if not same:
+        raise ValueError(f"{cfg.run_dir} holds a pretraining {how} ({where}) under another configuration"
+                         f"{changed_since(cfg, 'pretrain')}: continue it with --resume auto (and --allow-change KEY for a "
+                         "change a resume may make), or start it afresh with overwrite=true")
+    say(f"cramlm run: pretrain: the run in {cfg.run_dir} was {how} ({where}): continuing it, as --resume auto does "
+        "(overwrite=true or force=[pretrain] starts it afresh)")
+    return cfg.model_copy(update={"resume": "auto"})
 
 
 def changed_since(cfg: PipelineConfig, stage: str) -> str:
