@@ -377,7 +377,8 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
     """`cramlm run` SIGKILLed after its step-4 checkpoint, then the same command again (no --resume):
     it continues from that checkpoint to the same weights as a run never cut off (was: started
     afresh, its checkpoints deleted); the command with a changed training setting is refused first,
-    naming the change and the ways out, the folder untouched."""
+    naming the change and the ways out, the folder untouched; while another process holds the run,
+    the command is refused by its lock before the record changes."""
     import hashlib
     import signal
     import subprocess
@@ -406,7 +407,8 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
     assert read_record(run)["stages"]["pretrain"]["status"] == "running"
 
     def contents():
-        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*")) if p.is_file()}
+        return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*"))
+                if p.is_file() and ".cramlm.lock" not in p.name}  # (the killed run's lock owner file: cramlm's own)
 
     before = contents()
     monkeypatch.chdir(tmp_path)
@@ -416,6 +418,16 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
                                     "another configuration (train.optim.lr "), result.output
     assert "--resume auto" in result.output and "overwrite=true" in result.output
     assert contents() == before
+    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(run / ".cramlm.lock")], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:  # the same command while the run is held (running in another process): the run folder's lock refuses it
+        assert holder.stdout.readline().strip() == "held"
+        result = CliRunner().invoke(main, ["run", *args, "name=cut"])
+        assert result.exit_code == 1 and "is in use by pid" in result.output and "continuing" not in result.output, result.output
+        assert contents() == before  # its record too (was: the running stage recorded as failed by the refused one)
+    finally:
+        holder.kill()
+        holder.wait()
     out = cramlm("run", *args, "name=cut", cwd=tmp_path)
     assert "the run in outputs/cut was cut off (its newest checkpoint step-00000004): continuing it, as --resume auto does" in out
     assert "resumed from outputs/cut/checkpoints/step-00000004 (step 4)" in out

@@ -519,7 +519,9 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         write_json(run_dir / RECORD, record)
     todo = stages_to_run(cfg, record)
     if "pretrain" in todo:
-        cfg = continue_unfinished(cfg, record, keys, say=print if rank == 0 else (lambda *a: None))
+        if rank == 0 and launcher_env()[2] == 1:  # (under torchrun pretrain's lock refuses every rank together)
+            refuse_if_running(cfg.run_dir)
+        cfg = continue_unfinished(cfg, record, keys, main=rank == 0)
     if rank != 0:
         if "pretrain" in todo:
             run_pretrain(cfg)
@@ -555,11 +557,22 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     return record
 
 
-def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str], say=print) -> PipelineConfig:
+def refuse_if_running(run_dir: Path) -> None:
+    """LockHeld, naming the holder, where another process trains in ``run_dir`` now: before any stage
+    runs or the record changes (its stage is that process's, recorded as running)."""
+    from cramlm.locks import FolderLock
+    from cramlm.run.folder import RUN_LOCK
+
+    if (run_dir / RUN_LOCK).is_file():
+        FolderLock(run_dir / RUN_LOCK, f"run folder {run_dir}").acquire().release()
+
+
+def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[str, str], main: bool = True) -> PipelineConfig:
     """A pretrain stage cut off (a kill, a signal, an error) and run again without ``--resume``: under
     the same configuration it continues, as with ``--resume auto`` (its checkpoints, or its log where
     it wrote none, are the run's; starting it afresh would delete them); under another it is refused,
-    naming what changed and the ways out. ``overwrite=true`` or ``force=[pretrain]`` start it afresh."""
+    naming what changed and the ways out. ``overwrite=true`` or ``force=[pretrain]`` start it afresh.
+    (A pretraining running now in another process was refused before: ``refuse_if_running``.)"""
     from cramlm.train.checkpoint import checkpoint_dirs
 
     entry = (record.get("stages") or {}).get("pretrain") or {}
@@ -575,8 +588,9 @@ def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[
         raise ValueError(f"{cfg.run_dir} holds a pretraining {how} ({where}) under another configuration"
                          f"{changed_since(cfg, 'pretrain')}: continue it with --resume auto (and --allow-change KEY for a "
                          "change a resume may make), or start it afresh with overwrite=true")
-    say(f"cramlm run: pretrain: the run in {cfg.run_dir} was {how} ({where}): continuing it, as --resume auto does "
-        "(overwrite=true or force=[pretrain] starts it afresh)")
+    if main:
+        print(f"cramlm run: pretrain: the run in {cfg.run_dir} was {how} ({where}): continuing it, as --resume auto does "
+              "(overwrite=true or force=[pretrain] starts it afresh)")
     return cfg.model_copy(update={"resume": "auto"})
 
 
