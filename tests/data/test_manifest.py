@@ -155,3 +155,24 @@ def test_a_cache_is_never_reused_for_other_input_files(tmp_path, monkeypatch, ca
     write_jsonl(tmp_path / "b" / "d.jsonl", [{"text": document(50)}])
     with pytest.raises(DataError, match=r"\(new: .*d.jsonl\)"):
         prepare_data(folder_cfg, tmp_path / "cache", progress=False)
+
+
+def test_what_a_run_would_go_on_with_unnoticed_is_warned_and_kept_in_the_manifest(tmp_path, capsys):
+    """A tokenizer smaller than asked, an empty validation split and a large share of the documents
+    skipped: each one line on stderr and in manifest.json's warnings; a clean preparation has none."""
+    records = [{"text": f"call me ishmael {i}"} for i in range(30)] + [{"body": "no text key"}] * 10
+    path = write_jsonl(tmp_path / "c.jsonl", records)
+    cfg = tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}], validation_fraction=1e-9,
+                    tokenizer={"vocab_size": 5000, "min_frequency": 1})
+    m = prepare_data(cfg, tmp_path / "cache", progress=False).manifest
+    err = capsys.readouterr().err
+    small, empty, skipped = m["warnings"]
+    assert small == f"the tokenizer has {m['vocab_size']:,} tokens, fewer than the 5,000 asked (data.tokenizer.vocab_size): " \
+                    "its training text offers no more merges"
+    assert empty.startswith("the validation split is empty (data.validation_fraction=1e-09 chose none of the 30 documents packed)")
+    assert skipped == "10 of the 40 documents read were skipped (missing_field 10; manifest.json: skipped, skipped_examples)"
+    assert [line.split(": ", 3)[3] for line in err.splitlines() if line.startswith("cramlm: warning:")] == m["warnings"]
+    clean = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}], validation_fraction=0.3,
+                                   tokenizer={"vocab_size": 60, "min_frequency": 1}, max_entries_in_raw_dataset=30),
+                         tmp_path / "cache", progress=False).manifest
+    assert clean["vocab_size"] == 60 and clean["val"]["documents"] and clean["warnings"] == []

@@ -283,7 +283,32 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
     }
     manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
                              for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
+    manifest["warnings"] = preparation_warnings(cfg, manifest)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+SKIPPED_WARN = 0.1  # a preparation that skips more of what it read (train_subset's choice aside) says so
+
+
+def preparation_warnings(cfg: DataConfig, manifest: dict) -> list[str]:
+    """What a preparation made that a run would otherwise go on with unnoticed (manifest.json:
+    ``warnings``; printed when it is prepared): a tokenizer smaller than asked, an empty validation
+    split, a large share of the documents read skipped."""
+    out = []
+    asked, got = cfg.tokenizer.vocab_size, manifest["vocab_size"]
+    if not cfg.tokenizer.path and asked and got < asked:
+        out.append(f"the tokenizer has {got:,} tokens, fewer than the {asked:,} asked (data.tokenizer.vocab_size): "
+                   "its training text offers no more merges")
+    docs = manifest["documents"]
+    if cfg.validation_fraction > 0 and not manifest["val"]["documents"] and docs["packed"]:
+        out.append(f"the validation split is empty (data.validation_fraction={cfg.validation_fraction} chose none of the "
+                   f"{docs['packed']:,} documents packed): runs on it report no held-out loss; add text or raise it")
+    reasons = {r: n for r, n in manifest["skipped"].items() if r != "train_subset"}
+    if docs["read"] and sum(reasons.values()) > SKIPPED_WARN * docs["read"]:
+        out.append(f"{sum(reasons.values()):,} of the {docs['read']:,} documents read were skipped ("
+                   + ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
+                   + "; manifest.json: skipped, skipped_examples)")
+    return out
 
 
 def _note(message: str) -> None:
@@ -381,7 +406,10 @@ def _merge_locked(cfg: DataConfig, cache_root: str | Path | None, num_shards: in
         _merge_into(tmp, cfg, root, tok, num_shards, start)
     if not keep_shards:
         remove_shards(root, num_shards)
-    return load_prepared(folder)
+    prepared = load_prepared(folder)
+    for warning in prepared.manifest.get("warnings", []):
+        _note(f"cramlm: warning: {folder.name}: {warning}")
+    return prepared
 
 
 SHARED = ("tokenizer.json", "tokenizer.lock", "tokenizer.lock.owner")  # what the shards of every count share
