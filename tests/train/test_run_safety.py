@@ -402,3 +402,13 @@ def test_a_resume_with_other_microbatches_takes_the_same_batches_or_is_refused(t
     run_inprocess(tmp_path, "larger", *ramp, "impl.microbatch_size=4", f"resume={tmp_path / 'larger' / 'checkpoints' / 'step-00000003'}",
                   "allow_change=[impl.microbatch_size]")
     assert "config changed from step 3: impl.microbatch_size 2 x 1 processes -> 4 x 1 processes" in capsys.readouterr().out
+
+
+def test_a_run_on_data_without_a_validation_split_says_so(tmp_path, capsys):
+    """An empty validation split (data.validation_fraction=0, or one that chose no document): one
+    warning at the start, not only a '-' for the validation loss at the end."""
+    summary = run_inprocess(tmp_path, "noval", *STEPS, "data.validation_fraction=0")
+    out = capsys.readouterr().out
+    assert summary["val_loss"] is None
+    (line,) = [x for x in out.splitlines() if "no validation split" in x]
+    assert line.startswith("cramlm: warning: ") and line.endswith("has no validation split: this run reports no validation loss")

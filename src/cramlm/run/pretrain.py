@@ -98,8 +98,11 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     steps = StepData(dataset, make_collator(cfg, vocab_size, cfg.seed), cfg.seed, documents=cfg.train.document_attention)
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say, device) if resume_from else {}
     train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
+    heldout = validation_set(cfg, data, vocab_size)
+    if heldout is None and data.val is None and cfg.train.validate_sequences:
+        say(f"cramlm: warning: {data.folder} has no validation split: this run reports no validation loss")
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,
-                            heldout=validation_set(cfg, data, vocab_size),
+                            heldout=heldout,
                             sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
                             record={"config": cfg.model_dump(mode="json"), "data": data.identity()})
     if resume_from is not None:
