@@ -176,3 +176,8 @@ def test_what_a_run_would_go_on_with_unnoticed_is_warned_and_kept_in_the_manifes
                                    tokenizer={"vocab_size": 60, "min_frequency": 1}, max_entries_in_raw_dataset=30),
                          tmp_path / "cache", progress=False).manifest
     assert clean["vocab_size"] == 60 and clean["val"]["documents"] and clean["warnings"] == []
+    short = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}], validation_fraction=0.3,
+                                   tokenizer={"vocab_size": 60, "min_frequency": 1}, max_entries_in_raw_dataset=30, seq_length=4096),
+                         tmp_path / "cache", progress=False).manifest
+    assert short["warnings"] == [f"the validation split holds {short['val']['tokens']:,} tokens, less than one sequence of 4096 "
+                                 "(data.seq_length): runs on it report no held-out loss; add text or raise data.validation_fraction"]

@@ -141,8 +141,8 @@ def test_an_export_removes_what_a_killed_export_left_and_refuses_a_second_at_onc
     result = runner.invoke(main, ["export", "hf", "tiny", "new-out"])
     assert result.exit_code == 0 and not inside.exists(), result.output
     assert sorted(p.name for p in in_tmp.iterdir() if p.name.startswith(".new-out")) == []  # the lock file gone too
-    assert not (in_tmp / "new-out" / ".export.lock").exists()
-    lock = in_tmp / "new-out" / ".export.lock"
+    assert not (in_tmp / ".new-out.export-lock").exists() and not (in_tmp / "new-out" / ".export.lock").exists()
+    lock = in_tmp / ".new-out.export-lock"
     code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -416,7 +416,7 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
     assert result.exit_code == 1, result.output
     assert result.output.startswith(f"Error: outputs/cut holds a pretraining cut off (its newest checkpoint step-00000004) under "
                                     "another configuration (train.optim.lr "), result.output
-    assert "--resume auto" in result.output and "overwrite=true" in result.output
+    assert "--resume auto" in result.output and "force=[pretrain]" in result.output
     assert contents() == before
     code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", code, str(run / ".cramlm.lock")], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -433,3 +433,13 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
     assert "resumed from outputs/cut/checkpoints/step-00000004 (step 4)" in out
     whole, cut = (load_file(tmp_path / "outputs" / n / "model.safetensors") for n in ("whole", "cut"))
     assert whole.keys() == cut.keys() and all(whole[k].equal(cut[k]) for k in whole)
+    # a retraining under another budget, cut off before it cleared the finished run's checkpoints: its
+    # stage recorded as running under the new key, the folder holding the old run's checkpoint. Run again,
+    # it starts afresh (never extends the old run's final checkpoint to the new budget)
+    longer = [*args, "name=whole", "train.budget.steps=8"]
+    record = read_record(tmp_path / "outputs" / "whole")
+    record["stages"]["pretrain"] = {"status": "running", "key": stage_keys(resolve_recipe(longer[0], longer[1:]))["pretrain"]}
+    (tmp_path / "outputs" / "whole" / "pipeline.json").write_text(json.dumps(record))
+    out = cramlm("run", *longer, cwd=tmp_path)
+    assert "continuing" not in out and "resumed from" not in out, out
+    assert json.loads((tmp_path / "outputs" / "whole" / "summary.json").read_text())["steps"] == 8

@@ -67,6 +67,21 @@ def test_overwrite_true_deletes_the_old_run_whole(finished):
     assert len((run / "config-history.jsonl").read_text().splitlines()) == 1
 
 
+def test_resume_auto_of_a_finished_run_whose_checkpoints_were_removed_is_refused(finished):
+    """resume=auto finding no checkpoint where a run finished (summary.json): refused, nothing
+    written (it would train the run again from step 0 over its log and weights)."""
+    import shutil
+
+    run = copy_run(finished, "no-checkpoints")
+    shutil.rmtree(run / "checkpoints")
+    before = contents(run)
+    result = pretrain(finished, "no-checkpoints", "resume=auto")
+    assert result.exit_code == 1, result.output
+    (line,) = error_lines(result.output)
+    assert f"{run} holds a finished run (summary.json) and no checkpoint to continue it from" in line and "overwrite=true" in line, line
+    assert contents(run) == before
+
+
 def test_overwrite_and_resume_together_are_refused(finished):
     result = pretrain(finished, "both", "overwrite=true", "resume=auto")
     assert result.exit_code == 1 and "overwrite=true starts the run afresh" in result.output, result.output

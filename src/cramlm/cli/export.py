@@ -51,9 +51,9 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
                       "kept and the folder is as it was: free some space or export elsewhere"):  # safetensors' own error too
         if weights.is_file() or not is_sharded(weights.parent):
             return export_weights(run_dir, weights, out_dir)
-        parent = Path(out_dir).resolve().parent
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=f".{Path(out_dir).name}.assembled-", dir=parent) as tmp:  # beside the output
+        out = Path(out_dir).resolve()  # (a symlinked output folder: beside its target, where `exporting` looks)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.assembled-", dir=out.parent) as tmp:  # beside the output
             return export_weights(run_dir, assemble_weights(weights.parent, Path(tmp)), out_dir)
 
 
@@ -95,9 +95,9 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
 
 @contextmanager
 def exporting(out: Path) -> Iterator[None]:
-    """One export into ``out`` at a time (a lock file inside an existing folder, which may be a mount
-    point, else beside it; removed afterwards; a second export is refused, naming the first), and what
-    a killed export left first removed: its assembled weights (``.<out>.assembled-*``) and its
+    """One export into ``out`` at a time (a lock file beside it, removed afterwards; inside it where its
+    parent takes no files, as a mount point's may not; a second export is refused, naming the first),
+    and what a killed export left first removed: its assembled weights (``.<out>.assembled-*``) and its
     half-written folder (``.<out>.tmp-<pid>`` beside it, or ``.export.tmp-<pid>`` inside it), each as
     large as the model."""
     from cramlm.io import atomic_path
@@ -105,7 +105,8 @@ def exporting(out: Path) -> Iterator[None]:
 
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    lock = FolderLock(out / ".export.lock" if out.is_dir() else out.with_name(f".{out.name}.export-lock"), f"export folder {out}")
+    beside = os.access(out.parent, os.W_OK) or not out.is_dir()
+    lock = FolderLock(out.with_name(f".{out.name}.export-lock") if beside else out / ".export.lock", f"export folder {out}")
     with lock:
         stale = [*out.parent.glob(f".{out.name}.assembled-*"), *out.parent.glob(atomic_path(out, "*").name),
                  *(out.glob(".export.tmp-*") if out.is_dir() else [])]

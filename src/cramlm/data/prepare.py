@@ -303,6 +303,10 @@ def preparation_warnings(cfg: DataConfig, manifest: dict) -> list[str]:
     if cfg.validation_fraction > 0 and not manifest["val"]["documents"] and docs["packed"]:
         out.append(f"the validation split is empty (data.validation_fraction={cfg.validation_fraction} chose none of the "
                    f"{docs['packed']:,} documents packed): runs on it report no held-out loss; add text or raise it")
+    elif cfg.validation_fraction > 0 and manifest["val"]["tokens"] < cfg.seq_length:
+        out.append(f"the validation split holds {manifest['val']['tokens']:,} tokens, less than one sequence of "
+                   f"{cfg.seq_length} (data.seq_length): runs on it report no held-out loss; add text or raise "
+                   "data.validation_fraction")
     reasons = {r: n for r, n in manifest["skipped"].items() if r != "train_subset"}
     if docs["read"] and sum(reasons.values()) > SKIPPED_WARN * docs["read"]:
         out.append(f"{sum(reasons.values()):,} of the {docs['read']:,} documents read were skipped ("

@@ -508,6 +508,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
     rank = launcher_env()[0]
     if rank == 0:
         claim_folder(cfg, recipe)
+        if launcher_env()[2] == 1:  # (under torchrun pretrain's lock refuses every rank together)
+            refuse_if_running(run_dir)
     record = read_record(run_dir)
     record.setdefault("stages", {})
     record["name"] = cfg.name
@@ -519,8 +521,6 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
         write_json(run_dir / RECORD, record)
     todo = stages_to_run(cfg, record)
     if "pretrain" in todo:
-        if rank == 0 and launcher_env()[2] == 1:  # (under torchrun pretrain's lock refuses every rank together)
-            refuse_if_running(cfg.run_dir)
         cfg = continue_unfinished(cfg, record, keys, main=rank == 0)
     if rank != 0:
         if "pretrain" in todo:
@@ -539,14 +539,22 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
                 print(f"cramlm run: {stage}: {', '.join(replaced)} written over since this stage made it (a `cramlm eval` "
                       "into the run folder?): made again under the run's own configuration")
         print(f"cramlm run: {stage} ...")
-        start = time.perf_counter()
+        start, before = time.perf_counter(), record["stages"].get(stage)
         record["stages"][stage] = {"status": "running", "key": keys[stage], "started": _now()}
         write_json(run_dir / RECORD, record)
         try:
             info = RUNNERS[stage](cfg)
         except BaseException as e:  # record the failure (also Ctrl-C) so a re-run redoes this stage
+            from cramlm.locks import LockHeld
             from cramlm.train.preemption import Interrupted
 
+            if isinstance(e, LockHeld):  # the stage is another process's, running: its record entry stays
+                if before is None:
+                    record["stages"].pop(stage)
+                else:
+                    record["stages"][stage] = before
+                write_json(run_dir / RECORD, record)
+                raise
             stopped = isinstance(e, (Interrupted, KeyboardInterrupt))  # a signal: pretrain's checkpoint is written
             record["stages"][stage].update(status="interrupted" if stopped else "failed", error=f"{type(e).__name__}: {e}"[:500])
             write_json(run_dir / RECORD, record)
@@ -559,7 +567,8 @@ def run_pipeline(cfg: PipelineConfig, recipe: str | None = None) -> dict[str, An
 
 def refuse_if_running(run_dir: Path) -> None:
     """LockHeld, naming the holder, where another process trains in ``run_dir`` now: before any stage
-    runs or the record changes (its stage is that process's, recorded as running)."""
+    runs or the record changes (its stage is that process's, recorded as running). Two started at
+    once may both pass; the second is then refused by pretrain's own lock, its record entry put back."""
     from cramlm.locks import FolderLock
     from cramlm.run.folder import RUN_LOCK
 
@@ -573,13 +582,15 @@ def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[
     it wrote none, are the run's; starting it afresh would delete them); under another it is refused,
     naming what changed and the ways out. ``overwrite=true`` or ``force=[pretrain]`` start it afresh.
     (A pretraining running now in another process was refused before: ``refuse_if_running``.)"""
-    from cramlm.train.checkpoint import checkpoint_dirs
+    from cramlm.train.checkpoint import checkpoint_dirs, written_state
 
     entry = (record.get("stages") or {}).get("pretrain") or {}
     if cfg.resume is not None or cfg.overwrite or "pretrain" in cfg.force or entry.get("status") not in ("running", "interrupted", "failed"):
         return cfg
     newest = checkpoint_dirs(cfg.run_dir / "checkpoints")[-1:]
     same = entry.get("key") == keys["pretrain"]
+    if same and newest and pretrain_diff(cfg, (written_state(newest[0]).get("run") or {}).get("config") or {}):
+        return cfg  # an earlier configuration's checkpoint (its retraining cut off before it cleared them): afresh, as asked
     if not (newest or (same and (cfg.run_dir / "metrics.jsonl").is_file())):
         return cfg  # nothing to continue, or only the log of a start under another configuration
     how = {"running": "cut off", "interrupted": "stopped by a signal", "failed": "stopped by an error"}[entry["status"]]
@@ -587,7 +598,7 @@ def continue_unfinished(cfg: PipelineConfig, record: dict[str, Any], keys: dict[
     if not same:
         raise ValueError(f"{cfg.run_dir} holds a pretraining {how} ({where}) under another configuration"
                          f"{changed_since(cfg, 'pretrain')}: continue it with --resume auto (and --allow-change KEY for a "
-                         "change a resume may make), or start it afresh with overwrite=true")
+                         "change a resume may make), start it afresh with force=[pretrain], or delete that folder")
     if main:
         print(f"cramlm run: pretrain: the run in {cfg.run_dir} was {how} ({where}): continuing it, as --resume auto does "
               "(overwrite=true or force=[pretrain] starts it afresh)")
@@ -599,19 +610,26 @@ def changed_since(cfg: PipelineConfig, stage: str) -> str:
     with), as ``" (key old -> new, ...)"``; "" where there is none to compare or nothing differs there
     (another stage's settings changed)."""
     from cramlm.config.loader import load_yaml
-    from cramlm.train.checkpoint import flat
 
     if stage not in ("pretrain", "eval") or not (cfg.run_dir / "config.yaml").is_file():
         return ""
     try:
-        then = flat(load_yaml(cfg.run_dir / "config.yaml", "run config"))
+        then = load_yaml(cfg.run_dir / "config.yaml", "run config")
     except Exception:  # noqa: BLE001 - a note, never a failure
         return ""
-    now = flat(cfg.pretrain_config().model_dump(mode="json"))
-    skip = ("name", "base_dir", "resume", "allow_change", "overwrite", "impl.progress")
-    diff = [f"{k} {then[k]} -> {now[k]}" for k in sorted(then.keys() & now.keys())
-            if then[k] != now[k] and not k.startswith(skip) and not (k.startswith("impl.") and k.split(".")[1] in NOT_WHAT_IT_MAKES)]
+    diff = pretrain_diff(cfg, then)
     return f" ({', '.join(diff[:4])}{', ...' if len(diff) > 4 else ''})" if diff else ""
+
+
+def pretrain_diff(cfg: PipelineConfig, then: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for each pretraining setting of ``cfg`` that differs from the config ``then``
+    (a run's config.yaml, a checkpoint's), how it runs aside (the name, resume, progress, threads...)."""
+    from cramlm.train.checkpoint import flat
+
+    then, now = flat(then), flat(cfg.pretrain_config().model_dump(mode="json"))
+    skip = ("name", "base_dir", "resume", "allow_change", "overwrite", "impl.progress")
+    return [f"{k} {then[k]} -> {now[k]}" for k in sorted(then.keys() & now.keys())
+            if then[k] != now[k] and not k.startswith(skip) and not (k.startswith("impl.") and k.split(".")[1] in NOT_WHAT_IT_MAKES)]
 
 
 def _now() -> str:

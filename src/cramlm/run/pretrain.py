@@ -69,6 +69,10 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     say = print if dist.main else (lambda *a, **k: None)
     # rank 0 finds the checkpoint (and sets damaged ones aside); every rank vets it
     resume_from = on_main(lambda: ckpt.find_resume(cfg.resume, cfg.run_dir / "checkpoints"), dist)
+    if resume_from is None and cfg.resume == "auto" and on_main(lambda: (cfg.run_dir / "summary.json").is_file(), dist):
+        raise ValueError(f"{cfg.run_dir} holds a finished run (summary.json) and no checkpoint to continue it from "
+                         "(its checkpoints were removed): resume=auto would train it again from step 0; start it afresh "
+                         "with overwrite=true, or give the run another name=")
     data = load_data(cfg, dist, resuming=resume_from is not None)
     vocab_size = data.tokenizer.get_vocab_size()
     # under FSDP2 ranks > 0 build on the meta device: their shards come from rank 0's weights
@@ -99,8 +103,10 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
     changes = ckpt.vet_resume(cfg, model, data, resume_from, dist.world, say, device) if resume_from else {}
     train_cfg = dryrun_config(cfg.train, cfg.impl, dist.world) if cfg.dryrun else cfg.train
     heldout = validation_set(cfg, data, vocab_size)
-    if heldout is None and data.val is None and cfg.train.validate_sequences:
-        say(f"cramlm: warning: {data.folder} has no validation split: this run reports no validation loss")
+    if heldout is None and cfg.train.validate_sequences:
+        why = "has no validation split" if data.val is None else \
+            f"has a validation split shorter than one sequence of {cfg.data.seq_length} tokens"
+        say(f"cramlm: warning: {data.folder} {why}: this run reports no validation loss")
     trainer = build_trainer(model, steps, train_cfg, cfg.impl, cfg.run_dir, dist=dist, clock=cfg.clock(), device=device,
                             heldout=heldout,
                             sample=make_collator(cfg, vocab_size, cfg.seed + 1)(dataset.batch(range(min(8, len(dataset))))),
