@@ -176,6 +176,16 @@ def test_what_a_run_would_go_on_with_unnoticed_is_warned_and_kept_in_the_manifes
                                    tokenizer={"vocab_size": 60, "min_frequency": 1}, max_entries_in_raw_dataset=30),
                          tmp_path / "cache", progress=False).manifest
     assert clean["vocab_size"] == 60 and clean["val"]["documents"] and clean["warnings"] == []
+    assert clean["train"]["unknown_tokens"] == 0
+    # words over WordPiece's 100-character limit: each one [UNK], counted and warned about
+    long = write_jsonl(tmp_path / "long.jsonl", [{"text": f"call me ishmael {'x' * 150} {i}"} for i in range(30)])
+    unk = prepare_data(tiny_data([{"type": "jsonl", "path": str(long)}], tokenizer={"vocab_size": 60, "min_frequency": 1}),
+                       tmp_path / "cache", progress=False).manifest
+    assert unk["train"]["unknown_tokens"] == 30
+    assert [w for w in unk["warnings"] if "unknown token" in w] == [
+        f"30 of the {unk['train']['tokens']:,} training tokens ({100 * 30 / unk['train']['tokens']:.2f}%) are the unknown token: "
+        "the tokenizer's vocabulary cannot spell parts of this text (its characters, or words over its length limit), which "
+        "the model then never sees"]
     short = prepare_data(tiny_data([{"type": "jsonl", "path": str(path), "on_error": "skip"}], validation_fraction=0.3,
                                    tokenizer={"vocab_size": 60, "min_frequency": 1}, max_entries_in_raw_dataset=30, seq_length=4096),
                          tmp_path / "cache", progress=False).manifest

@@ -30,7 +30,8 @@ from cramlm.config.base import KEYLESS_DEFAULT, RESUME_FREE, Config, PositiveInt
 from cramlm.config.registry import component
 from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.sources import DataError, JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
-from cramlm.data.tokenizer import TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer
+from cramlm.data.tokenizer import (TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer,
+                                   unknown_id)
 from cramlm.io import atomic_dir, atomic_path, atomic_write
 from cramlm.locks import FolderLock
 
@@ -267,6 +268,10 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
     fp = fingerprint(tok)
     shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]
     counts = merge_shards(cfg, shard_folders, tmp, tok.get_vocab_size(), fp)
+    unk = unknown_id(tok)
+    for split in ("train", "val"):
+        path = tmp / f"{split}.cramtok"
+        counts[split]["unknown_tokens"] = count_id(read_packed(path, verify=False), unk) if unk is not None and path.is_file() else 0
     manifest = {
         "config": cfg.model_dump(mode="json"),
         "pipeline_version": PIPELINE_VERSION,
@@ -288,12 +293,21 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
 
 
 SKIPPED_WARN = 0.1  # a preparation that skips more of what it read (train_subset's choice aside) says so
+UNKNOWN_WARN = 0.001  # ... or whose training tokens are more often the unknown token (the shared corpus: 5 in 11M)
+
+
+def count_id(packed, token: int, chunk: int = 1 << 24) -> int:
+    """How often ``token`` occurs in a packed file, read a chunk at a time (a web corpus's file is GBs)."""
+    import numpy as np
+
+    tokens = packed.tokens
+    return sum(int(np.count_nonzero(tokens[i:i + chunk] == token)) for i in range(0, len(tokens), chunk))
 
 
 def preparation_warnings(cfg: DataConfig, manifest: dict) -> list[str]:
     """What a preparation made that a run would otherwise go on with unnoticed (manifest.json:
-    ``warnings``; printed when it is prepared): a tokenizer smaller than asked, an empty validation
-    split, a large share of the documents read skipped."""
+    ``warnings``; printed when it is prepared): a tokenizer smaller than asked, an empty or too short
+    validation split, training tokens often the unknown token, a large share of the documents skipped."""
     out = []
     asked, got = cfg.tokenizer.vocab_size, manifest["vocab_size"]
     if not cfg.tokenizer.path and asked and got < asked:
@@ -307,6 +321,12 @@ def preparation_warnings(cfg: DataConfig, manifest: dict) -> list[str]:
         out.append(f"the validation split holds {manifest['val']['tokens']:,} tokens, less than one sequence of "
                    f"{cfg.seq_length} (data.seq_length): runs on it report no held-out loss; add text or raise "
                    "data.validation_fraction")
+    train = manifest["train"]
+    if train.get("unknown_tokens", 0) > UNKNOWN_WARN * max(train["tokens"], 1):
+        out.append(f"{train['unknown_tokens']:,} of the {train['tokens']:,} training tokens "
+                   f"({100 * train['unknown_tokens'] / train['tokens']:.2f}%) are the unknown token: the tokenizer's "
+                   "vocabulary cannot spell parts of this text (its characters, or words over its length limit), which the "
+                   "model then never sees")
     reasons = {r: n for r, n in manifest["skipped"].items() if r != "train_subset"}
     if docs["read"] and sum(reasons.values()) > SKIPPED_WARN * docs["read"]:
         out.append(f"{sum(reasons.values()):,} of the {docs['read']:,} documents read were skipped ("

@@ -293,6 +293,15 @@ def special_ids(tok: Tokenizer) -> dict[str, int]:
     return {t: i for t in dict.fromkeys(names) if (i := tok.token_to_id(t)) is not None}
 
 
+def unknown_id(tok: Tokenizer) -> int | None:
+    """The id the tokenizer gives what its vocabulary cannot spell (WordPiece's and BPE's unk_token,
+    Unigram's unk_id); None where every input has tokens (byte-level BPE)."""
+    model = json.loads(tok.to_str()).get("model") or {}
+    if isinstance(model.get("unk_id"), int):
+        return model["unk_id"]
+    return tok.token_to_id(model["unk_token"]) if isinstance(model.get("unk_token"), str) else None
+
+
 _fingerprints: dict[int, tuple[Tokenizer, bytes]] = {}
 
 
