@@ -412,3 +412,15 @@ def test_a_run_on_data_without_a_validation_split_says_so(tmp_path, capsys):
     assert summary["val_loss"] is None
     (line,) = [x for x in out.splitlines() if "no validation split" in x]
     assert line.startswith("cramlm: warning: ") and line.endswith("has no validation split: this run reports no validation loss")
+
+
+def test_the_datas_warnings_reach_the_runs_summary_and_report(tmp_path):
+    """A tokenizer smaller than asked (20 documents cannot fill 20,000 tokens): the preparation's
+    warning is in summary.json and the report's runs table, not only in the data cache's manifest."""
+    from cramlm.report.html import run_facts
+    from cramlm.report.rundata import load_run_data
+
+    summary = run_inprocess(tmp_path, "small-vocab", *STEPS, "data.tokenizer.vocab_size=20000")
+    (warning,) = summary["data_warnings"]
+    assert warning.startswith("the tokenizer has ") and "fewer than the 20,000 asked" in warning
+    assert run_facts(load_run_data(tmp_path / "small-vocab"))["Data warnings (from its preparation)"] == warning

@@ -184,6 +184,7 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Objective", _objective),
     ("Parameters", lambda r: r.summary.get("parameters")),
     ("Data", _data),
+    ("Data warnings (from its preparation)", lambda r: "; ".join(r.summary["data_warnings"]) if r.summary.get("data_warnings") else None),
     ("Budget", _budget),
     ("Budget used", lambda r: f"{100 * r.summary['t']:.0f} %" if is_number(r.summary.get("t")) else None),
     ("Training time (counted)", lambda r: seconds_text(r.summary["train_seconds"]) if is_number(r.summary.get("train_seconds")) else None),

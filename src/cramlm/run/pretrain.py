@@ -140,7 +140,8 @@ def _pretrain(cfg: PretrainConfig, dist, setup_start: float) -> dict:
         + f", budget {trainer.budget.describe()}" + (" [dryrun]" if cfg.dryrun else ""))
     result = trainer.fit()
     summary = {"name": cfg.name, "parameters": n_params, "setup_seconds": round(setup_seconds, 3), **result,
-               "data": str(data.folder), "objective": run_objective_name(cfg), **build_objective(cfg).summary(),
+               "data": str(data.folder), **({"data_warnings": w} if isinstance(data.manifest, dict) and (w := data.manifest.get("warnings")) else {}),
+               "objective": run_objective_name(cfg), **build_objective(cfg).summary(),
                "tokenizer": tokenizer_label(cfg.data.model_dump(mode="json"), vocab_size)}
     save_run(cfg, dist, summary, say)
     return summary
