@@ -26,6 +26,18 @@ PYTHON_SCHEME = "python://"  # python://<package>[==<version>]/<path>: inside an
 NPM_SCHEME = "npm://"  # npm://<package>@<version>/<path>: inside an npm package installed under npm_prefix()
 
 
+def remove_leftover(path: Path) -> int:
+    """Remove a file or folder a stopped process left behind (a temporary of an atomic write);
+    returns the bytes it held."""
+    if path.is_dir() and not path.is_symlink():
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path)
+        return size
+    size = path.lstat().st_size
+    path.unlink()
+    return size
+
+
 def atomic_path(path: Path, pid: int | str | None = None) -> Path:
     """The temporary name ``path`` is written under (hidden, per process: ``pid``, default this
     one's; "*" gives the glob of every process's) before the rename."""

@@ -121,10 +121,7 @@ def test_an_export_removes_what_a_killed_export_left_and_refuses_a_second_at_onc
     """A killed export (SIGKILL, a lost machine) leaves its half-written folder and assembled weights,
     each as large as the model: the next export into that folder removes them, saying so; while one
     export holds the folder a second is refused, naming the holder."""
-    import subprocess
-    import sys
-
-    from tests.train.helpers import REPO, env
+    from tests.train.helpers import holder
 
     runner = CliRunner()
     assert runner.invoke(main, ["pretrain", "arch=bert-original-tiny", "name=tiny", "dryrun=true", *TINY_PRETRAIN]).exit_code == 0
@@ -143,17 +140,15 @@ def test_an_export_removes_what_a_killed_export_left_and_refuses_a_second_at_onc
     assert sorted(p.name for p in in_tmp.iterdir() if p.name.startswith(".new-out")) == []  # the lock file gone too
     assert not (in_tmp / ".new-out.export-lock").exists() and not (in_tmp / "new-out" / ".export.lock").exists()
     lock = in_tmp / ".new-out.export-lock"
-    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    held = holder(lock)
     try:
-        assert holder.stdout.readline().strip() == "held"
         before = sorted(p.name for p in (in_tmp / "new-out").iterdir())
         result = runner.invoke(main, ["export", "hf", "tiny", "new-out"])
         assert result.exit_code == 1 and result.output.startswith(f"Error: export folder {in_tmp / 'new-out'} is in use by pid "), result.output
         assert sorted(p.name for p in (in_tmp / "new-out").iterdir()) == before
     finally:
-        holder.kill()
-        holder.wait()
+        held.kill()
+        held.wait()
 
 
 def test_export_hf_of_a_missing_run_fails_cleanly(in_tmp):

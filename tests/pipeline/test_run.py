@@ -380,29 +380,13 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
     naming the change and the ways out, the folder untouched; while another process holds the run,
     the command is refused by its lock before the record changes."""
     import hashlib
-    import signal
-    import subprocess
-    import sys
 
-    from tests.train.helpers import REPO, env
+    from tests.train.helpers import holder, killed_after_step
 
     args = ["default", *[a for a in TINY_RUN if not a.startswith("budget=")], "budget=null", "train.budget.steps=6", "train.log_every=1",
             "train.checkpoint_every=2", "stages=[data,pretrain]"]
     cramlm("run", *args, "name=whole", cwd=tmp_path)
-    script = (
-        "import os, signal\n"
-        "from cramlm.train import metrics\n"
-        "write = metrics.MetricsLog.write\n"
-        "def killing(self, record):\n"
-        "    write(self, record)\n"
-        "    if record.get('kind') == 'train' and record.get('step') == 5:\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "metrics.MetricsLog.write = killing\n"
-        "from cramlm.cli import main\n"
-        f"main(['run', *{[*args, 'name=cut']!r}])\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    killed_after_step(5, ['run', *args, 'name=cut'], cwd=tmp_path)
     run = tmp_path / "outputs" / "cut"
     assert read_record(run)["stages"]["pretrain"]["status"] == "running"
 
@@ -418,16 +402,14 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
                                     "another configuration (train.optim.lr "), result.output
     assert "--resume auto" in result.output and "force=[pretrain]" in result.output
     assert contents() == before
-    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
-    holder = subprocess.Popen([sys.executable, "-c", code, str(run / ".cramlm.lock")], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    held = holder(run / ".cramlm.lock")
     try:  # the same command while the run is held (running in another process): the run folder's lock refuses it
-        assert holder.stdout.readline().strip() == "held"
         result = CliRunner().invoke(main, ["run", *args, "name=cut"])
         assert result.exit_code == 1 and "is in use by pid" in result.output and "continuing" not in result.output, result.output
         assert contents() == before  # its record too (was: the running stage recorded as failed by the refused one)
     finally:
-        holder.kill()
-        holder.wait()
+        held.kill()
+        held.wait()
     out = cramlm("run", *args, "name=cut", cwd=tmp_path)
     assert "the run in outputs/cut was cut off (its newest checkpoint step-00000004): continuing it, as --resume auto does" in out
     assert "resumed from outputs/cut/checkpoints/step-00000004 (step 4)" in out

@@ -133,3 +133,33 @@ def invoke(*args: str):
     from cramlm.cli import main
 
     return CliRunner().invoke(main, list(args))
+
+
+def holder(lock: Path) -> subprocess.Popen:
+    """Another process holding ``lock`` (until killed)."""
+    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def killed_after_step(step: int, argv: list[str], cwd: Path = REPO, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``cramlm *argv`` in its own process, SIGKILLed once metrics.jsonl holds the train line of ``step``
+    (a kill with no warning: a lost machine, the OOM killer); asserts it was killed so."""
+    import signal
+
+    script = (
+        "import os, signal\n"
+        "from cramlm.train import metrics\n"
+        "write = metrics.MetricsLog.write\n"
+        "def killing(self, record):\n"
+        "    write(self, record)\n"
+        f"    if record.get('kind') == 'train' and record.get('step') == {step}:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "metrics.MetricsLog.write = killing\n"
+        "from cramlm.cli import main\n"
+        f"main({argv!r})\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    return proc

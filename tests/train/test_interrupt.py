@@ -22,7 +22,7 @@ from cramlm.train.checkpoint import checkpoint_dirs
 from cramlm.train.hardware import machine
 from cramlm.train.preemption import EXIT_INTERRUPTED
 
-from .helpers import CAUSAL, REPO, cramlm_cmd, env, free_port, losses, overrides, records, run_inprocess
+from .helpers import CAUSAL, REPO, cramlm_cmd, env, free_port, killed_after_step, losses, overrides, records, run_inprocess
 
 STEPS = ["budget=null", "train.budget.steps=60", "train.checkpoint_every=0", "train.checkpoint_minutes=null"]
 
@@ -302,20 +302,7 @@ def test_a_run_killed_before_its_first_checkpoint_keeps_its_log_when_started_aga
     appends, so the lost start's lines stay (which ran where, the steps trained again) while the
     curves read the run as it stands; the config history keeps both starts."""
     args = ["budget=null", "train.budget.steps=5", "train.checkpoint_every=100"]
-    script = (
-        "import os, signal\n"
-        "from cramlm.train import metrics\n"
-        "write = metrics.MetricsLog.write\n"
-        "def killing(self, record):\n"
-        "    write(self, record)\n"
-        "    if record.get('kind') == 'train' and record.get('step') == 3:\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "metrics.MetricsLog.write = killing\n"
-        "from cramlm.cli import main\n"
-        f"main(['pretrain', *{overrides(tmp_path, 'early', *args)!r}])\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], env=env(), cwd=REPO, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    killed_after_step(3, ['pretrain', *overrides(tmp_path, 'early', *args)])
     run_dir = tmp_path / "early"
     assert checkpoint_dirs(run_dir / "checkpoints") == []
     before = (run_dir / "metrics.jsonl").read_bytes()

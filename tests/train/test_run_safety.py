@@ -26,21 +26,13 @@ from cramlm.run.build import load_run
 from cramlm.run.folder import RUN_LOCK
 from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint
 
-from .helpers import REPO, cramlm_cmd, env, overrides, run_inprocess
+from .helpers import REPO, cramlm_cmd, env, holder, overrides, run_inprocess
 
 STEPS = ["budget=null", "train.budget.steps=2"]
 
 
 def invoke(*args: str):
     return CliRunner().invoke(main, list(args))
-
-
-def holder(lock: Path) -> subprocess.Popen:
-    """Another process holding ``lock`` (until killed)."""
-    code = "import sys, time; from cramlm.locks import FolderLock; held = FolderLock(sys.argv[1], 'x').acquire(); print('held', flush=True); time.sleep(600)"
-    proc = subprocess.Popen([sys.executable, "-c", code, str(lock)], env=env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 def sigkill(proc: subprocess.Popen) -> None:

@@ -100,7 +100,7 @@ def exporting(out: Path) -> Iterator[None]:
     and what a killed export left first removed: its assembled weights (``.<out>.assembled-*``) and its
     half-written folder (``.<out>.tmp-<pid>`` beside it, or ``.export.tmp-<pid>`` inside it), each as
     large as the model."""
-    from cramlm.io import atomic_path
+    from cramlm.io import atomic_path, remove_leftover
     from cramlm.locks import FolderLock
 
     out = out.resolve()
@@ -111,8 +111,7 @@ def exporting(out: Path) -> Iterator[None]:
         stale = [*out.parent.glob(f".{out.name}.assembled-*"), *out.parent.glob(atomic_path(out, "*").name),
                  *(out.glob(".export.tmp-*") if out.is_dir() else [])]
         for path in sorted(stale):
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-            _remove(path)
+            size = remove_leftover(path)
             click.echo(f"cramlm: removed {path} ({size / 1e6:,.1f} MB), left by an export into {out.name} that was stopped")
         try:
             yield

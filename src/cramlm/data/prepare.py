@@ -32,7 +32,7 @@ from cramlm.data.clean import Cleaner, CleanConfig, DedupConfig
 from cramlm.data.sources import DataError, JsonlSourceConfig, SkipReport, SourceConfig, check_packages, documents
 from cramlm.data.tokenizer import (TokenizerConfig, fingerprint, load_tokenizer, separator_id, special_ids, train_tokenizer,
                                    unknown_id)
-from cramlm.io import atomic_dir, atomic_path, atomic_write
+from cramlm.io import atomic_dir, atomic_path, atomic_write, remove_leftover
 from cramlm.locks import FolderLock
 
 if TYPE_CHECKING:
@@ -395,8 +395,7 @@ def clear_stopped_writes(folder: Path, say=_note) -> list[Path]:
     it honours ``flock`` as the run folders' locks need too: cramlm/locks.py)."""
     removed = []
     for stale in sorted(folder.parent.glob(atomic_path(folder, "*").name)):
-        size = sum(f.stat().st_size for f in stale.rglob("*") if f.is_file()) if stale.is_dir() else stale.stat().st_size
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        size = remove_leftover(stale)
         say(f"cramlm: removed {stale} ({size / 1e6:,.1f} MB), left by a preparation of {folder.name} that was stopped")
         removed.append(stale)
     return removed
