@@ -51,8 +51,7 @@ def export_run(run_or_checkpoint: str, out_dir: str) -> str:
                       "kept and the folder is as it was: free some space or export elsewhere"):  # safetensors' own error too
         if weights.is_file() or not is_sharded(weights.parent):
             return export_weights(run_dir, weights, out_dir)
-        out = Path(out_dir).resolve()  # (a symlinked output folder: beside its target, where `exporting` looks)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out = Path(out_dir).resolve()  # (a symlinked output folder: beside its target, where `exporting` looks; it made the parent)
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.assembled-", dir=out.parent) as tmp:  # beside the output
             return export_weights(run_dir, assemble_weights(weights.parent, Path(tmp)), out_dir)
 
