@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,46 @@ def test_a_signal_during_the_minimal_pairs_stops_them_and_a_scored_result_is_not
     assert third.returncode == 0, third.stdout + third.stderr
     assert "minimal pairs: scored before" in third.stdout
     assert json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["minimal_pairs"]["scores"] == scored["scores"]
+
+
+def test_a_killed_minimal_pair_scoring_continues_after_the_sentences_it_wrote_to_the_same_scores(in_tmp):
+    """SIGKILL (no handler runs) part way through the pairs: the sentences scored before the last write of
+    the partial file are kept, the same command scores only the rest (under another save_every too) and
+    its scores are those of a scoring never stopped."""
+    run = CliRunner().invoke(main, ["pretrain", "name=tiny", "dryrun=true", "impl.dryrun_steps=2", *TINY_PRETRAIN])
+    assert run.exit_code == 0, run.output
+    pairs = [f"eval.minimal_pairs.paths=[{_pairs_file(in_tmp / 'pairs', 200)}]", "eval.minimal_pairs.batch_tokens=256",
+             "eval.tasks=[]"]
+    command = [sys.executable, "-m", "cramlm", "eval", *EVAL, *pairs]
+    partial = in_tmp / "outputs" / "tiny" / "eval.partial.json"
+
+    def kept() -> int:
+        try:
+            scores = (json.loads(partial.read_text()).get("minimal_pairs_kept") or {}).get("scores") or {}
+        except (OSError, ValueError):
+            return 0
+        return min((len(v) for by_method in scores.values() for v in by_method.values()), default=0)
+
+    first = subprocess.Popen([*command, "eval.minimal_pairs.save_every=16"], cwd=in_tmp, env=_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while kept() < 32 and first.poll() is None:
+            time.sleep(0.01)
+        first.kill()
+    finally:
+        first.kill()
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    scored = kept()
+    assert 32 <= scored < 400 and scored % 16 == 0, scored  # whole slices of 16 of the 400 sentences
+    second = subprocess.run([*command, "eval.minimal_pairs.save_every=50"], cwd=in_tmp, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"scoring 400 sentences ({scored:,} scored before, kept)" in second.stdout, second.stdout
+    assert not partial.exists()
+    reference = subprocess.run([*command, "out_dir=reference"], cwd=in_tmp, env=_env(), capture_output=True, text=True,
+                               timeout=300)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+    got = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["minimal_pairs"]
+    want = json.loads((in_tmp / "reference" / "eval.json").read_text())["minimal_pairs"]
+    assert got["scores"] == want["scores"] and got["sentences"] == want["sentences"] == 400

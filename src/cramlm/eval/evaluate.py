@@ -169,7 +169,8 @@ def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list, partial, stopped
         print(f"minimal pairs: scored before, from {partial.path.name}")
         return done
     try:
-        done = score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device, progress=lambda _: stopped("in the minimal pairs"))
+        done = score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device, progress=lambda _: stopped("in the minimal pairs"),
+                           kept=partial.pairs_kept(key), keep=lambda kept: partial.keep_pairs(key, kept))
     except PairsUnavailable as e:
         print(f"minimal pairs skipped: {e}")
         done = {"skipped": str(e)}
@@ -179,7 +180,7 @@ def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list, partial, stopped
 
 def pairs_key(pairs: list, pairs_cfg) -> str:
     """A digest of the pairs and how they are scored: a result is reused only for the same."""
-    h = hashlib.sha256(json.dumps(pairs_cfg.model_dump(mode="json"), sort_keys=True).encode())
+    h = hashlib.sha256(json.dumps(pairs_cfg.model_dump(mode="json", exclude={"save_every"}), sort_keys=True).encode())
     for p in pairs:
         h.update(json.dumps([p.good, p.bad, p.paradigm, p.phenomenon]).encode())
     return h.hexdigest()[:16]

@@ -237,10 +237,13 @@ def exact_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dict:
+def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: dict | None = None, keep=None) -> dict:
     """``eval.json``'s ``minimal_pairs`` of ``ckpt``: per scorer (the headline first) the accuracy
     record of eval/pairs.py, how text was given, the time taken. ``progress(n)`` is called after
-    each batch of n sentences (it may raise to stop)."""
+    each batch of n sentences (it may raise to stop). Sentences are scored ``cfg.save_every`` at a
+    time, ``keep(kept)`` called after each slice with every score so far (scorer -> method -> the
+    scores of the first sentences, in order); ``kept`` from a stopped evaluation: those are not
+    scored again (a sentence's score does not depend on its batch, so the result is the same)."""
     from cramlm.eval.pairs import accuracy
     from cramlm.eval.sentence_scores import score_sentences
 
@@ -250,18 +253,29 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None) -> dic
         say(f"minimal pairs: eval.minimal_pairs.pll={cfg.pll} does not apply to {ckpt.label}: it has no masked-LM "
             f"scorer (scored by {', '.join(pm.name for pm in models)})")
     texts = list(dict.fromkeys(t for p in pairs for t in (p.good, p.bad)))  # each distinct sentence once
+    kept = dict(kept or {})
     scores: dict[str, dict[str, float]] = {}
     for pm in models:
         began = time.perf_counter()
-        say(f"minimal pairs: {ckpt.label} {pm.name}: scoring {len(texts):,} sentences")
+        got = {m: list(v) for m, v in (kept.get(pm.name) or {}).items()}
+        n = min((len(v) for v in got.values()), default=0)
+        got = {m: v[:n] for m, v in got.items()}
+        say(f"minimal pairs: {ckpt.label} {pm.name}: scoring {len(texts):,} sentences"
+            + (f" ({n:,} scored before, kept)" if n else ""))
         sentences = pm.encode(texts)
         check_sentences(pairs, dict(zip(texts, sentences)), ckpt.max_length, cfg.fields, ckpt.label)
-        with exact_fp32():
-            values = score_sentences(pm.kind, pm.fn, sentences, pm.pad_id, pm.mask_id, cfg.pll, cfg.batch_tokens,
-                                     pm.full_logits_vocab, device, progress)
-        for method, got in values.items():
+        for lo in range(n, len(texts), cfg.save_every):
+            with exact_fp32():
+                values = score_sentences(pm.kind, pm.fn, sentences[lo: lo + cfg.save_every], pm.pad_id, pm.mask_id,
+                                         cfg.pll, cfg.batch_tokens, pm.full_logits_vocab, device, progress)
+            for method, v in values.items():
+                got.setdefault(method, []).extend(v.tolist())
+            kept[pm.name] = got
+            if keep:
+                keep(kept)
+        for method, v in got.items():
             name = method if pm.name in ("pll", "log-probability", "detector") else f"{pm.name} {method}"
-            scores[name] = dict(zip(texts, got.tolist()))
+            scores[name] = dict(zip(texts, v))
         say(f"minimal pairs: {ckpt.label} {pm.name}: {len(texts):,} sentences in {time.perf_counter() - began:.1f}s")
     records = {name: accuracy(pairs, [s[p.good] for p in pairs], [s[p.bad] for p in pairs]) for name, s in scores.items()}
     return {"kind": models[0].kind, "headline": next(iter(records)), "input": models[0].input,

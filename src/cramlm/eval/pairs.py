@@ -91,6 +91,10 @@ class PairsConfig(Config):
         "discriminator's (the headline)")
     batch_tokens: PositiveInt = Field(
         8192, description="tokens (padded) per forward pass when scoring; no effect on the scores, only on speed and memory")
+    save_every: PositiveInt = Field(
+        2048, description="sentences scored between two writes of the partial file (<stem>.partial.json): a stopped or "
+        "killed evaluation keeps the sentences scored so far and the same command continues after them; no effect on "
+        "the scores")
 
     @field_validator("pll")
     @classmethod

@@ -5,8 +5,9 @@ Every finished fine-tuning (one task, one seed) is written at once beside the re
 SIGTERM or SIGUSR1 (train/preemption.py) abandon the fine-tuning in progress after its current
 step, leave the finished ones written and exit with status 75, as training does; the same command
 again reuses every finished fine-tuning whose checkpoint (its weight files), task data and
-hyperparameters are unchanged, and redoes only the rest. The partial file is removed once
-``<stem>.json`` is written.
+hyperparameters are unchanged, and redoes only the rest. The minimal pairs' sentence scores are
+written every ``eval.minimal_pairs.save_every`` sentences, so a stopped (or killed) scoring continues
+after the last written ones. The partial file is removed once ``<stem>.json`` is written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ def stop_exit(signum: int, doing: str, partial: Partial, total: int) -> None:
     """Say what was kept and exit 75 (training's status for a stop)."""
     from cramlm.train.preemption import EXIT_INTERRUPTED, signal_name
 
-    print(f"cramlm eval: {signal_name(signum)}: stopped ({doing}); {partial.finished} of {total} fine-tunings "
+    pairs = f"{partial.pairs_scored:,} sentences of the minimal pairs scored, " if partial.pairs_scored else ""
+    print(f"cramlm eval: {signal_name(signum)}: stopped ({doing}); {pairs}{partial.finished} of {total} fine-tunings "
           f"finished, written to {partial.path}; the same command continues from them", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_INTERRUPTED)
 
@@ -49,12 +51,12 @@ class Partial:
 
     def __init__(self, path: Path, header: dict):
         self.path, self.header = path, header
-        self.data: dict = {**header, "heldout": None, "minimal_pairs": None, "tasks": {}}
+        self.data: dict = {**header, "heldout": None, "minimal_pairs": None, "minimal_pairs_kept": None, "tasks": {}}
         self.reused = 0
         old = self._read()
         if old is not None and all(old.get(k, v if k in ADDED_LATER else None) == v for k, v in header.items()):
             self.data["heldout"], self.data["tasks"] = old.get("heldout"), old.get("tasks") or {}
-            self.data["minimal_pairs"] = old.get("minimal_pairs")
+            self.data["minimal_pairs"], self.data["minimal_pairs_kept"] = old.get("minimal_pairs"), old.get("minimal_pairs_kept")
             self.reused = self.finished
         elif old is not None:
             aside = self._set_aside()
@@ -133,5 +135,26 @@ class Partial:
         return done.get("result") if isinstance(done, dict) and done.get("key") == key else None
 
     def set_pairs(self, key: str, result: dict) -> None:
-        self.data["minimal_pairs"] = {"key": key, "result": result}
+        self.data["minimal_pairs"], self.data["minimal_pairs_kept"] = {"key": key, "result": result}, None
         self.save()
+
+    def pairs_kept(self, key: str) -> dict | None:
+        """The sentence scores of a minimal-pair scoring stopped part way on the same pairs and settings:
+        scorer -> method -> the scores of the first sentences (eval/pair_models.py's ``score_pairs``)."""
+        kept = self.data.get("minimal_pairs_kept")
+        scores = kept.get("scores") if isinstance(kept, dict) and kept.get("key") == key else None
+        well_formed = isinstance(scores, dict) and all(
+            isinstance(by_method, dict) and all(isinstance(v, list) and all(isinstance(x, float) for x in v)
+                                                for v in by_method.values()) for by_method in scores.values())
+        return scores if well_formed else None
+
+    def keep_pairs(self, key: str, scores: dict) -> None:
+        self.data["minimal_pairs_kept"] = {"key": key, "scores": scores}
+        self.save()
+
+    @property
+    def pairs_scored(self) -> int:
+        """Sentences of the minimal pairs scored so far and kept (the fewest of any scorer begun, 0 if none)."""
+        kept = self.data.get("minimal_pairs_kept")
+        lengths = [len(v) for by_method in ((kept or {}).get("scores") or {}).values() for v in by_method.values()]
+        return min(lengths, default=0)
