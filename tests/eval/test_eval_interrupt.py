@@ -46,6 +46,10 @@ def test_signal_during_eval_writes_finished_seeds_exits_75_and_rerun_continues(i
         for line in proc.stdout:  # the trigger: seed 0's result is written (no timing guess)
             out.append(line)
             if "seed 0: fine-tuned" in line:
+                if sig == signal.SIGTERM:  # held still meanwhile: a second evaluation into its folder is refused
+                    proc.send_signal(signal.SIGSTOP)
+                    second = CliRunner().invoke(main, ["eval", *EVAL])
+                    proc.send_signal(signal.SIGCONT)
                 proc.send_signal(sig)
                 break
         rest, err = proc.communicate(timeout=300)
@@ -53,6 +57,9 @@ def test_signal_during_eval_writes_finished_seeds_exits_75_and_rerun_continues(i
         proc.kill()
     out = "".join(out) + rest
     assert proc.returncode == EXIT_INTERRUPTED == 75, out + err
+    if sig == signal.SIGTERM:
+        assert second.exit_code == 1 and f"Error: results file outputs/tiny/eval.json is in use by pid {proc.pid} " \
+            in second.output and second.output.endswith("; lock file outputs/tiny/.eval.lock\n"), second.output
     assert "Traceback" not in err and f"cramlm eval: {sig.name}: stopped" in err, err
     written = json.loads(partial.read_text())
     seeds = written["tasks"]["rotten_tomatoes_small"]["seeds"]
@@ -71,6 +78,7 @@ def test_signal_during_eval_writes_finished_seeds_exits_75_and_rerun_continues(i
     assert [s["seed"] for s in row["seeds"]] == [0, 1, 2, 3]
     assert row["seeds"][0]["epochs"] == [e["dev"] for e in seeds["0"]["epochs"]]  # seed 0 as written before
     assert not partial.exists()  # all in eval.json now
+    assert not list((in_tmp / "outputs" / "tiny").glob(".eval.lock*"))  # the lock and its owner file removed
 
 
 def test_a_changed_hparam_redoes_the_finished_seeds(tmp_path):

@@ -19,8 +19,9 @@ import hashlib
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import Field
 
@@ -101,58 +102,75 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
         check_results_folder(stem.with_suffix(".json"), ckpt, cfg.overwrite)
     # the results folder must take files before hours of fine-tuning: its partial file is written now
     # another device or precision: other numbers, never one median of both
-    partial = Partial(Path(f"{stem}.partial.json"), {"checkpoint": ckpt.label, "identity": ckpt.identity,
-                                                      "protocol": ev.protocol, "device": device.type,
-                                                      "precision": cfg.impl.precision})
+    with results_lock(out_dir, stem):
+        partial = Partial(Path(f"{stem}.partial.json"), {"checkpoint": ckpt.label, "identity": ckpt.identity,
+                                                          "protocol": ev.protocol, "device": device.type,
+                                                          "precision": cfg.impl.precision})
+        partial.save()
+        start = time.perf_counter()
+        print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
+        if partial.reused:
+            print(f"cramlm eval: continuing from {partial.path}: {partial.reused} finished fine-tunings are not redone")
+
+        def stopped(doing: str) -> None:
+            if stop.signal:
+                stop_exit(stop.signal, doing, partial, ev.fine_tunings)
+
+        stopped("before the held-out LM loss")
+        heldout = heldout_result(cfg, ckpt, device, partial)
+        stopped("before the minimal pairs")
+        zero_shot = pairs_result(cfg, ckpt, device, pairs, partial, stopped)
+        rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device, stop, partial, stopped)]
+        mean = means(rows)
+        title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
+        table = markdown(rows, mean, title)
+        result = {
+            "checkpoint": ckpt.label,
+            "source": source_of(ckpt),
+            "untrained": ckpt.untrained,
+            "protocol": ev.protocol,
+            "results": rows,
+            "mean": mean,
+            "heldout": heldout,
+            "minimal_pairs": zero_shot,
+            "seconds": round(time.perf_counter() - start, 1),
+            "config": cfg.model_dump(mode="json"),
+        }
+        write_json(stem.with_suffix(".json"), result)
+        write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
+        write_text(stem.with_suffix(".md"), table + (f"\nheld-out {objective_label(heldout['objective'])} loss: {heldout['loss']:.4f}"
+                                                     + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
+                                                     + f" ({heldout['definition']})\n" if heldout else "")
+                   + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else "")
+                   + (f"\nminimal pairs not scored: {zero_shot['skipped']}\n" if zero_shot and "skipped" in zero_shot else ""))
+        partial.path.unlink(missing_ok=True)  # everything is in the results now
+        print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
+        if zero_shot and "scores" in zero_shot:
+            print("\n" + pairs_text(zero_shot), end="")
+        elif zero_shot:
+            print(f"\nminimal pairs not scored: {zero_shot['skipped']}")
+        print(f"results in {stem}.{{md,csv,json}}")
+        return rows
+
+
+@contextmanager
+def results_lock(out_dir: Path, stem: Path) -> Iterator[None]:
+    """One evaluation into ``<stem>.json`` at a time (``.<stem>.lock`` beside it, removed afterwards): a
+    second is refused, naming the first, before it reads or writes the partial file. The folder is made
+    here and must take files before hours of fine-tuning."""
+    from cramlm.locks import FolderLock
+
+    lock = FolderLock(out_dir / f".{stem.name}.lock", f"results file {stem}.json")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        partial.save()
+        lock.acquire()
     except OSError as e:
         raise OSError(e.errno, f"{e.strerror}: cannot write results in this folder (out_dir)", str(out_dir)) from None
-    start = time.perf_counter()
-    print(f"cramlm eval: {ckpt.label}, protocol {ev.protocol}, {len(tasks)} tasks x {ev.seeds} seeds, device {device}")
-    if partial.reused:
-        print(f"cramlm eval: continuing from {partial.path}: {partial.reused} finished fine-tunings are not redone")
-
-    def stopped(doing: str) -> None:
-        if stop.signal:
-            stop_exit(stop.signal, doing, partial, ev.fine_tunings)
-
-    stopped("before the held-out LM loss")
-    heldout = heldout_result(cfg, ckpt, device, partial)
-    stopped("before the minimal pairs")
-    zero_shot = pairs_result(cfg, ckpt, device, pairs, partial, stopped)
-    rows = [row for task in tasks for row in finetune_task(cfg, ckpt, task, device, stop, partial, stopped)]
-    mean = means(rows)
-    title = f"{ckpt.label} ({ev.protocol}, median of {ev.seeds} seed{'s' if ev.seeds > 1 else ''})"
-    table = markdown(rows, mean, title)
-    result = {
-        "checkpoint": ckpt.label,
-        "source": source_of(ckpt),
-        "untrained": ckpt.untrained,
-        "protocol": ev.protocol,
-        "results": rows,
-        "mean": mean,
-        "heldout": heldout,
-        "minimal_pairs": zero_shot,
-        "seconds": round(time.perf_counter() - start, 1),
-        "config": cfg.model_dump(mode="json"),
-    }
-    write_json(stem.with_suffix(".json"), result)
-    write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
-    write_text(stem.with_suffix(".md"), table + (f"\nheld-out {objective_label(heldout['objective'])} loss: {heldout['loss']:.4f}"
-                                                 + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
-                                                 + f" ({heldout['definition']})\n" if heldout else "")
-               + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else "")
-               + (f"\nminimal pairs not scored: {zero_shot['skipped']}\n" if zero_shot and "skipped" in zero_shot else ""))
-    partial.path.unlink(missing_ok=True)  # everything is in the results now
-    print("\n" + text_table(rows, mean, title), end="")  # one aligned table, in % (eval.json keeps every digit)
-    if zero_shot and "scores" in zero_shot:
-        print("\n" + pairs_text(zero_shot), end="")
-    elif zero_shot:
-        print(f"\nminimal pairs not scored: {zero_shot['skipped']}")
-    print(f"results in {stem}.{{md,csv,json}}")
-    return rows
+    try:
+        yield
+    finally:
+        lock.path.unlink(missing_ok=True)
+        lock.release()
 
 
 def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list, partial, stopped) -> dict | None:
