@@ -421,6 +421,35 @@ def test_an_rtd_export_is_what_was_trained_and_refuses_fill_mask(runs):
         np.testing.assert_allclose(a[k], b[k], atol=1e-4, rtol=0)
 
 
+def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path):
+    """checkpoint=<run>/checkpoints/step-N is the run at that step, ELECTRA's generator and detector taken from
+    the checkpoint's own weights: the final checkpoint scores exactly as the run does; results go to the run
+    folder as eval-step-N. A run without its final weights names its newest checkpoint."""
+    import shutil
+
+    from cramlm.eval.checkpoints import CheckpointError, load_checkpoint
+
+    texts = texts_of_fixtures()
+    for name in ("mlm", "rtd"):
+        run = load_checkpoint(str(runs / name), runs)
+        step = load_checkpoint(str(runs / name / "checkpoints" / "step-00000003"), runs)
+        assert (step.label, step.stem, step.out_dir) == (f"{name}/step-00000003", "eval-step-00000003", runs / name)
+        a, b = scorer_scores(run, texts), scorer_scores(step, texts)
+        assert len(a) == (3 if name == "rtd" else 2) and a.keys() == b.keys()
+        assert all(np.array_equal(a[k], b[k]) for k in a), name
+        assert load_checkpoint(str(runs / name / "checkpoints" / "step-00000003-untrained"), runs).label == f"{name}-untrained"
+    cut = tmp_path / "cut"
+    shutil.copytree(runs / "rtd", cut)
+    (cut / "model.safetensors").unlink(), (cut / "electra.safetensors").unlink()  # as a run cut off has neither
+    with pytest.raises(CheckpointError, match=r"a cramlm run without its final weights \(model.safetensors\): training "
+                       r"now, or cut off; its newest checkpoint is evaluated with checkpoint=.*cut/checkpoints/step-00000003$"):
+        load_checkpoint(str(cut), tmp_path)
+    # all it scores by comes from the checkpoint: the run's own weight files are not there
+    a, b = scorer_scores(load_checkpoint(str(runs / "rtd"), runs), texts), scorer_scores(
+        load_checkpoint(str(cut / "checkpoints" / "step-00000003"), tmp_path), texts)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_an_rtd_run_without_its_generator_and_detector_is_refused_never_scored_by_its_mlm_head(runs, tmp_path):
     """A run folder without electra.safetensors (as cramlm saved RTD runs before it kept one): its
     checkpoints hold the generator and detector, but they are not read in its place."""

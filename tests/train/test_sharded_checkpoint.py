@@ -122,3 +122,24 @@ def test_a_sharded_checkpoint_exports_exactly(runs, tmp_path):
     export_run(str(runs / "sharded" / "checkpoints" / "step-00000002"), str(tmp_path / "from-step-2"))
     d = load_file(str(tmp_path / "from-step-2" / "model.safetensors"))
     assert not all(torch.equal(a[k], d[k]) for k in a)  # another checkpoint, other weights
+
+
+def test_a_sharded_checkpoint_is_evaluated_as_its_whole_twin(runs):
+    """`cramlm eval checkpoint=<run>/checkpoints/step-N` on a sharded checkpoint: its weights assembled in
+    the run folder and removed once loaded; the held-out loss that of the full-format checkpoint and the run."""
+    from click.testing import CliRunner
+
+    from cramlm.cli import main
+
+    def heldout(spec, stem: str) -> float:
+        got = CliRunner().invoke(main, ["eval", f"checkpoint={spec}", "eval.tasks=[]", "impl.progress=false",
+                                        "impl.threads=1", "impl.precision=fp32"])
+        assert got.exit_code == 0, got.output
+        return json.loads((spec if stem == "eval" else spec.parent.parent).joinpath(f"{stem}.json").read_text())["heldout"]["loss"]
+
+    step4 = "eval-step-00000004"
+    run = heldout(runs / "full", "eval")
+    assert heldout(runs / "full" / "checkpoints" / "step-00000004", step4) == run
+    assert heldout(runs / "sharded" / "checkpoints" / "step-00000004", step4) == run
+    assert heldout(runs / "sharded" / "checkpoints" / "step-00000002", "eval-step-00000002") != run
+    assert not list((runs / "sharded").glob(".eval-*"))  # the assembled weights and the lock removed

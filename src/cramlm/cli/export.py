@@ -71,6 +71,8 @@ def export_weights(run_dir: Path, weights: Path, out_dir: str) -> str:
     model, tok, cfg = load_run(run_dir, untrained=not own)
     objective = build_objective(cfg)
     if not own:  # (load_run checked the run's own against its digest)
+        from cramlm.eval.checkpoints import load_encoder
+
         load_encoder(model, objective, weights)
     model = objective_export_model(run_dir, objective, model, weights)
     segments_as_trained(model)  # a tokenizer's pairs give segment 1 after [SEP]; the run trained segment 0 alone
@@ -200,20 +202,6 @@ def check_output_folder(out: Path, run_dir: Path) -> None:
     if held and not (target / "config.json").is_file():
         raise ValueError(f"{out}: holds other files ({', '.join(held[:3])}{', ...' if len(held) > 3 else ''}) and no "
                          "config.json: an export writes a model folder; export into a new or empty folder, or a model folder")
-
-
-def load_encoder(model, objective, weights: Path) -> None:
-    """The arch's part of a checkpoint's weights (a training model's: the objective selects it) into ``model``."""
-    from safetensors.torch import load_file
-
-    from cramlm.models.base import tied_aliases
-    from cramlm.train.checkpoint import load_weights, verified_weights
-
-    if not objective.trained_parts:
-        load_weights(model, verified_weights(weights))
-        return
-    state = objective.encoder_state(load_file(str(verified_weights(weights))))
-    model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
 
 
 def served_classes(out_dir: Path, first: str) -> list[str]:

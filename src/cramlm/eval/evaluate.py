@@ -37,7 +37,8 @@ class EvalRunConfig(Config):
     name: str = Field("latest", description="the run to evaluate, <base_dir>/<name>, when checkpoint is not set; latest: the newest run")
     base_dir: str = Field(OUTPUTS_DIR, description="folder holding the run folders")
     checkpoint: str | None = Field(
-        None, description="what to evaluate: a run name or folder, latest, a Hugging Face folder or hf://name; "
+        None, description="what to evaluate: a run name or folder, one of its checkpoints (<run>/checkpoints/step-N), "
+        "latest, a Hugging Face folder or hf://name; "
         "suffix -untrained for the random-weights twin. null: name")
     untrained: bool = Field(False, description="the untrained twin: the same architecture with random weights (the baseline)")
     trust_remote_code: bool = Field(False, description="let transformers run a checkpoint's own modeling code (HF folders)")
