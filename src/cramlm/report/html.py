@@ -167,11 +167,13 @@ def _val_loss(run: RunData) -> str | None:
     return f"{logged[-1]:.3f} (last logged)" if logged else None
 
 
-def _eval_means(run: RunData) -> tuple[float | None, float | None, bool]:
-    """(arithmetic mean in %, harmonic mean in % or None where undefined, any score at all)."""
+def _eval_means(run: RunData, results: list[dict] | None = None) -> tuple[float | None, float | None, bool]:
+    """(arithmetic mean in %, harmonic mean in % or None where undefined, any score at all) of the run's
+    task results (or of ``results``)."""
     from cramlm.eval.metrics import harmonic_mean
 
-    scores = [as_percent(str(r.get("metric", "")), s) for r in run.eval_results if (s := result_score(r)) is not None]
+    scores = [as_percent(str(r.get("metric", "")), s) for r in (run.eval_results if results is None else results)
+              if (s := result_score(r)) is not None]
     if not scores:
         return None, None, False
     return statistics.fmean(scores), harmonic_mean(scores), True
@@ -402,6 +404,29 @@ def pairs_table(runs: list[RunData]) -> str:
     return table + f'<p class="note">{html.escape(note)}</p>'
 
 
+def checkpoints_table(run: RunData) -> str:
+    """The run's checkpoints evaluated (eval-step-N.json), in step order, and its end (eval.json): held-out
+    loss, the zero-shot headline (macro average over paradigms) and the task mean, against tokens and
+    compute: what the run had learned along the way. "" when no checkpoint was evaluated."""
+    from cramlm.report.rundata import _pairs, _results
+
+    if not run.checkpoint_evals:
+        return ""
+    end = [(run.summary.get("steps"), run.eval)] if run.eval else []
+    rows = []
+    for step, data in [*run.checkpoint_evals, *end]:
+        heldout, pairs = data.get("heldout"), _pairs(data)
+        tokens, flops = (run.at_step(k, step) if is_number(step) else None for k in ("tokens", "flops"))
+        head = pairs["scores"][pairs["headline"]]["accuracy"] if pairs else None
+        rows.append([f"{step:,}" if isinstance(step, int) else "end" if data is run.eval else "",
+                     "end of training (eval.json)" if data is run.eval else f"eval-step-{step:08d}.json",
+                     si(tokens, "") if tokens is not None else "", si(flops, "FLOPs") if flops is not None else "",
+                     f"{heldout['loss']:.3f}" if isinstance(heldout, dict) and is_number(heldout.get("loss")) else "",
+                     _round(None if head is None else 100 * head) + (f" ({pairs['headline']})" if pairs else ""),
+                     _pct(_eval_means(run, _results(data))[0]) or ""])
+    return _table(["step", "results", "tokens", "compute", "held-out loss", "zero-shot, macro %", "task mean, %"], rows)
+
+
 # ------------------------------------------------------------------------------ stages table
 
 
@@ -485,6 +510,10 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
              for name in figures}
     parts += [_img(name, title, path, notes[name]) for name, (title, path) in figures.items()]
     if len(runs) == 1:
+        if checkpoints := checkpoints_table(runs[0]):
+            parts += ["<h2>Checkpoints evaluated</h2>", checkpoints,
+                      '<p class="note">Each of the run\'s checkpoints evaluated (<code>cramlm eval checkpoint=&lt;run&gt;/checkpoints/step-N</code>) '
+                      "by the settings its results file records: rows compare where those are the same.</p>"]
         if stages := stages_table(runs[0], now):
             parts += ["<h2>Pipeline stages</h2>", stages]
         if segments := segments_table(runs[0]):

@@ -30,6 +30,13 @@ class RunData:
     eval: dict[str, Any] = field(default_factory=dict)
     eval_untrained: dict[str, Any] = field(default_factory=dict)  # the untrained twin's eval.json
     pipeline: dict[str, Any] = field(default_factory=dict)
+    # (step, eval-step-N.json) of each of its checkpoints evaluated (`cramlm eval checkpoint=<run>/checkpoints/step-N`)
+    checkpoint_evals: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+
+    def at_step(self, key: str, step: int) -> float | None:
+        """A logged quantity (tokens, flops) at ``step``, interpolated between the logged steps; None outside them."""
+        known = sorted({m["step"]: m[key] for m in self.metrics if is_number(m.get(key)) and is_number(m.get("step"))}.items())
+        return _interpolate([k for k, _ in known], [v for _, v in known], step)
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
         """(xs, ys) from the metric lines holding a number under ``y``. A line without ``x`` (a
@@ -236,6 +243,11 @@ def load_run_data(folder: str | Path) -> RunData:
     )
     check_pairs(run.eval, folder / "eval.json")
     check_pairs(run.eval_untrained, folder / "eval-untrained.json")
+    for path in folder.glob("eval-step-*.json"):
+        if (step := path.stem[len("eval-step-"):]).isdigit() and (data := _json(path)):
+            check_pairs(data, path)
+            run.checkpoint_evals.append((int(step), data))
+    run.checkpoint_evals.sort(key=lambda e: e[0])
     return run
 
 
