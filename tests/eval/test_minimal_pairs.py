@@ -421,7 +421,7 @@ def test_an_rtd_export_is_what_was_trained_and_refuses_fill_mask(runs):
         np.testing.assert_allclose(a[k], b[k], atol=1e-4, rtol=0)
 
 
-def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path):
+def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path, monkeypatch):
     """checkpoint=<run>/checkpoints/step-N is the run at that step, ELECTRA's generator and detector taken from
     the checkpoint's own weights: the final checkpoint scores exactly as the run does; results go to the run
     folder as eval-step-N. A run without its final weights names its newest checkpoint."""
@@ -437,7 +437,8 @@ def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path):
         a, b = scorer_scores(run, texts), scorer_scores(step, texts)
         assert len(a) == (3 if name == "rtd" else 2) and a.keys() == b.keys()
         assert all(np.array_equal(a[k], b[k]) for k in a), name
-        assert load_checkpoint(str(runs / name / "checkpoints" / "step-00000003-untrained"), runs).label == f"{name}-untrained"
+        twin = load_checkpoint(str(runs / name / "checkpoints" / "step-00000003-untrained"), runs)
+        assert (twin.label, twin.identity) == (f"{name}-untrained", load_checkpoint(f"{name}-untrained", runs).identity)
     cut = tmp_path / "cut"
     shutil.copytree(runs / "rtd", cut)
     (cut / "model.safetensors").unlink(), (cut / "electra.safetensors").unlink()  # as a run cut off has neither
@@ -448,6 +449,20 @@ def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path):
     a, b = scorer_scores(load_checkpoint(str(runs / "rtd"), runs), texts), scorer_scores(
         load_checkpoint(str(cut / "checkpoints" / "step-00000003"), tmp_path), texts)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert load_checkpoint("cut-untrained", tmp_path).label == "cut-untrained"  # the twin needs no final weights
+    # a resumed run's settings may have changed since the checkpoint: its held-out set is as the run stood then
+    config = cut / "config.yaml"
+    then = load_checkpoint(str(cut / "checkpoints" / "step-00000003"), tmp_path).lm.mlm_probability
+    config.write_text(config.read_text().replace(f"mlm_probability: {then}", "mlm_probability: 0.4"))
+    assert "mlm_probability: 0.4" in config.read_text()
+    assert load_checkpoint(str(cut / "checkpoints" / "step-00000003"), tmp_path).lm.mlm_probability == then != 0.4
+    # named from inside the run folder, the checkpoint is still the run's (its label, its results file)
+    monkeypatch.chdir(cut / "checkpoints")
+    assert load_checkpoint("step-00000003", Path("elsewhere")).label == "cut/step-00000003"
+    # a checkpoint set aside (step-N.superseded, ...) is no step of the run: its results would take step N's file
+    shutil.copytree(cut / "checkpoints" / "step-00000003", cut / "checkpoints" / "step-00000003.superseded")
+    with pytest.raises(CheckpointError, match="neither a cramlm run"):
+        load_checkpoint("step-00000003.superseded", Path("elsewhere"))
 
 
 def test_an_rtd_run_without_its_generator_and_detector_is_refused_never_scored_by_its_mlm_head(runs, tmp_path):

@@ -125,8 +125,8 @@ def test_a_sharded_checkpoint_exports_exactly(runs, tmp_path):
 
 
 def test_a_sharded_checkpoint_is_evaluated_as_its_whole_twin(runs):
-    """`cramlm eval checkpoint=<run>/checkpoints/step-N` on a sharded checkpoint: its weights assembled in
-    the run folder and removed once loaded; the held-out loss that of the full-format checkpoint and the run."""
+    """`cramlm eval checkpoint=<run>/checkpoints/step-N` on a sharded checkpoint: its weights read into memory
+    (nothing written but the results); the held-out loss that of the full-format checkpoint and the run."""
     from click.testing import CliRunner
 
     from cramlm.cli import main
@@ -142,4 +142,4 @@ def test_a_sharded_checkpoint_is_evaluated_as_its_whole_twin(runs):
     assert heldout(runs / "full" / "checkpoints" / "step-00000004", step4) == run
     assert heldout(runs / "sharded" / "checkpoints" / "step-00000004", step4) == run
     assert heldout(runs / "sharded" / "checkpoints" / "step-00000002", "eval-step-00000002") != run
-    assert not list((runs / "sharded").glob(".eval-*"))  # the assembled weights and the lock removed
+    assert not list((runs / "sharded").glob(".eval-*"))  # the lock removed, nothing assembled

@@ -155,6 +155,8 @@ def load_checkpoint(
     if spec.endswith(UNTRAINED) and not (Path(spec).is_dir() or (base_dir / spec).is_dir()):
         spec, untrained = spec[: -len(UNTRAINED)], True
     where = resolve_path(spec, base_dir)
+    if untrained and not isinstance(where, str) and (run := run_of_checkpoint(where)) is not None:
+        where = where.parent.parent if where.parent.name == "checkpoints" else run  # a checkpoint's twin is its run's
     torch.manual_seed(seed)  # the untrained baseline's random weights are reproducible
     identity = {"source": str(where), "untrained": untrained, "seed": seed if untrained else None}
     if isinstance(where, str):
@@ -162,10 +164,10 @@ def load_checkpoint(
     identity["files"] = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(where.iterdir())
                          if (p.suffix in WEIGHT_SUFFIXES or p.name in ("config.yaml", "config.json", "tokenizer.json"))
                          and p.is_file()}
-    if (where / "model.safetensors").is_file() and (where / "config.yaml").is_file():
-        return replace(load_cramlm_run(where, untrained), identity=identity)
-    if is_run_checkpoint(where):
-        return replace(load_run_checkpoint(where, untrained), identity=identity)
+    if ((where / "model.safetensors").is_file() or untrained) and (where / "config.yaml").is_file():
+        return replace(load_cramlm_run(where, untrained), identity=identity)  # (the twin needs no weights)
+    if (run := run_of_checkpoint(where)) is not None:
+        return replace(load_cramlm_run(run, False, where.resolve()), identity=identity)
     if (where / "config.yaml").is_file() and not (where / "config.json").is_file():
         from cramlm.train.checkpoint import latest_checkpoint
 
@@ -191,76 +193,96 @@ def positions_of(config) -> int:
             or (getattr(config, "cramlm", None) or {}).get("max_seq_length") or 512)
 
 
-def load_cramlm_run(run_dir: Path, untrained: bool, weights: Path | None = None) -> Checkpoint:
-    """A cramlm run as its final weights give it, or those of ``weights`` (one of its checkpoints' files:
-    the encoder and the objective's trained parts from it); results go to the run folder."""
+def load_cramlm_run(run_dir: Path, untrained: bool, checkpoint: Path | None = None) -> Checkpoint:
+    """A cramlm run as its final weights give it, or as one of its checkpoints (``checkpoint``: its folder)
+    gives it: the encoder and the objective's trained parts from the checkpoint's weights, the held-out set
+    as the run stood then (its recorded config); results go to the run folder, ``eval-<step>.*``."""
     from cramlm.data.tokenizer import tokenizer_label
     from cramlm.run.build import load_run
 
-    model, tok, cfg = load_run(run_dir, untrained=untrained or weights is not None)
+    model, tok, cfg = load_run(run_dir, untrained=untrained or checkpoint is not None)
     from cramlm.models.objectives.base import build_objective
 
     objective = build_objective(cfg)
-    if weights is not None and not untrained:
+    weights = None
+    if checkpoint is not None:
+        weights, cfg = checkpoint_weights(checkpoint), recorded_config(checkpoint, cfg)
         load_encoder(model, objective, weights)
-    lm = LMData(objective_model(run_dir, objective, model, untrained, weights), objective.name,
+    lm = LMData(objective_model(run_dir, objective, model, untrained, weights, str(checkpoint)), objective.name,
                 find_val_file(run_dir, cfg), cfg.data.seq_length, cfg.train.mlm_probability,
                 cfg, tok.get_vocab_size(), tokenizer_label(cfg.data.model_dump(mode="json"), tok.get_vocab_size()))
-    step = f"/{weights.parent.name}" if weights is not None and not untrained else ""
     return Checkpoint(
-        label=run_dir.name + step + (UNTRAINED if untrained else ""),
+        label=run_dir.name + (f"/{checkpoint.name}" if checkpoint else "") + (UNTRAINED if untrained else ""),
         encoder=model,
         tokenizer=CramTokenizer(tok),
         max_length=cfg.arch.max_seq_length,
         out_dir=run_dir,
-        stem="eval-untrained" if untrained else f"eval-{weights.parent.name}" if weights is not None else "eval",
+        stem="eval-untrained" if untrained else f"eval-{checkpoint.name}" if checkpoint else "eval",
         untrained=untrained,
         lm=lm,
     )
 
 
-def is_run_checkpoint(folder: Path) -> bool:
-    """A checkpoint of a cramlm run (``<run>/checkpoints/step-*``, whole or sharded)."""
-    return ((folder / "state.json").is_file() and not (folder / "config.yaml").is_file()
-            and folder.parent.name == "checkpoints" and (folder.parent.parent / "config.yaml").is_file())
+def run_of_checkpoint(folder: Path) -> Path | None:
+    """The run folder whose checkpoint ``folder`` is (``<run>/checkpoints/step-N``, whole or sharded; a
+    checkpoint set aside, ``step-N.superseded`` and the like, is not one), else None."""
+    from cramlm.train.checkpoint import STEP_DIR
+
+    folder = folder.resolve()
+    run = folder.parent.parent
+    if (STEP_DIR.fullmatch(folder.name) and folder.parent.name == "checkpoints" and (folder / "state.json").is_file()
+            and (run / "config.yaml").is_file()):
+        return run
+    return None
 
 
-def load_run_checkpoint(folder: Path, untrained: bool) -> Checkpoint:
-    """One of a run's checkpoints, evaluated as the run at that step (results ``eval-<step>.*`` in the run
-    folder; its untrained twin is the run's). A sharded checkpoint's weights are assembled first, into a
-    temporary folder in the run folder, removed once loaded."""
-    import tempfile
+def checkpoint_weights(folder: Path) -> Path | dict:
+    """A checkpoint's weights as evaluation loads them: its model.safetensors (checked against its digests
+    and for NaN when loaded), or a sharded one's full weights read into memory after its files verified and
+    its weights proved finite (nothing written)."""
+    from cramlm.train.checkpoint import check_finite_shards, sharded_checkpoint_problem
+    from cramlm.train.sharded import full_weights, is_sharded
 
-    from cramlm.train.checkpoint import assemble_weights
-    from cramlm.train.sharded import is_sharded
-
-    run_dir = folder.parent.parent
-    if untrained:
-        return load_cramlm_run(run_dir, True)
-    if not is_sharded(folder):  # its weights checked against the checkpoint's digests and for NaN on loading
+    if not is_sharded(folder):
         if not (folder / "model.safetensors").is_file():
             raise CheckpointError(f"{folder}: model.safetensors is missing; evaluate another checkpoint")
-        return load_cramlm_run(run_dir, False, folder / "model.safetensors")
-    with tempfile.TemporaryDirectory(prefix=".eval-assembled-", dir=run_dir) as tmp:
-        ckpt = load_cramlm_run(run_dir, False, assemble_weights(folder, Path(tmp)))
-    return replace(ckpt, label=f"{run_dir.name}/{folder.name}", stem=f"eval-{folder.name}")
+        return folder / "model.safetensors"
+    if problem := sharded_checkpoint_problem(folder):
+        raise CheckpointError(f"{folder}: {problem}; evaluate another checkpoint")
+    check_finite_shards(folder)
+    return full_weights(folder)
+
+
+def recorded_config(folder: Path, cfg):
+    """The run's config as its checkpoint recorded it (state.json's run.config: a resumed run's settings
+    may have changed since), else ``cfg`` (config.yaml's), said."""
+    from cramlm.config.loader import validate
+    from cramlm.run.config import PretrainConfig
+    from cramlm.train.checkpoint import written_state
+
+    try:
+        return validate(PretrainConfig, written_state(folder)["run"]["config"])
+    except Exception as e:  # an older checkpoint's record: the run's config.yaml (same model and data)
+        print(f"cramlm: {folder}: its recorded config is not readable by this cramlm ({str(e).splitlines()[0][:120]}); "
+              "evaluated with the run's config.yaml")
+        return cfg
 
 
 def objective_model(run_dir: Path, objective: Any, encoder: nn.Module, untrained: bool,
-                    weights: Path | None = None) -> nn.Module | None:
+                    weights: Path | dict | None = None, where: str | None = None) -> nn.Module | None:
     """The objective's eval model around ``encoder`` (models/objectives/: the arch itself for mlm and
     clm; an RTD run's generator and detector around its discriminator), for the held-out loss and
-    minimal pairs. Trained parts come from ``weights`` (a checkpoint's file) if given, else the run's
-    parts file (ELECTRA: electra.safetensors); None when the run has none; random if untrained."""
+    minimal pairs. Trained parts come from ``weights`` (a checkpoint's, named ``where``) if given, else
+    the run's parts file (ELECTRA: electra.safetensors); None when the run has none; random if untrained."""
     model = objective.eval_model(encoder)
     if untrained or not objective.trained_parts:
         return model
-    source = weights or trained_parts_file(run_dir, objective.trained_parts)
+    source = weights if weights is not None else trained_parts_file(run_dir, objective.trained_parts)
     if source is None:
         print(f"cramlm: {run_dir}: no {objective.trained_parts} holds {objective.config.parts_title}, so no held-out "
               "loss and no minimal pairs (the encoder is evaluated); a run of this cramlm writes it: retrain the run")
         return None
-    load_trained_parts(objective, model, source)
+    load_trained_parts(objective, model, source, where)
     return model
 
 
@@ -270,28 +292,33 @@ def trained_parts_file(run_dir: Path, name: str) -> Path | None:
     return run_dir / name if (run_dir / name).is_file() else None
 
 
-def load_encoder(model, objective, weights: Path) -> None:
-    """The arch's part of a checkpoint's weights (a training model's: the objective selects it) into ``model``."""
+def load_encoder(model, objective, weights: Path | dict) -> None:
+    """The arch's part of a checkpoint's weights (a training model's: the objective selects it) into ``model``:
+    a weights file, or the weights themselves (a sharded checkpoint's, verified)."""
     from safetensors.torch import load_file
 
     from cramlm.models.base import tied_aliases
     from cramlm.train.checkpoint import load_weights, verified_weights
 
-    if not objective.trained_parts:
+    if isinstance(weights, Path) and not objective.trained_parts:
         load_weights(model, verified_weights(weights))
         return
-    state = objective.encoder_state(load_file(str(verified_weights(weights))))
+    state = weights if isinstance(weights, dict) else load_file(str(verified_weights(weights)))
+    if objective.trained_parts:
+        state = objective.encoder_state(state)
     model.load_state_dict({**state, **{a: state[c] for a, c in tied_aliases(model).items()}})
 
 
-def load_trained_parts(objective: Any, model: nn.Module, path: Path) -> None:
-    """The objective's trained parts of ``path`` (its parts file or a checkpoint's weights, checked
-    against its folder's digests) into ``model``, the objective's eval model."""
+def load_trained_parts(objective: Any, model: nn.Module, source: Path | dict, where: str | None = None) -> None:
+    """The objective's trained parts of ``source`` (its parts file or a checkpoint's weights, checked
+    against its folder's digests; or a checkpoint's weights themselves, named ``where``) into ``model``,
+    the objective's eval model."""
     from safetensors.torch import load_file
 
     from cramlm.train.checkpoint import verified_weights
 
-    objective.load_parts(model, objective.parts_state(load_file(str(verified_weights(path)))), str(path))
+    state = source if isinstance(source, dict) else load_file(str(verified_weights(source)))
+    objective.load_parts(model, objective.parts_state(state), where or str(source))
 
 
 def find_val_file(run_dir: Path, cfg: Any) -> Path | None:

@@ -100,7 +100,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
     out_dir = Path(cfg.out_dir) if cfg.out_dir else ckpt.out_dir
     stem = out_dir / ckpt.stem
     if ckpt.lm is None or out_dir.resolve() != ckpt.out_dir.resolve():  # a run's own folder holds its own results
-        check_results_folder(stem.with_suffix(".json"), ckpt, cfg.overwrite)
+        check_results_folder(Path(f"{stem}.json"), ckpt, cfg.overwrite)
     # the results folder must take files before hours of fine-tuning: its partial file is written now
     # another device or precision: other numbers, never one median of both
     with results_lock(out_dir, stem):
@@ -137,9 +137,9 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
             "seconds": round(time.perf_counter() - start, 1),
             "config": cfg.model_dump(mode="json"),
         }
-        write_json(stem.with_suffix(".json"), result)
-        write_text(stem.with_suffix(".csv"), to_csv(rows, mean))
-        write_text(stem.with_suffix(".md"), table + (f"\nheld-out {objective_label(heldout['objective'])} loss: {heldout['loss']:.4f}"
+        write_json(Path(f"{stem}.json"), result)
+        write_text(Path(f"{stem}.csv"), to_csv(rows, mean))
+        write_text(Path(f"{stem}.md"), table + (f"\nheld-out {objective_label(heldout['objective'])} loss: {heldout['loss']:.4f}"
                                                      + (f", {heldout['bpb']:.4f} bits per byte" if heldout["bpb"] is not None else "")
                                                      + f" ({heldout['definition']})\n" if heldout else "")
                    + (f"\n{pairs_markdown(zero_shot)}" if zero_shot and "scores" in zero_shot else "")

@@ -261,6 +261,7 @@ def stage_keys(cfg: PipelineConfig, generation: int = GENERATION, impl_then: dic
     if pre["train"].get("objective") == "mlm":  # the default objective keys as before train.objective existed
         pre["train"].pop("objective")
         pre["train"].pop("rtd", None)
+    ev["eval"].get("minimal_pairs", {}).pop("save_every", None)  # how often scores are kept, not what is scored
     keys = {"data": cfg.data.cache_key() + ":" + str(cache_dir(cfg.impl.data_cache)), "pretrain": _hash(pre)}
     from cramlm.data.heldout import DEFINITION  # a new held-out definition re-runs both evaluations
 
