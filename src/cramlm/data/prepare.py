@@ -268,10 +268,11 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
     fp = fingerprint(tok)
     shard_folders = [root / shard_name(i, num_shards) for i in range(num_shards)]
     counts = merge_shards(cfg, shard_folders, tmp, tok.get_vocab_size(), fp)
+    packed = {split: read_packed(tmp / f"{split}.cramtok", verify=False) for split in ("train", "val")
+              if (tmp / f"{split}.cramtok").is_file()}
     unk = unknown_id(tok)
     for split in ("train", "val"):
-        path = tmp / f"{split}.cramtok"
-        counts[split]["unknown_tokens"] = count_id(read_packed(path, verify=False), unk) if unk is not None and path.is_file() else 0
+        counts[split]["unknown_tokens"] = count_id(packed[split], unk) if unk is not None and split in packed else 0
     manifest = {
         "config": cfg.model_dump(mode="json"),
         "pipeline_version": PIPELINE_VERSION,
@@ -286,8 +287,7 @@ def _merge_into(tmp: Path, cfg: DataConfig, root: Path, tok: Tokenizer, num_shar
         "merge_seconds": round(time.perf_counter() - start, 3),
         "inputs": cfg.input_files(),  # checked when the cache is reused (reuse_prepared)
     }
-    manifest["checksums"] = {name: f"crc32:{read_packed(tmp / name, verify=False).crc:08x}"
-                             for name in ("train.cramtok", "val.cramtok") if (tmp / name).is_file()}
+    manifest["checksums"] = {f"{split}.cramtok": f"crc32:{p.crc:08x}" for split, p in packed.items()}
     manifest["warnings"] = preparation_warnings(cfg, manifest)
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
 

@@ -257,9 +257,9 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: 
     scores: dict[str, dict[str, float]] = {}
     for pm in models:
         began = time.perf_counter()
-        got = {m: list(v) for m, v in (kept.get(pm.name) or {}).items()}
-        n = min((len(v) for v in got.values()), default=0)
-        got = {m: v[:n] for m, v in got.items()}
+        before = kept.get(pm.name) or {}
+        n = min((len(v) for v in before.values()), default=0)  # sentences every method has: the rest is scored
+        got = {m: list(v[:n]) for m, v in before.items()}
         say(f"minimal pairs: {ckpt.label} {pm.name}: scoring {len(texts):,} sentences"
             + (f" ({n:,} scored before, kept)" if n else ""))
         sentences = pm.encode(texts)

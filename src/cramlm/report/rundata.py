@@ -33,17 +33,20 @@ class RunData:
     # (step, eval-step-N.json) of each of its checkpoints evaluated (`cramlm eval checkpoint=<run>/checkpoints/step-N`)
     checkpoint_evals: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
+    def logged(self, key: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of ``key`` on the metric lines that hold both, in step order."""
+        known = sorted({m["step"]: m[key] for m in self.metrics if is_number(m.get(key)) and is_number(m.get("step"))}.items())
+        return [k for k, _ in known], [v for _, v in known]
+
     def at_step(self, key: str, step: int) -> float | None:
         """A logged quantity (tokens, flops) at ``step``, interpolated between the logged steps; None outside them."""
-        known = sorted({m["step"]: m[key] for m in self.metrics if is_number(m.get(key)) and is_number(m.get("step"))}.items())
-        return _interpolate([k for k, _ in known], [v for _, v in known], step)
+        return _interpolate(*self.logged(key), step)
 
     def series(self, x: str, y: str) -> tuple[list[float], list[float]]:
         """(xs, ys) from the metric lines holding a number under ``y``. A line without ``x`` (a
         validation line has no ``flops``) takes it from the lines around its step, interpolated
         linearly, since validation need not fall on a logged step."""
-        known = sorted({m["step"]: m[x] for m in self.metrics if is_number(m.get(x)) and is_number(m.get("step"))}.items())
-        steps, values = [k for k, _ in known], [v for _, v in known]
+        steps, values = self.logged(x)
         pairs = []
         for m in self.metrics:
             if is_number(m.get(y)):
