@@ -315,7 +315,7 @@ def test_a_dry_runs_summary_gives_no_verdict_about_learning(tiny_run, tmp_path, 
 
 
 def test_fields_added_later_leave_keys_unchanged_at_their_default():
-    """data.train_subset, train.optim.ns_dtype (Muon's) and eval.select at their defaults are left out
+    """data.train_subset, train.optim.ns_dtype (Muon's), train.checkpoint_at and eval.select at their defaults are left out
     of the data, pretrain and eval keys (KEYLESS_DEFAULT), so runs recorded before those fields existed
     are found again; any other value keys a new stage."""
     import hashlib
@@ -330,6 +330,7 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     assert "train_subset" not in json.dumps(pre)
     assert pre["train"]["optim"]["type"] == "muon"
     del pre["train"]["optim"]["ns_dtype"]
+    del pre["train"]["checkpoint_at"]
     data = cfg.data.model_dump(mode="json")
     del data["train_subset"]
     assert cfg.data.cache_key() == hashlib.sha256(json.dumps([PIPELINE_VERSION, data], sort_keys=True).encode()).hexdigest()[:12]
@@ -359,6 +360,8 @@ def test_fields_added_later_leave_keys_unchanged_at_their_default():
     chosen = stage_keys(resolve_recipe("default", [*at_defaults, "eval.select.lr=[1e-3,3e-3]"]))
     assert half["data"] != keys["data"] and half["pretrain"] != keys["pretrain"]
     assert chosen["pretrain"] == keys["pretrain"] and chosen["eval"] != keys["eval"]
+    kept = stage_keys(resolve_recipe("default", [*at_defaults, "train.checkpoint_at=[0.5]"]))
+    assert kept["data"] == keys["data"] and kept["pretrain"] != keys["pretrain"]
     fp32 = stage_keys(resolve_recipe("default", [*at_defaults, "train.optim.ns_dtype=float32"]))
     assert fp32["data"] == keys["data"] and fp32["pretrain"] != keys["pretrain"]
     # how pretraining runs is not what it makes: a run finished with --resume auto is skipped by a plain

@@ -8,10 +8,11 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from cramlm.train.checkpoint import checkpoint_dirs, latest_checkpoint, read_checkpoint
+from cramlm.train.checkpoint import checkpoint_dirs, kept_at, latest_checkpoint, read_checkpoint
 
 from .helpers import REPO, cramlm_cmd, env, losses, overrides, records, run, run_inprocess
 
@@ -135,3 +136,41 @@ def test_a_resume_goes_on_with_its_data_after_the_corpus_grew(tmp_path):
     fresh = CliRunner().invoke(main, ["pretrain", *overrides(tmp_path, "fresh", "budget=null", f"data.sources=[{{type: jsonl, path: {corpus}}}]",
                                                              "data.name=grown"), "train.budget.steps=1"])
     assert fresh.exit_code != 0 and "prepared from other files" in fresh.output
+
+
+# t = steps / 10: 0.25 is reached at step 3, 0.5 at step 5; the others rotate out (two kept)
+KEPT_AT = [*STEPS[:3], "train.keep_checkpoints=2", "train.checkpoint_at=[0.5,0.25]"]
+
+
+def test_checkpoints_at_fractions_of_the_budget_are_kept_and_a_resume_writes_the_rest(tmp_path):
+    run_inprocess(tmp_path, "run", *KEPT_AT)
+    root = tmp_path / "run" / "checkpoints"
+    assert [(p.name, kept_at(p)) for p in checkpoint_dirs(root)] == [
+        ("step-00000003", 0.25), ("step-00000005", 0.5), ("step-00000009", None), ("step-00000010", None)]
+    # resumed from the first: 0.25 has passed, 0.5's checkpoint is written again, and the run is the same
+    run_inprocess(tmp_path, "branch", *KEPT_AT, f"resume={root / 'step-00000003'}")
+    branch = tmp_path / "branch" / "checkpoints"
+    assert [(p.name, kept_at(p)) for p in checkpoint_dirs(branch)] == [
+        ("step-00000005", 0.5), ("step-00000009", None), ("step-00000010", None)]
+    assert same_weights(tmp_path / "run" / "model.safetensors", tmp_path / "branch" / "model.safetensors")
+
+
+def test_a_stop_at_a_kept_fraction_keeps_its_checkpoint(tmp_path, monkeypatch):
+    from cramlm.train.preemption import Interrupted
+    from cramlm.train.trainer import Trainer
+
+    train_step = Trainer.train_step
+
+    def stopped_at_three(self, n_micro):
+        step = train_step(self, n_micro)
+        step.stop = signal.SIGTERM if step.number == 3 else step.stop
+        return step
+
+    monkeypatch.setattr(Trainer, "train_step", stopped_at_three)
+    with pytest.raises((Interrupted, SystemExit)):
+        run_inprocess(tmp_path, "run", *KEPT_AT, "train.checkpoint_every=0", "train.checkpoint_minutes=null")
+    monkeypatch.undo()
+    run_inprocess(tmp_path, "run", *KEPT_AT, "train.checkpoint_every=0", "train.checkpoint_minutes=null", "resume=auto")
+    root = tmp_path / "run" / "checkpoints"
+    assert [(p.name, kept_at(p)) for p in checkpoint_dirs(root)] == [
+        ("step-00000003", 0.25), ("step-00000005", 0.5), ("step-00000010", None)]

@@ -199,10 +199,21 @@ def write_checkpoint(
     return final
 
 
+def kept_at(folder: Path) -> float | None:
+    """The fraction of the budget (train.checkpoint_at) a checkpoint is kept for, or None."""
+    try:
+        state = _state_json(folder)
+    except OSError:
+        return None
+    return state.get("kept_at") if isinstance(state, dict) else None
+
+
 def drop_old_checkpoints(root: Path, keep: int) -> None:
-    """All but the newest ``keep`` checkpoints deleted (0: none)."""
+    """All but the newest ``keep`` checkpoints deleted (0: none), except those kept at a fraction of
+    the budget (``kept_at``)."""
     for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if kept_at(old) is None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _restore_asides(root: Path) -> None:

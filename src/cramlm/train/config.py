@@ -166,6 +166,11 @@ class TrainConfig(Config):
         30.0, description="wall-clock minutes between checkpoints (null: by steps only)", json_schema_extra=RESUME_FREE
     )
     keep_checkpoints: NonNegativeInt = Field(2, description="newest checkpoints kept (0: every one kept, none deleted); the final one is always written", json_schema_extra=RESUME_FREE)
+    checkpoint_at: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        [], description="also a checkpoint at the first step at or past each of these fractions of the budget (t), "
+        "kept beside the newest train.keep_checkpoints (never deleted): to evaluate a run along its compute "
+        "(cramlm eval checkpoint=<run>/checkpoints/step-N) or branch a cooldown from it; e.g. [0.125,0.25,0.5]",
+        json_schema_extra={**RESUME_FREE, **KEYLESS_DEFAULT})
     on_nonfinite: Literal["skip", "rollback", "raise"] = Field(
         "skip", description="NaN/inf loss: drop the step, reload the last checkpoint, or stop", json_schema_extra=RESUME_FREE
     )
@@ -174,6 +179,11 @@ class TrainConfig(Config):
         False, description="tokens attend only within their own document of a packed block (document_ids per "
         "token, positions reset at each document); off: across the whole block, as cramming does"
     )
+
+    @field_validator("checkpoint_at")
+    @classmethod
+    def _ascending(cls, value: list[float]) -> list[float]:
+        return sorted(set(value))
 
     @field_validator("objective")
     @classmethod

@@ -98,6 +98,24 @@ class Due:
 
 
 @dataclass
+class Milestones:
+    """Checkpoints kept at fractions of the budget (``train.checkpoint_at``): the call at each step gives
+    the fraction t reached there, or None. Which have passed follows from t alone (``start``), so a resumed
+    run writes the rest; a step past several gives the last."""
+
+    at: tuple[float, ...] = ()
+    passed: int = 0
+
+    def start(self, t: float) -> None:
+        self.passed = sum(a <= t for a in self.at)
+
+    def __call__(self, t: float) -> float | None:
+        reached = [a for a in self.at[self.passed:] if a <= t]
+        self.passed += len(reached)
+        return reached[-1] if reached else None
+
+
+@dataclass
 class Step:
     """What one optimizer step left: device tensors until a metrics line reads them."""
 
@@ -242,6 +260,7 @@ class Trainer:
         self.logging_due = Due(steps=cfg.log_every)
         self.validation_due = Due(fraction=cfg.validate_every)
         self.checkpoint_due = Due(steps=cfg.checkpoint_every, minutes=cfg.checkpoint_minutes)
+        self.milestones = Milestones(tuple(cfg.checkpoint_at))
         self.checkpoint_format = checkpoint_format(impl, self.dist.strategy)
         self.state = TrainState(meter, self.validation_due)
         self.nonfinite = NonFinite(cfg, self.state.events, self._rollback, self.event)
@@ -299,26 +318,29 @@ class Trainer:
         with self.stop:
             meter.start()
             self.checkpoint_due.last_seconds = used.seconds
+            self.milestones.start(meter.t)
+            kept = None
             while not meter.done:
                 lr = self._set_lr(meter.t)
                 step = self.train_step(self.plan.microbatches(meter.t, used, meter.agreed_tokens_per_second))
                 self.nonfinite.observe(step)
                 window.add(step)
                 t, last = meter.t, meter.done or bool(step.stop)
+                kept = self.milestones(t)  # a checkpoint kept at this fraction of the budget
                 if last or used.steps == 1 or self.logging_due(used, t):
                     self._log(window, t, lr, bar)
                     window = Window()
                 if step.stop and not meter.done:  # (a run that is done anyway just finishes)
-                    self._interrupted(step.stop, bar)  # checkpoint, event, exit status 75
+                    self._interrupted(step.stop, bar, kept)  # checkpoint, event, exit status 75
                 if not last and self.validation_due(used, t):
                     self._validate_now(t)
-                if not last and self.checkpoint_due(used, t):
-                    self.save_checkpoint()
+                if (self.checkpoint_due(used, t) or kept is not None) and not last:
+                    self.save_checkpoint(kept_at=kept)
         bar.update(min(100.0, 100 * meter.t) - bar.n)
         bar.close()
         val_loss = self._validate_now(meter.t)
         self._check_trained(val_loss)  # a diverged run fails here, before a NaN model is saved as final
-        final = self.save_checkpoint(final=True)
+        final = self.save_checkpoint(final=True, kept_at=kept)
         self.batches.close()
         self.log.write({"kind": "finished", "step": used.steps, "wall": wall_clock(), "checkpoint": str(final)})
         self.log.close()
@@ -477,11 +499,11 @@ class Trainer:
                             **({"val_bpb": round(self.val_bpb, 6)} if self.val_bpb is not None else {})})
         return val_loss
 
-    def _interrupted(self, signum: int, bar) -> None:
+    def _interrupted(self, signum: int, bar, kept_at: float | None) -> None:
         name = signal_name(signum)  # perhaps received by another process
         bar.close()
         self.batches.close()
-        folder = self.save_checkpoint()
+        folder = self.save_checkpoint(kept_at=kept_at)
         self.event("interrupted", f"{name}: stopped after step {self.used.steps}, checkpoint {folder}; "
                    "resume=auto continues", signal=name, checkpoint=str(folder))
         self.log.close()
@@ -504,14 +526,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
 
-    def save_checkpoint(self, final: bool = False) -> Path | None:
+    def save_checkpoint(self, final: bool = False, kept_at: float | None = None) -> Path | None:
         """All processes take part (a collective under FSDP). Full format: rank 0 writes; sharded:
         every process writes its shards. A full disk: a warning for a periodic checkpoint (training
-        goes on), an error for the final one."""
+        goes on), an error for the final one. ``kept_at``: the fraction of train.checkpoint_at it is
+        kept for (state.json's ``kept_at``: never deleted for keep_checkpoints)."""
         self.nonfinite.flush()  # the counters saved include every step so far
         with self.meter.timed("checkpoint"):
             counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
                         "precision": self.precision.precision, "run": self.record, "batch_plan": list(self.plan.units)}
+            if kept_at is not None:
+                counters["kept_at"] = kept_at
             try:
                 folder = (self._write_sharded if self.checkpoint_format == "sharded" else self._write_full)(counters)
             except ckpt.DiskFullError as e:
