@@ -159,7 +159,7 @@ def test_a_signal_during_the_minimal_pairs_stops_them_and_a_scored_result_is_not
 def test_a_killed_minimal_pair_scoring_continues_after_the_sentences_it_wrote_to_the_same_scores(in_tmp):
     """SIGKILL (no handler runs) part way through the pairs: the sentences scored before the last write of
     the partial file are kept, the same command scores only the rest (under another save_every too) and
-    its scores are those of a scoring never stopped."""
+    its scores are those of a scoring never stopped; its seconds count both processes."""
     run = CliRunner().invoke(main, ["pretrain", "name=tiny", "dryrun=true", "impl.dryrun_steps=2", *TINY_PRETRAIN])
     assert run.exit_code == 0, run.output
     pairs = [f"eval.minimal_pairs.paths=[{_pairs_file(in_tmp / 'pairs', 200)}]", "eval.minimal_pairs.batch_tokens=256",
@@ -186,6 +186,10 @@ def test_a_killed_minimal_pair_scoring_continues_after_the_sentences_it_wrote_to
     assert first.returncode == -signal.SIGKILL
     scored = kept()
     assert 32 <= scored < 400 and scored % 16 == 0, scored  # whole slices of 16 of the 400 sentences
+    written = json.loads(partial.read_text())
+    assert written["minimal_pairs_kept"]["seconds"] > 0  # the time those took is kept with them
+    written["minimal_pairs_kept"]["seconds"] = 1000.0  # (marked, to find it in the total)
+    partial.write_text(json.dumps(written))
     second = subprocess.run([*command, "eval.minimal_pairs.save_every=50"], cwd=in_tmp, env=_env(),
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
@@ -197,3 +201,4 @@ def test_a_killed_minimal_pair_scoring_continues_after_the_sentences_it_wrote_to
     got = json.loads((in_tmp / "outputs" / "tiny" / "eval.json").read_text())["minimal_pairs"]
     want = json.loads((in_tmp / "reference" / "eval.json").read_text())["minimal_pairs"]
     assert got["scores"] == want["scores"] and got["sentences"] == want["sentences"] == 400
+    assert 1000 < got["seconds"] < 1000 + 300  # the scoring's cost counts both processes

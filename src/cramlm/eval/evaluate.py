@@ -189,7 +189,8 @@ def pairs_result(cfg: EvalRunConfig, ckpt, device, pairs: list, partial, stopped
         return done
     try:
         done = score_pairs(ckpt, cfg.eval.minimal_pairs, pairs, device, progress=lambda _: stopped("in the minimal pairs"),
-                           kept=partial.pairs_kept(key), keep=lambda kept: partial.keep_pairs(key, kept))
+                           kept=partial.pairs_kept(key), keep=lambda kept, seconds: partial.keep_pairs(key, kept, seconds),
+                           seconds_before=partial.pairs_seconds(key))
     except PairsUnavailable as e:
         print(f"minimal pairs skipped: {e}")
         done = {"skipped": str(e)}

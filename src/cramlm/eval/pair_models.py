@@ -237,13 +237,15 @@ def exact_fp32():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: dict | None = None, keep=None) -> dict:
+def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: dict | None = None, keep=None,
+                seconds_before: float = 0.0) -> dict:
     """``eval.json``'s ``minimal_pairs`` of ``ckpt``: per scorer (the headline first) the accuracy
     record of eval/pairs.py, how text was given, the time taken. ``progress(n)`` is called after
     each batch of n sentences (it may raise to stop). Sentences are scored ``cfg.save_every`` at a
-    time, ``keep(kept)`` called after each slice with every score so far (scorer -> method -> the
-    scores of the first sentences, in order); ``kept`` from a stopped evaluation: those are not
-    scored again (a sentence's score does not depend on its batch, so the result is the same)."""
+    time, ``keep(kept, seconds)`` called after each slice with every score so far (scorer -> method ->
+    the scores of the first sentences, in order) and the seconds spent scoring; ``kept`` and
+    ``seconds_before`` from a stopped evaluation: those are not scored again (a sentence's score does
+    not depend on its batch, so the result is the same) and ``seconds`` counts both processes."""
     from cramlm.eval.pairs import accuracy
     from cramlm.eval.sentence_scores import score_sentences
 
@@ -272,7 +274,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: 
                 got.setdefault(method, []).extend(v.tolist())
             kept[pm.name] = got
             if keep:
-                keep(kept)
+                keep(kept, seconds_before + time.perf_counter() - start)
         for method, v in got.items():
             name = method if pm.name in ("pll", "log-probability", "detector") else f"{pm.name} {method}"
             scores[name] = dict(zip(texts, v))
@@ -280,7 +282,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: 
     records = {name: accuracy(pairs, [s[p.good] for p in pairs], [s[p.bad] for p in pairs]) for name, s in scores.items()}
     return {"kind": models[0].kind, "headline": next(iter(records)), "input": models[0].input,
             "scores": records, "sentences": len(texts), "sources": list(cfg.paths),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(seconds_before + time.perf_counter() - start, 1)}
 
 
 def check_sentences(pairs: list, encoded: dict, max_length: int, fields, label: str) -> None:

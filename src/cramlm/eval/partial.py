@@ -148,8 +148,14 @@ class Partial:
                                                 for v in by_method.values()) for by_method in scores.values())
         return scores if well_formed else None
 
-    def keep_pairs(self, key: str, scores: dict) -> None:
-        self.data["minimal_pairs_kept"] = {"key": key, "scores": scores}
+    def pairs_seconds(self, key: str) -> float:
+        """The seconds spent scoring the kept sentences (0 without them)."""
+        kept = self.data.get("minimal_pairs_kept")
+        seconds = kept.get("seconds") if self.pairs_kept(key) is not None else None
+        return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else 0.0
+
+    def keep_pairs(self, key: str, scores: dict, seconds: float) -> None:
+        self.data["minimal_pairs_kept"] = {"key": key, "scores": scores, "seconds": round(seconds, 1)}
         self.save()
 
     @property
