@@ -174,3 +174,20 @@ def test_a_stop_at_a_kept_fraction_keeps_its_checkpoint(tmp_path, monkeypatch):
     root = tmp_path / "run" / "checkpoints"
     assert [(p.name, kept_at(p)) for p in checkpoint_dirs(root)] == [
         ("step-00000003", 0.25), ("step-00000005", 0.5), ("step-00000010", None)]
+
+
+def test_a_kept_checkpoint_stays_kept_when_its_run_is_resumed_finished_or_with_a_larger_budget(tmp_path):
+    def kept(name):
+        return [(p.name, kept_at(p)) for p in checkpoint_dirs(tmp_path / name / "checkpoints") if kept_at(p)]
+
+    # reached on the last step: the final checkpoint is kept, and saved again by a resume of the finished run
+    last = [*STEPS[:3], "train.keep_checkpoints=2", "train.checkpoint_at=[0.95]"]
+    run_inprocess(tmp_path, "last", *last)
+    run_inprocess(tmp_path, "last", *last, "resume=auto")
+    run_inprocess(tmp_path, "last", *last, "train.budget.steps=14", "resume=auto")
+    assert kept("last") == [("step-00000010", 0.95), ("step-00000014", 0.95)]  # (0.95 of the longer budget too)
+    # the budget doubled: the old final step is 0.5 of the new one, and its checkpoint is kept for it
+    half = ["budget=null", "train.checkpoint_every=1", "train.keep_checkpoints=2", "train.checkpoint_at=[0.5]"]
+    run_inprocess(tmp_path, "half", *half, "train.budget.steps=10")
+    run_inprocess(tmp_path, "half", *half, "train.budget.steps=20", "resume=auto")
+    assert kept("half") == [("step-00000005", 0.5), ("step-00000010", 0.5)]

@@ -106,8 +106,11 @@ class Milestones:
     at: tuple[float, ...] = ()
     passed: int = 0
 
-    def start(self, t: float) -> None:
+    def start(self, t: float) -> float | None:
+        """Those at or before t passed; the one t stands at exactly, or None (a run resumed there, perhaps
+        under a budget that grew: the checkpoint it resumed from is that one's)."""
         self.passed = sum(a <= t for a in self.at)
+        return t if t in self.at else None
 
     def __call__(self, t: float) -> float | None:
         reached = [a for a in self.at[self.passed:] if a <= t]
@@ -318,8 +321,9 @@ class Trainer:
         with self.stop:
             meter.start()
             self.checkpoint_due.last_seconds = used.seconds
-            self.milestones.start(meter.t)
-            kept = None
+            kept = self.milestones.start(meter.t)
+            if kept is not None and used.steps and ckpt.kept_at(self.checkpoints / f"step-{used.steps:08d}") != kept:
+                self.save_checkpoint(kept_at=kept)
             while not meter.done:
                 lr = self._set_lr(meter.t)
                 step = self.train_step(self.plan.microbatches(meter.t, used, meter.agreed_tokens_per_second))
@@ -535,6 +539,8 @@ class Trainer:
         with self.meter.timed("checkpoint"):
             counters = {**self.state.state_dict(), "world_size": self.dist.world, "threads": torch.get_num_threads(),
                         "precision": self.precision.precision, "run": self.record, "batch_plan": list(self.plan.units)}
+            if kept_at is None:  # the same step saved again (a finished run resumed) stays kept
+                kept_at = ckpt.kept_at(self.checkpoints / f"step-{self.used.steps:08d}")
             if kept_at is not None:
                 counters["kept_at"] = kept_at
             try:
