@@ -162,5 +162,7 @@ class Partial:
     def pairs_scored(self) -> int:
         """Sentences of the minimal pairs scored so far and kept (the fewest of any scorer begun, 0 if none)."""
         kept = self.data.get("minimal_pairs_kept")
-        lengths = [len(v) for by_method in ((kept or {}).get("scores") or {}).values() for v in by_method.values()]
+        scores = kept.get("scores") if isinstance(kept, dict) else None
+        lengths = [len(v) for by_method in scores.values() for v in by_method.values()
+                   if isinstance(by_method, dict) and isinstance(v, list)] if isinstance(scores, dict) else []
         return min(lengths, default=0)
