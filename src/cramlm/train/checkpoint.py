@@ -209,11 +209,11 @@ def kept_at(folder: Path) -> float | None:
 
 
 def drop_old_checkpoints(root: Path, keep: int) -> None:
-    """All but the newest ``keep`` checkpoints deleted (0: none), except those kept at a fraction of
-    the budget (``kept_at``)."""
-    for old in checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-        if kept_at(old) is None:
-            shutil.rmtree(old, ignore_errors=True)
+    """All but the newest ``keep`` checkpoints deleted (0: none), besides which those kept at a fraction
+    of the budget (``kept_at``) stay."""
+    rotating = [folder for folder in checkpoint_dirs(root) if kept_at(folder) is None] if keep > 0 else []
+    for old in rotating[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _restore_asides(root: Path) -> None:
