@@ -183,6 +183,7 @@ def test_a_kept_checkpoint_stays_kept_when_its_run_is_resumed_finished_or_with_a
     # reached on the last step: the final checkpoint is kept, and saved again by a resume of the finished run
     last = [*STEPS[:3], "train.keep_checkpoints=2", "train.checkpoint_at=[0.95]"]
     run_inprocess(tmp_path, "last", *last)
+    assert [p.name[-2:] for p in checkpoint_dirs(tmp_path / "last" / "checkpoints")] == ["08", "09", "10"]  # (beside the 2 newest)
     run_inprocess(tmp_path, "last", *last, "resume=auto")
     run_inprocess(tmp_path, "last", *last, "train.budget.steps=14", "resume=auto")
     assert kept("last") == [("step-00000010", 0.95), ("step-00000014", 0.95)]  # (0.95 of the longer budget too)
