@@ -434,11 +434,14 @@ def test_a_checkpoint_is_scored_as_its_run_at_that_step(runs, tmp_path, monkeypa
         run = load_checkpoint(str(runs / name), runs)
         step = load_checkpoint(str(runs / name / "checkpoints" / "step-00000003"), runs)
         assert (step.label, step.stem, step.out_dir) == (f"{name}/step-00000003", "eval-step-00000003", runs / name)
+        summary = json.loads((runs / name / "summary.json").read_text())
+        # the training each had (the final checkpoint's, as the run's)
+        assert step.trained == run.trained == {k: summary[k] for k in ("steps", "tokens", "flops")} and summary["steps"] == 3
         a, b = scorer_scores(run, texts), scorer_scores(step, texts)
         assert len(a) == (3 if name == "rtd" else 2) and a.keys() == b.keys()
         assert all(np.array_equal(a[k], b[k]) for k in a), name
         twin = load_checkpoint(str(runs / name / "checkpoints" / "step-00000003-untrained"), runs)
-        assert (twin.label, twin.identity) == (f"{name}-untrained", load_checkpoint(f"{name}-untrained", runs).identity)
+        assert (twin.label, twin.identity, twin.trained) == (f"{name}-untrained", load_checkpoint(f"{name}-untrained", runs).identity, None)
     cut = tmp_path / "cut"
     shutil.copytree(runs / "rtd", cut)
     (cut / "model.safetensors").unlink(), (cut / "electra.safetensors").unlink()  # as a run cut off has neither

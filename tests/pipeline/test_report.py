@@ -530,18 +530,20 @@ def test_a_full_disk_leaves_no_half_written_plot_and_says_so_in_one_line(tmp_pat
 
 def test_checkpoints_evaluated_are_a_table_against_tokens_beside_the_end(tmp_path):
     """`cramlm eval checkpoint=<run>/checkpoints/step-N` writes eval-step-N.json into the run folder: the report
-    lists them in step order with the tokens and the held-out loss, zero-shot and task mean each reached, the
+    lists them in step order with the tokens, the compute and the held-out loss, zero-shot and task mean each reached, the
     run's own eval.json last; a damaged zero-shot record in one is an error naming that file."""
     run = fake_run(tmp_path / "r", "r", 9.0, with_extras=False)
     for step, loss, right in ((20, 4.5, 0.75), (10, 5.0, 0.5)):
         (run / f"eval-step-{step:08d}.json").write_text(json.dumps({
             "heldout": {"loss": loss}, "minimal_pairs": zero_shot({"p": 4, "q": 4}, right),
-            "results": [{"task": "sst", "metric": "accuracy", "score": right}]}))
+            "results": [{"task": "sst", "metric": "accuracy", "score": right}],
+            # the checkpoint's training as eval records it (step 10's results from before it did: the log's tokens)
+            **({"trained": {"steps": 20, "tokens": 163840, "flops": 2.5e12}} if step == 20 else {})}))
     table = section(write_report(run).read_text(), "Checkpoints evaluated")
     rows = re.findall(r"<tr><td>(.*?)</td></tr>", table)
     assert [re.split(r"</td><td[^>]*>", r) for r in rows] == [
         ["10", "eval-step-00000010.json", "81.9 k", "", "5.000", "50.0 (pll-word-l2r)", "50.0"],
-        ["20", "eval-step-00000020.json", "164 k", "", "4.500", "75.0 (pll-word-l2r)", "75.0"],
+        ["20", "eval-step-00000020.json", "164 k", "2.5 TFLOPs", "4.500", "75.0 (pll-word-l2r)", "75.0"],
         ["30", "end of training (eval.json)", "246 k", "", "", "", "65.0"]], rows
     assert "Checkpoints evaluated" not in write_report(run, run, out=tmp_path / "cmp").read_text()  # one run's page
     (run / "eval-step-00000010.json").write_text(json.dumps({"minimal_pairs": {"headline": "x", "scores": {"x": {}}}}))

@@ -124,6 +124,7 @@ class Checkpoint:
     lm: LMData | None = None
     identity: dict = field(default_factory=dict)  # what it was loaded from (weight files: size, mtime)
     hf_source: str | None = None  # a transformers checkpoint's folder or hub name (its LM head: eval/pair_models.py)
+    trained: dict | None = None  # a cramlm run's training so far: steps, tokens, flops (``training_done``)
     trust_remote_code: bool = False
 
 
@@ -220,7 +221,30 @@ def load_cramlm_run(run_dir: Path, untrained: bool, checkpoint: Path | None = No
         stem="eval-untrained" if untrained else f"eval-{checkpoint.name}" if checkpoint else "eval",
         untrained=untrained,
         lm=lm,
+        trained=None if untrained else training_done(run_dir, checkpoint),
     )
+
+
+def training_done(run_dir: Path, checkpoint: Path | None = None) -> dict | None:
+    """The training a run's weights had: steps, tokens and FLOPs, from its checkpoint's state.json (usage)
+    or the run's summary.json; None where neither records them."""
+    import json
+    import math
+
+    from cramlm.train.checkpoint import written_state
+
+    if checkpoint is not None:
+        usage = written_state(checkpoint).get("usage")
+    else:
+        try:
+            usage = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            usage = None
+    if not isinstance(usage, dict):
+        return None
+    done = {k: usage[k] for k in ("steps", "tokens", "flops")
+            if isinstance(usage.get(k), (int, float)) and not isinstance(usage[k], bool) and math.isfinite(usage[k])}
+    return done or None
 
 
 def run_of_checkpoint(folder: Path) -> Path | None:

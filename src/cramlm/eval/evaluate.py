@@ -129,6 +129,7 @@ def _evaluate(cfg: EvalRunConfig, stop) -> list[dict]:
             "checkpoint": ckpt.label,
             "source": source_of(ckpt),
             "untrained": ckpt.untrained,
+            "trained": ckpt.trained,
             "protocol": ev.protocol,
             "results": rows,
             "mean": mean,

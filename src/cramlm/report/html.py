@@ -416,7 +416,9 @@ def checkpoints_table(run: RunData) -> str:
     rows = []
     for step, data in [*run.checkpoint_evals, *end]:
         heldout, pairs = data.get("heldout"), _pairs(data)
-        tokens, flops = (run.at_step(k, step) if is_number(step) else None for k in ("tokens", "flops"))
+        done = data.get("trained") if isinstance(data.get("trained"), dict) else {}  # (older results: the log's tokens)
+        tokens, flops = (done.get(k) if is_number(done.get(k)) else run.at_step(k, step) if is_number(step) else None
+                         for k in ("tokens", "flops"))
         head = pairs["scores"][pairs["headline"]]["accuracy"] if pairs else None
         rows.append([f"{step:,}" if isinstance(step, int) else "end" if data is run.eval else "",
                      "end of training (eval.json)" if data is run.eval else f"eval-step-{step:08d}.json",
