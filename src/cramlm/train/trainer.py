@@ -322,7 +322,8 @@ class Trainer:
             meter.start()
             self.checkpoint_due.last_seconds = used.seconds
             kept = self.milestones.start(meter.t)
-            if kept is not None and used.steps and ckpt.kept_at(self.checkpoints / f"step-{used.steps:08d}") != kept:
+            here = self.checkpoints / f"step-{used.steps:08d}"  # (rank 0 decides: every process takes part in a save)
+            if kept is not None and used.steps and on_main(lambda: ckpt.kept_at(here), self.dist) != kept:
                 self.save_checkpoint(kept_at=kept)
             while not meter.done:
                 lr = self._set_lr(meter.t)
