@@ -155,7 +155,7 @@ class Partial:
         return float(seconds) if isinstance(seconds, (int, float)) and seconds >= 0 else 0.0
 
     def keep_pairs(self, key: str, scores: dict, seconds: float) -> None:
-        self.data["minimal_pairs_kept"] = {"key": key, "scores": scores, "seconds": round(seconds, 1)}
+        self.data["minimal_pairs_kept"] = {"key": key, "scores": scores, "seconds": seconds}
         self.save()
 
     @property
