@@ -35,7 +35,8 @@ def pretrain_cmd(recipe: str, name: str, work: Path, data_dir: str, flops: float
     # eager on the GPU too: compiling a contender (its static, dynamic-shape and eval-mode graphs, ELECTRA's
     # generator beside) takes minutes that the step does not have; compilation does not change the maths
     size = TINY if dry else ["budget=null", f"train.budget.flops={flops:g}", "impl.microbatch_size=128",
-                             "train.validate_every=0", "train.checkpoint_minutes=null", "impl.compile=false"]
+                             "train.validate_every=0", "train.checkpoint_minutes=null", "train.checkpoint_at=[]",
+                             "impl.compile=false"]
     data = "data=default" if dry else "data=shared-corpus"
     return [sys.executable, "-m", "cramlm", "run", recipe, f"name={name}", "stages=[data,pretrain]", data,
             f"base_dir={work / 'runs'}", f"impl.data_cache={work / 'data'}", "impl.progress=false", *size]

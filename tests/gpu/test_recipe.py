@@ -35,3 +35,6 @@ def test_the_gpu_day_recipe_trains_on_the_device(device, tmp_path):
     assert "type: muon" in config and "qk_norm: true" in config and f"precision: {precision}" in config
     training = torch.load(tmp_path / "g" / "checkpoints" / "step-00000004" / "training.pt", weights_only=True)
     assert training["optimizer"]["param_groups"][0]["muon"] is True
+    kept = {p.name: json.loads((p / "state.json").read_text()).get("kept_at")
+            for p in (tmp_path / "g" / "checkpoints").iterdir()}
+    assert {name: at for name, at in kept.items() if at} == {"step-00000001": 0.25, "step-00000002": 0.5}, kept
