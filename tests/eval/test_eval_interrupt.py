@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -113,41 +112,66 @@ def _pairs_file(folder: Path, n: int) -> Path:
     return folder
 
 
-def _until(proc: subprocess.Popen, trigger: str, sig=signal.SIGTERM) -> tuple[str, str]:
-    out = []
-    try:
-        for line in proc.stdout:
-            out.append(line)
-            if trigger in line:
-                proc.send_signal(sig)
-                break
-        rest, err = proc.communicate(timeout=300)
-    finally:
-        proc.kill()
-    return "".join(out) + rest, err
+# The child signals itself at a chosen point (no race with a fast machine finishing first), by a patch
+# made before cramlm's command runs: SIGTERM at the first batch of minimal pairs; SIGTERM once a task's
+# seed 0 is written; SIGKILL once the partial file keeps the second slice of sentences.
+AT_FIRST_PAIR_BATCH = """
+from cramlm.eval import sentence_scores
+score = sentence_scores.score_sentences
+def signalled(*args):
+    *head, progress = args
+    def first_batch(n):
+        os.kill(os.getpid(), signal.SIGTERM)
+        progress(n)
+    return score(*head, first_batch)
+sentence_scores.score_sentences = signalled
+"""
+AFTER_SEED_0 = """
+from cramlm.eval.partial import Partial
+add = Partial.add_run
+def signalled(self, task, hp, seed, done):
+    add(self, task, hp, seed, done)
+    if seed == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+Partial.add_run = signalled
+"""
+AT_SECOND_KEPT_SLICE = """
+from cramlm.eval.partial import Partial
+keep, calls = Partial.keep_pairs, []
+def killed(self, key, scores, seconds):
+    keep(self, key, scores, seconds)
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+Partial.keep_pairs = killed
+"""
+
+
+def _signalling(patch: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`cramlm *argv` in its own process with ``patch`` applied first."""
+    script = f"import os, signal\n{patch}\nfrom cramlm.cli import main\nmain({argv!r})\n"
+    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_a_signal_during_the_minimal_pairs_stops_them_and_a_scored_result_is_not_redone(in_tmp):
     run = CliRunner().invoke(main, ["pretrain", "name=tiny", "dryrun=true", "impl.dryrun_steps=2", *TINY_PRETRAIN])
     assert run.exit_code == 0, run.output
     pairs = [f"eval.minimal_pairs.paths=[{_pairs_file(in_tmp / 'pairs', 60)}]", "eval.minimal_pairs.batch_tokens=256"]
-    command = [sys.executable, "-m", "cramlm", "eval", *EVAL, "eval.seeds=2", *pairs]
-
-    def start() -> subprocess.Popen:
-        return subprocess.Popen(command, cwd=in_tmp, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    # sent when the first scorer starts: the signal lands among its batches
-    first = start()
-    out, err = _until(first, "sentences\n")
+    argv = ["eval", *EVAL, "eval.seeds=2", *pairs]
+    command = [sys.executable, "-m", "cramlm", *argv]
+    # stopped at the first scorer's first batch: the signal lands among its batches
+    first = _signalling(AT_FIRST_PAIR_BATCH, argv, in_tmp)
+    out, err = first.stdout, first.stderr
     assert first.returncode == EXIT_INTERRUPTED, out + err
     assert "Traceback" not in err and "stopped (in the minimal pairs)" in err, err
     assert "sentences in" not in out  # stopped inside the first scorer, among its ~90 batches
     partial = in_tmp / "outputs" / "tiny" / "eval.partial.json"
     assert json.loads(partial.read_text())["minimal_pairs"] is None
     # scored in full, then stopped in the fine-tuning: the next run takes the pairs from the partial file
-    second = start()
-    out, err = _until(second, "seed 0: fine-tuned")
+    second = _signalling(AFTER_SEED_0, argv, in_tmp)
+    out, err = second.stdout, second.stderr
     assert second.returncode == EXIT_INTERRUPTED and "minimal pairs: scored before" not in out, out + err
+    assert "seed 0: fine-tuned" in out and "seed 1: fine-tuned" not in out, out
     scored = json.loads(partial.read_text())["minimal_pairs"]["result"]
     assert scored["sentences"] == 120
     third = subprocess.run(command, cwd=in_tmp, env=_env(), capture_output=True, text=True, timeout=300)
@@ -168,24 +192,13 @@ def test_a_killed_minimal_pair_scoring_continues_after_the_sentences_it_wrote_to
     partial = in_tmp / "outputs" / "tiny" / "eval.partial.json"
 
     def kept() -> int:
-        try:
-            scores = (json.loads(partial.read_text()).get("minimal_pairs_kept") or {}).get("scores") or {}
-        except (OSError, ValueError):
-            return 0
+        scores = (json.loads(partial.read_text()).get("minimal_pairs_kept") or {}).get("scores") or {}
         return min((len(v) for by_method in scores.values() for v in by_method.values()), default=0)
 
-    first = subprocess.Popen([*command, "eval.minimal_pairs.save_every=16"], cwd=in_tmp, env=_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while kept() < 32 and first.poll() is None:
-            time.sleep(0.01)
-        first.kill()
-    finally:
-        first.kill()
-        first.wait()
-    assert first.returncode == -signal.SIGKILL
+    first = _signalling(AT_SECOND_KEPT_SLICE, ["eval", *EVAL, *pairs, "eval.minimal_pairs.save_every=16"], in_tmp)
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
     scored = kept()
-    assert 32 <= scored < 400 and scored % 16 == 0, scored  # whole slices of 16 of the 400 sentences
+    assert scored == 32, scored  # two whole slices of 16 of the 400 sentences
     written = json.loads(partial.read_text())
     assert written["minimal_pairs_kept"]["seconds"] > 0  # the time those took is kept with them
     written["minimal_pairs_kept"]["seconds"] = 1000.0  # (marked, to find it in the total)

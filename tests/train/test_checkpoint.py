@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from safetensors.torch import load_file
 
 from cramlm.train.checkpoint import checkpoint_dirs, kept_at, latest_checkpoint, read_checkpoint
 
-from .helpers import REPO, cramlm_cmd, env, losses, overrides, records, run, run_inprocess
+from .helpers import REPO, env, killed_after_step, losses, overrides, records, run, run_inprocess
 
 STEPS = ["budget=null", "train.budget.steps=10", "train.checkpoint_every=1", "train.keep_checkpoints=3"]
 
@@ -28,16 +27,8 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     reference = run_inprocess(tmp_path, "ref", *STEPS)
     assert reference["steps"] == 10
     kill_at = random.Random(5).randint(2, 8)  # a "random" step, fixed so the test is repeatable
-    proc = subprocess.Popen(cramlm_cmd(tmp_path, "killed", *STEPS), env=env(), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    killed_after_step(kill_at, ["pretrain", *overrides(tmp_path, "killed", *STEPS)])  # by the process itself: on any machine
     metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and sum(1 for _ in metrics.open()) >= kill_at:
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
     done = [int(p.name[5:]) for p in checkpoint_dirs(tmp_path / "killed" / "checkpoints")]
     assert done and max(done) < 10  # killed mid-run
     resumed = run_inprocess(tmp_path, "killed", *STEPS, "resume=auto")

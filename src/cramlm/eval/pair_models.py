@@ -282,7 +282,7 @@ def score_pairs(ckpt, cfg, pairs: list, device, say=print, progress=None, kept: 
     records = {name: accuracy(pairs, [s[p.good] for p in pairs], [s[p.bad] for p in pairs]) for name, s in scores.items()}
     return {"kind": models[0].kind, "headline": next(iter(records)), "input": models[0].input,
             "scores": records, "sentences": len(texts), "sources": list(cfg.paths),
-            "seconds": round(seconds_before + time.perf_counter() - start, 1)}
+            "seconds": round(seconds_before + time.perf_counter() - start, 3)}
 
 
 def check_sentences(pairs: list, encoded: dict, max_length: int, fields, label: str) -> None:

@@ -63,7 +63,7 @@ def core_peak_flops(size: int = 1024, seconds: float = 0.5, dtype: torch.dtype |
         a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
         torch.mm(a, b)  # warm-up
         best, deadline = 0.0, time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
+        while not best or time.perf_counter() < deadline:  # one burst at least, however late it starts
             start = time.thread_time()
             for _ in range(4):
                 torch.mm(a, b)
