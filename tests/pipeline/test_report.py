@@ -531,7 +531,8 @@ def test_a_full_disk_leaves_no_half_written_plot_and_says_so_in_one_line(tmp_pat
 def test_checkpoints_evaluated_are_a_table_against_tokens_beside_the_end(tmp_path):
     """`cramlm eval checkpoint=<run>/checkpoints/step-N` writes eval-step-N.json into the run folder: the report
     lists them in step order with the tokens, the compute and the held-out loss, zero-shot and task mean each reached, the
-    run's own eval.json last; a damaged zero-shot record in one is an error naming that file."""
+    run's own eval.json last, and draws them against compute where there are two or more; a damaged zero-shot record
+    in one is an error naming that file."""
     run = fake_run(tmp_path / "r", "r", 9.0, with_extras=False)
     for step, loss, right in ((20, 4.5, 0.75), (10, 5.0, 0.5)):
         (run / f"eval-step-{step:08d}.json").write_text(json.dumps({
@@ -539,13 +540,20 @@ def test_checkpoints_evaluated_are_a_table_against_tokens_beside_the_end(tmp_pat
             "results": [{"task": "sst", "metric": "accuracy", "score": right}],
             # the checkpoint's training as eval records it (step 10's results from before it did: the log's tokens)
             **({"trained": {"steps": 20, "tokens": 163840, "flops": 2.5e12}} if step == 20 else {})}))
-    table = section(write_report(run).read_text(), "Checkpoints evaluated")
+    page = write_report(run).read_text()
+    table = section(page, "Checkpoints evaluated")
+    assert 'data-plot="along"' in table and page.count('data-plot="along"') == 1  # drawn there, not among the plots
     rows = re.findall(r"<tr><td>(.*?)</td></tr>", table)
     assert [re.split(r"</td><td[^>]*>", r) for r in rows] == [
         ["10", "eval-step-00000010.json", "81.9 k", "", "5.000", "50.0 (pll-word-l2r)", "50.0"],
         ["20", "eval-step-00000020.json", "164 k", "2.5 TFLOPs", "4.500", "75.0 (pll-word-l2r)", "75.0"],
         ["30", "end of training (eval.json)", "246 k", "", "", "", "65.0"]], rows
-    assert "Checkpoints evaluated" not in write_report(run, run, out=tmp_path / "cmp").read_text()  # one run's page
+    assert 'data-plot="along"' not in (compared := write_report(run, run, out=tmp_path / "cmp").read_text())
+    assert "Checkpoints evaluated" not in compared  # one run's page
+    (run / "eval-step-00000020.json").unlink()  # one checkpoint and the end: two points
+    assert 'data-plot="along"' in write_report(run).read_text()
+    (run / "eval.json").unlink()  # one point alone: a table, no line
+    assert 'data-plot="along"' not in section(write_report(run).read_text(), "Checkpoints evaluated")
     (run / "eval-step-00000010.json").write_text(json.dumps({"minimal_pairs": {"headline": "x", "scores": {"x": {}}}}))
     result = CliRunner().invoke(main, ["report", str(run)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: {run / 'eval-step-00000010.json'}: minimal_pairs")

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import yaml
 
 from cramlm.io import on_full_disk, write_text
-from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, result_score
+from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, percent_scores, result_score
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 1100px; color: #222; }
@@ -172,8 +172,7 @@ def _eval_means(run: RunData, results: list[dict] | None = None) -> tuple[float 
     task results (or of ``results``)."""
     from cramlm.eval.metrics import harmonic_mean
 
-    scores = [as_percent(str(r.get("metric", "")), s) for r in (run.eval_results if results is None else results)
-              if (s := result_score(r)) is not None]
+    scores = percent_scores(run.eval_results if results is None else results)
     if not scores:
         return None, None, False
     return statistics.fmean(scores), harmonic_mean(scores), True
@@ -408,25 +407,12 @@ def checkpoints_table(run: RunData) -> str:
     """The run's checkpoints evaluated (eval-step-N.json), in step order, and its end (eval.json): held-out
     loss, the zero-shot headline (macro average over paradigms) and the task mean, against tokens and
     compute: what the run had learned along the way. "" when no checkpoint was evaluated."""
-    from cramlm.report.rundata import _pairs, _results
-
-    if not run.checkpoint_evals:
-        return ""
-    end = [(run.summary.get("steps"), run.eval)] if run.eval else []
-    rows = []
-    for step, data in [*run.checkpoint_evals, *end]:
-        heldout, pairs = data.get("heldout"), _pairs(data)
-        done = data.get("trained") if isinstance(data.get("trained"), dict) else {}  # (older results: the log's tokens)
-        tokens, flops = (done.get(k) if is_number(done.get(k)) else run.at_step(k, step) if is_number(step) else None
-                         for k in ("tokens", "flops"))
-        head = pairs["scores"][pairs["headline"]]["accuracy"] if pairs else None
-        rows.append([f"{step:,}" if isinstance(step, int) else "end" if data is run.eval else "",
-                     "end of training (eval.json)" if data is run.eval else f"eval-step-{step:08d}.json",
-                     si(tokens, "") if tokens is not None else "", si(flops, "FLOPs") if flops is not None else "",
-                     f"{heldout['loss']:.3f}" if isinstance(heldout, dict) and is_number(heldout.get("loss")) else "",
-                     _round(None if head is None else 100 * head) + (f" ({pairs['headline']})" if pairs else ""),
-                     _pct(_eval_means(run, _results(data))[0]) or ""])
-    return _table(["step", "results", "tokens", "compute", "held-out loss", "zero-shot, macro %", "task mean, %"], rows)
+    rows = [[f"{p.step:,}" if p.step is not None else "end" if p.source == "eval.json" else "", "end of training (eval.json)" if p.source == "eval.json" else p.source,
+             si(p.tokens, "") if p.tokens is not None else "", si(p.flops, "FLOPs") if p.flops is not None else "",
+             f"{p.heldout:.3f}" if p.heldout is not None else "",
+             _round(p.zero_shot) + (f" ({p.headline})" if p.headline else ""), _pct(p.task_mean) or ""]
+            for p in run.along()]
+    return _table(["step", "results", "tokens", "compute", "held-out loss", "zero-shot, macro %", "task mean, %"], rows) if rows else ""
 
 
 # ------------------------------------------------------------------------------ stages table
@@ -510,10 +496,11 @@ def render_html(runs: list[RunData], figures: dict[str, tuple[str, Path]]) -> st
     parts.append("<h2>Plots</h2>")
     notes = {name: " ".join(n for n in (NOTES.get(name), COMPARE_NOTES.get(name) if len(runs) > 1 else None) if n)
              for name in figures}
-    parts += [_img(name, title, path, notes[name]) for name, (title, path) in figures.items()]
+    parts += [_img(name, title, path, notes[name]) for name, (title, path) in figures.items() if name != "along"]
     if len(runs) == 1:
         if checkpoints := checkpoints_table(runs[0]):
-            parts += ["<h2>Checkpoints evaluated</h2>", checkpoints,
+            parts += ["<h2>Checkpoints evaluated</h2>",
+                      *([_img("along", *figures["along"], notes["along"])] if "along" in figures else []), checkpoints,
                       '<p class="note">Each of the run\'s checkpoints evaluated (<code>cramlm eval checkpoint=&lt;run&gt;/checkpoints/step-N</code>) '
                       "by the settings its results file records: rows compare where those are the same.</p>"]
         if stages := stages_table(runs[0], now):

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from cramlm.io import atomic_write  # noqa: E402
-from cramlm.report.rundata import RunData, as_percent, is_number, result_score  # noqa: E402
+from cramlm.report.rundata import RunData, as_percent, is_number, percent_scores, result_score  # noqa: E402
 
 DPI = 110
 
@@ -223,6 +223,60 @@ def eval_figure(runs: list[RunData], path: Path) -> Path:
     return save(fig, path)
 
 
+def along_figure(runs: list[RunData], path: Path) -> Path:
+    """One run's checkpoints evaluated (and its end) against the compute of their training (FLOPs, else
+    tokens, log scale): held-out loss on the left axis, the zero-shot macro accuracy and the task mean (%)
+    on the right, each with its untrained twin dotted, and the minimal pairs' chance (50 %) dashed."""
+    from matplotlib.lines import Line2D
+
+    run = runs[0]
+    points = run.along()
+    key, xlabel = (("flops", "training compute (FLOPs)") if all(p.flops for p in points)
+                   else ("tokens", "tokens trained on"))
+    points = [p for p in points if getattr(p, key)]
+    loss_color, zero_color, task_color = colors(3)
+    fig, loss_ax = plt.subplots(figsize=(7.5, 4.2))
+    score_ax = loss_ax.twinx()
+    handles: list = []
+
+    def draw(ax, attr: str, color: str, label: str) -> bool:
+        got = [(getattr(p, key), getattr(p, attr)) for p in points if getattr(p, attr) is not None]
+        if got:
+            handles.extend(ax.plot(*zip(*got), marker="o", color=color, label=label))
+        return bool(got)
+
+    draw(loss_ax, "heldout", loss_color, "held-out loss")
+    headline = next((p.headline for p in points if p.headline), None)
+    if draw(score_ax, "zero_shot", zero_color, f"zero-shot macro % ({headline})"):
+        score_ax.axhline(50.0, color="grey", ls="--", lw=1)
+        twin = run.untrained_pairs
+        scores = twin.get("scores", {}) if twin else {}
+        accuracy = (scores.get(headline) or scores.get(twin.get("headline")) or {}).get("accuracy") if twin else None
+        if is_number(accuracy):
+            score_ax.axhline(100 * accuracy, color=zero_color, ls=":", lw=2)
+    if draw(score_ax, "task_mean", task_color, "task mean %"):
+        twin_scores = percent_scores(run.untrained_results)
+        if twin_scores:
+            score_ax.axhline(sum(twin_scores) / len(twin_scores), color=task_color, ls=":", lw=2)
+    handles.append(Line2D([], [], color="black", ls=":", lw=2, label="untrained twin"))
+    loss_ax.set_xscale("log")
+    loss_ax.set_xlabel(xlabel)
+    loss_ax.set_ylabel("held-out loss")
+    score_ax.set_ylabel("%")
+    loss_ax.grid(alpha=0.3)
+    loss_ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(handles),
+                   frameon=False)
+    return save(fig, path)
+
+
+def _along_drawn(runs: list[RunData]) -> bool:
+    """One run with two evaluations or more along it that have a compute or tokens figure and a result."""
+    if len(runs) != 1:
+        return False
+    return sum(1 for p in runs[0].along() if (p.flops or p.tokens)
+               and any(v is not None for v in (p.heldout, p.zero_shot, p.task_mean))) >= 2
+
+
 # name -> (title, draws it?, draw); the report shows the figures whose data exists
 FIGURES: dict[str, tuple[str, Callable[[list[RunData]], bool], Callable[[list[RunData], Path], Path]]] = {
     "loss_vs_tokens": ("Loss against tokens", lambda runs: any(r.has("loss") for r in runs),
@@ -236,6 +290,7 @@ FIGURES: dict[str, tuple[str, Callable[[list[RunData]], bool], Callable[[list[Ru
     "throughput": ("Throughput (and MFU when logged) over time",
                    lambda runs: any(r.has("tokens_per_second") for r in runs), throughput_figure),
     "eval": ("Evaluation", lambda runs: any(r.eval_results for r in runs), eval_figure),
+    "along": ("Its checkpoints evaluated, against compute", _along_drawn, along_figure),
 }
 
 
@@ -244,6 +299,8 @@ NOTES = {
     "schedule": "Lines: the planned schedule and batch ramp, computed from the run's config; markers: the values logged "
                 "while training (a step's lr was set before the step; its line records the progress after it).",
     "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
+    "along": "Markers: each checkpoint evaluated and the end of training (the table below); dotted: the untrained "
+             "twin's; dashed: chance on the minimal pairs.",
     "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (data/heldout.py). An MLM's and "
            "a causal LM's bits per byte share the unit but not the task (the MLM sees both sides of a masked token).",
 }

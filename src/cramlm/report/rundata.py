@@ -20,6 +20,20 @@ from cramlm.report.segments import current_lines
 
 
 @dataclass
+class Evaluated:
+    """One evaluation along a run: a checkpoint's (``eval-step-N.json``) or its end's (``eval.json``)."""
+
+    step: int | None
+    source: str  # the results file's name
+    tokens: float | None  # of training the weights had
+    flops: float | None
+    heldout: float | None  # held-out loss
+    zero_shot: float | None  # the minimal pairs' macro accuracy in %, by ``headline``
+    headline: str | None
+    task_mean: float | None  # the fine-tuned tasks' arithmetic mean in %
+
+
+@dataclass
 class RunData:
     folder: Path
     name: str
@@ -100,6 +114,29 @@ class RunData:
             return tokenizer_label(data)
         return None
 
+    def along(self) -> list[Evaluated]:
+        """The run's checkpoints evaluated, in step order, then its end: what it had learned along the way
+        (the compute from each results file's ``trained``, else the log's at that step). [] when no
+        checkpoint was evaluated."""
+        if not self.checkpoint_evals:
+            return []
+        end = [(self.summary.get("steps"), self.eval)] if self.eval else []
+        points = []
+        for step, data in [*self.checkpoint_evals, *end]:
+            heldout, pairs = data.get("heldout"), _pairs(data)
+            done = data.get("trained") if isinstance(data.get("trained"), dict) else {}  # (older results: the log's tokens)
+            tokens, flops = (done.get(k) if is_number(done.get(k)) else self.at_step(k, step) if is_number(step) else None
+                             for k in ("tokens", "flops"))
+            head = pairs["scores"][pairs["headline"]]["accuracy"] if pairs else None
+            scores = percent_scores(_results(data))
+            points.append(Evaluated(
+                step if isinstance(step, int) else None,
+                "eval.json" if data is self.eval else f"eval-step-{step:08d}.json", tokens, flops,
+                heldout["loss"] if isinstance(heldout, dict) and is_number(heldout.get("loss")) else None,
+                100 * head if is_number(head) else None, pairs.get("headline") if pairs else None,
+                sum(scores) / len(scores) if scores else None))
+        return points
+
     @property
     def pairs(self) -> dict[str, Any]:
         """eval.json's zero-shot minimal pairs (eval/pairs.py), {} when not scored."""
@@ -174,6 +211,11 @@ def _skipped(data: dict[str, Any]) -> str | None:
 def _results(data: dict[str, Any]) -> list[dict[str, Any]]:
     results = data.get("results", [])
     return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+
+
+def percent_scores(results: list[dict[str, Any]]) -> list[float]:
+    """The headline scores of task results that have one, in % (a correlation x 100 too)."""
+    return [as_percent(str(r.get("metric", "")), s) for r in results if (s := result_score(r)) is not None]
 
 
 def _interpolate(steps: list[float], values: list[float], step: Any) -> float | None:
