@@ -557,3 +557,51 @@ def test_checkpoints_evaluated_are_a_table_against_tokens_beside_the_end(tmp_pat
     (run / "eval-step-00000010.json").write_text(json.dumps({"minimal_pairs": {"headline": "x", "scores": {"x": {}}}}))
     result = CliRunner().invoke(main, ["report", str(run)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: {run / 'eval-step-00000010.json'}: minimal_pairs")
+
+
+def test_the_checkpoints_figure_joins_only_comparable_evaluations(tmp_path):
+    """along_lines (what the figure draws): a zero-shot line joins the evaluations scored like the last one
+    (its scorer, its pairs), a task-mean line those with its tasks and protocol, and the twin stands beside
+    only where it is comparable; an eval.json from before the run went on keeps its own step; two evaluations
+    at one compute are no line; a headline that is not a scorer's name is an error naming the file."""
+    from cramlm.report.plots import _along_drawn, along_lines
+
+    run = fake_run(tmp_path / "r", "r", 9.0, with_extras=False)
+    other_scorer = zero_shot({"p": 4, "q": 4}, 0.25)
+    other_scorer = {**other_scorer, "headline": "pll-original", "scores": {"pll-original": other_scorer["scores"]["pll-word-l2r"]}}
+    sst, stsb = ({"task": "sst", "metric": "accuracy", "score": s} for s in (0.6, 0.7)), None
+    evaluations = {  # file -> (flops, held-out loss, minimal pairs, task rows)
+        "eval-step-00000010.json": (1e12, 5.0, zero_shot({"p": 4, "q": 4}, 0.5), [next(sst)]),
+        "eval-step-00000020.json": (2e12, 4.5, other_scorer,
+                                    [next(sst), {"task": "stsb", "metric": "pearson", "median": 0.4}]),
+        "eval.json": (3e12, 4.0, zero_shot({"p": 4, "q": 4}, 1.0),
+                      json.loads((run / "eval.json").read_text())["results"]),  # sst 80, stsb 50
+        "eval-untrained.json": (None, 9.0, zero_shot({"p": 4}, 0.5),  # the twin on other pairs: not beside
+                                [{"task": "sst", "metric": "accuracy", "score": 0.6},
+                                 {"task": "stsb", "metric": "pearson", "median": 0.3}]),
+    }
+    for name, (flops, loss, pairs, rows) in evaluations.items():
+        trained = {"trained": {"steps": int(flops / 1e11), "tokens": 8192 * int(flops / 1e11), "flops": flops}} if flops else {}
+        (run / name).write_text(json.dumps({"heldout": {"loss": loss}, "minimal_pairs": pairs, "results": rows, **trained}))
+    xlabel, lines, twins = along_lines(load_run_data(run))
+    assert xlabel == "training compute (FLOPs)" and lines == {
+        "heldout": [(1e12, 5.0), (2e12, 4.5), (3e12, 4.0)],
+        "zero_shot": [(1e12, 50.0), (3e12, 100.0)],  # step 20 scored by another scorer
+        "task_mean": [(2e12, 55.0), (3e12, 65.0)]}  # step 10 fine-tuned on sst alone
+    assert twins == {"task_mean": 45.0}
+    assert 'data-plot="along"' in write_report(run).read_text()
+
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "steps": 40}))  # the run went on after its eval.json
+    rows = re.findall(r"<tr><td>(.*?)</td></tr>", section(write_report(run).read_text(), "Checkpoints evaluated"))
+    assert [re.split(r"</td><td[^>]*>", r)[:2] for r in rows][-1] == ["30", "eval.json (before the run went on)"]
+
+    (run / "eval-step-00000020.json").unlink()
+    step_10 = json.loads((run / "eval-step-00000010.json").read_text())
+    (run / "eval-step-00000010.json").write_text(json.dumps({**step_10, "trained": {"steps": 30, "flops": 3e12}}))
+    assert not _along_drawn([load_run_data(run)])  # the end's compute twice: no line against compute
+
+    (run / "eval-step-00000010.json").write_text(json.dumps({"minimal_pairs": {**step_10["minimal_pairs"], "headline": [1]}}))
+    result = CliRunner().invoke(main, ["report", str(run)])
+    assert result.exit_code == 1 and result.output.startswith(
+        f"Error: {run / 'eval-step-00000010.json'}: minimal_pairs.headline is [1], not a scorer's name"), result.output

@@ -251,7 +251,7 @@ def verdict(pretrained: dict, untrained: dict | None, dryrun: bool = False) -> s
     text = ". ".join(s[0].upper() + s[1:] if i else s for i, s in enumerate(said))
     lm_a, lm_b = pretrained.get("heldout"), twin_heldout(pretrained, untrained)
     if isinstance(lm_a, dict) and isinstance(lm_b, dict) and all(isinstance(x.get("loss"), (int, float)) for x in (lm_a, lm_b)):
-        text += (f". Held-out {objective_label(lm_a['objective'])} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
+        text += (f". Held-out {objective_label(str(lm_a.get('objective') or 'LM'))} loss {lm_a['loss']:.2f} against the twin's {lm_b['loss']:.2f}: "
                  + ("the model learnt the corpus" if lm_a["loss"] < lm_b["loss"] - 0.5 else "it learnt little of the corpus"))
         if rows and not paid and lm_a["loss"] < lm_b["loss"] - 0.5:
             text += (", but not yet features these fine-tuned tasks need beyond what fine-tuning from random weights "
@@ -300,7 +300,7 @@ def versus_text(pretrained: dict, untrained: dict | None, say_verdict: bool = Tr
         cells.append(means_row)
     lm_a, lm_b = pretrained.get("heldout"), twin_heldout(pretrained, untrained)
     if lm_a:
-        cells.append([f"held-out {objective_label(lm_a['objective'])} loss", "", f"{lm_a['loss']:.3f}",
+        cells.append([f"held-out {objective_label(str(lm_a.get('objective') or 'LM'))} loss", "", f"{lm_a['loss']:.3f}",
                       f"{lm_b['loss']:.3f}" if lm_b else "-", f"{lm_a['loss'] - lm_b['loss']:+.3f}" if lm_b else "-", ""])
     widths = [max(len(str(c[i])) for c in [header, *cells]) for i in range(len(header))]
     fmt = lambda c: "  ".join(str(v).ljust(w) if i < 2 else str(v).rjust(w) for i, (v, w) in enumerate(zip(c, widths)))  # noqa: E731

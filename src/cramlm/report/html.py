@@ -407,7 +407,10 @@ def checkpoints_table(run: RunData) -> str:
     """The run's checkpoints evaluated (eval-step-N.json), in step order, and its end (eval.json): held-out
     loss, the zero-shot headline (macro average over paradigms) and the task mean, against tokens and
     compute: what the run had learned along the way. "" when no checkpoint was evaluated."""
-    rows = [[f"{p.step:,}" if p.step is not None else "end" if p.source == "eval.json" else "", "end of training (eval.json)" if p.source == "eval.json" else p.source,
+    end = run.summary.get("steps")
+    rows = [[f"{p.step:,}" if p.step is not None else "end" if p.source == "eval.json" else "",
+             p.source if p.source != "eval.json" else "end of training (eval.json)" if p.step in (None, end) else
+             "eval.json (before the run went on)",
              si(p.tokens, "") if p.tokens is not None else "", si(p.flops, "FLOPs") if p.flops is not None else "",
              f"{p.heldout:.3f}" if p.heldout is not None else "",
              _round(p.zero_shot) + (f" ({p.headline})" if p.headline else ""), _pct(p.task_mean) or ""]

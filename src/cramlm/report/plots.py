@@ -223,45 +223,73 @@ def eval_figure(runs: list[RunData], path: Path) -> Path:
     return save(fig, path)
 
 
+def _along_x(points: list) -> tuple[str, str]:
+    """The x of a run's evaluations along it: FLOPs where every one has them, else tokens."""
+    return ("flops", "training compute (FLOPs)") if all(p.flops for p in points) else ("tokens", "tokens trained on")
+
+
+def _same_tasks(rows: list[dict], reference: list[dict]) -> bool:
+    """The same tasks, each fine-tuned by the same protocol (eval/tables.py's ``same_protocol``)."""
+    from cramlm.eval.tables import same_protocol
+
+    by_task = {r.get("task"): r for r in reference}
+    return {r.get("task") for r in rows} == set(by_task) and all(same_protocol(r, by_task[r.get("task")]) for r in rows)
+
+
+def along_lines(run: RunData) -> tuple[str, dict[str, list[tuple[float, float]]], dict[str, float]]:
+    """What ``along_figure`` draws: (x label, series, the twin's values). Series ``heldout``, ``zero_shot``
+    and ``task_mean`` of (compute, value), ascending; a series joins only the evaluations comparable with
+    its last (zero-shot: the same scorer and pairs; tasks: the same tasks and protocol), and the twin's
+    value is there only where it is comparable with that last one too."""
+    from cramlm.eval.pairs import twin_mismatch
+
+    points = run.along()
+    key, xlabel = _along_x(points)
+    points = sorted((p for p in points if getattr(p, key)), key=lambda p: getattr(p, key))
+    lines = {"heldout": [(getattr(p, key), p.heldout) for p in points if p.heldout is not None]}
+    twins: dict[str, float] = {}
+    if zero := [p for p in points if p.zero_shot is not None]:
+        last = zero[-1].pairs
+        lines["zero_shot"] = [(getattr(p, key), p.zero_shot) for p in zero if not twin_mismatch(p.pairs, last)]
+        twin = run.untrained_pairs
+        accuracy = twin["scores"][twin["headline"]].get("accuracy") if twin and not twin_mismatch(last, twin) else None
+        if is_number(accuracy):
+            twins["zero_shot"] = 100 * accuracy
+    if tasks := [p for p in points if p.task_mean is not None]:
+        last = tasks[-1].results
+        lines["task_mean"] = [(getattr(p, key), p.task_mean) for p in tasks if _same_tasks(p.results, last)]
+        scores = percent_scores(run.untrained_results)
+        if scores and _same_tasks(run.untrained_results, last):
+            twins["task_mean"] = sum(scores) / len(scores)
+    return xlabel, {name: line for name, line in lines.items() if line}, twins
+
+
 def along_figure(runs: list[RunData], path: Path) -> Path:
     """One run's checkpoints evaluated (and its end) against the compute of their training (FLOPs, else
-    tokens, log scale): held-out loss on the left axis, the zero-shot macro accuracy and the task mean (%)
-    on the right, each with its untrained twin dotted, and the minimal pairs' chance (50 %) dashed."""
+    tokens, log scale; ``along_lines``): held-out loss on the left axis, the zero-shot macro accuracy and
+    the task mean (%) on the right, each with its untrained twin dotted, and the minimal pairs' chance
+    (50 %) dashed."""
     from matplotlib.lines import Line2D
 
     run = runs[0]
-    points = run.along()
-    key, xlabel = (("flops", "training compute (FLOPs)") if all(p.flops for p in points)
-                   else ("tokens", "tokens trained on"))
-    points = [p for p in points if getattr(p, key)]
-    loss_color, zero_color, task_color = colors(3)
+    xlabel, lines, twins = along_lines(run)
+    headline = next((p.headline for p in reversed(run.along()) if p.headline), None)
     fig, loss_ax = plt.subplots(figsize=(7.5, 4.2))
     score_ax = loss_ax.twinx()
     handles: list = []
-
-    def draw(ax, attr: str, color: str, label: str) -> bool:
-        got = [(getattr(p, key), getattr(p, attr)) for p in points if getattr(p, attr) is not None]
-        if got:
-            handles.extend(ax.plot(*zip(*got), marker="o", color=color, label=label))
-        return bool(got)
-
-    draw(loss_ax, "heldout", loss_color, "held-out loss")
-    headline = next((p.headline for p in points if p.headline), None)
-    if draw(score_ax, "zero_shot", zero_color, f"zero-shot macro % ({headline})"):
+    for (name, label, ax), color in zip((("heldout", "held-out loss", loss_ax),
+                                         ("zero_shot", f"zero-shot macro % ({headline})", score_ax),
+                                         ("task_mean", "task mean %", score_ax)), colors(3)):
+        if name in lines:
+            handles.extend(ax.plot(*zip(*lines[name]), marker="o", color=color, label=label))
+        if name in twins:
+            ax.axhline(twins[name], color=color, ls=":", lw=2)
+    if "zero_shot" in lines:
         score_ax.axhline(50.0, color="grey", ls="--", lw=1)
-        twin = run.untrained_pairs
-        scores = twin.get("scores", {}) if twin else {}
-        accuracy = (scores.get(headline) or scores.get(twin.get("headline")) or {}).get("accuracy") if twin else None
-        if is_number(accuracy):
-            score_ax.axhline(100 * accuracy, color=zero_color, ls=":", lw=2)
-    if draw(score_ax, "task_mean", task_color, "task mean %"):
-        twin_scores = percent_scores(run.untrained_results)
-        if twin_scores:
-            score_ax.axhline(sum(twin_scores) / len(twin_scores), color=task_color, ls=":", lw=2)
     handles.append(Line2D([], [], color="black", ls=":", lw=2, label="untrained twin"))
     loss_ax.set_xscale("log")
     loss_ax.set_xlabel(xlabel)
-    loss_ax.set_ylabel("held-out loss")
+    loss_ax.set_ylabel(f"held-out {loss_title(run.objective)} loss")
     score_ax.set_ylabel("%")
     loss_ax.grid(alpha=0.3)
     loss_ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(handles),
@@ -270,11 +298,13 @@ def along_figure(runs: list[RunData], path: Path) -> Path:
 
 
 def _along_drawn(runs: list[RunData]) -> bool:
-    """One run with two evaluations or more along it that have a compute or tokens figure and a result."""
+    """One run evaluated at two amounts of compute or more along it (each with a result)."""
     if len(runs) != 1:
         return False
-    return sum(1 for p in runs[0].along() if (p.flops or p.tokens)
-               and any(v is not None for v in (p.heldout, p.zero_shot, p.task_mean))) >= 2
+    points = runs[0].along()
+    key = _along_x(points)[0]
+    return len({getattr(p, key) for p in points if getattr(p, key)
+                and any(v is not None for v in (p.heldout, p.zero_shot, p.task_mean))}) >= 2
 
 
 # name -> (title, draws it?, draw); the report shows the figures whose data exists
@@ -299,8 +329,9 @@ NOTES = {
     "schedule": "Lines: the planned schedule and batch ramp, computed from the run's config; markers: the values logged "
                 "while training (a step's lr was set before the step; its line records the progress after it).",
     "eval": "Bars: the pretrained model; dotted: its untrained twin; dashed: the majority class.",
-    "along": "Markers: each checkpoint evaluated and the end of training (the table below); dotted: the untrained "
-             "twin's; dashed: chance on the minimal pairs.",
+    "along": "Markers: each checkpoint evaluated and the end of training (the table below); a line joins those "
+             "comparable with its last point (zero-shot: the same scorer and pairs; tasks: the same tasks and protocol); "
+             "dotted: the untrained twin's, where comparable; dashed: chance on the minimal pairs.",
     "bpb": "Nats over the scored tokens / ln 2 / the UTF-8 bytes of text they stand for (data/heldout.py). An MLM's and "
            "a causal LM's bits per byte share the unit but not the task (the MLM sees both sides of a masked token).",
 }

@@ -31,6 +31,8 @@ class Evaluated:
     zero_shot: float | None  # the minimal pairs' macro accuracy in %, by ``headline``
     headline: str | None
     task_mean: float | None  # the fine-tuned tasks' arithmetic mean in %
+    pairs: dict[str, Any] = field(default_factory=dict)  # its minimal_pairs record ({}: none)
+    results: list[dict[str, Any]] = field(default_factory=list)  # its task rows
 
 
 @dataclass
@@ -120,21 +122,22 @@ class RunData:
         checkpoint was evaluated."""
         if not self.checkpoint_evals:
             return []
-        end = [(self.summary.get("steps"), self.eval)] if self.eval else []
         points = []
-        for step, data in [*self.checkpoint_evals, *end]:
-            heldout, pairs = data.get("heldout"), _pairs(data)
+        for step, data in [*self.checkpoint_evals, *([(None, self.eval)] if self.eval else [])]:
+            heldout, pairs, results = data.get("heldout"), _pairs(data), _results(data)
             done = data.get("trained") if isinstance(data.get("trained"), dict) else {}  # (older results: the log's tokens)
-            tokens, flops = (done.get(k) if is_number(done.get(k)) else self.at_step(k, step) if is_number(step) else None
+            if data is self.eval:  # the step its weights had (an eval.json from before a resume is not the end's)
+                step = done.get("steps") if _positive(done.get("steps")) else self.summary.get("steps")
+            tokens, flops = (done.get(k) if _positive(done.get(k)) else self.at_step(k, step) if is_number(step) else None
                              for k in ("tokens", "flops"))
             head = pairs["scores"][pairs["headline"]]["accuracy"] if pairs else None
-            scores = percent_scores(_results(data))
+            scores = percent_scores(results)
             points.append(Evaluated(
-                step if isinstance(step, int) else None,
+                int(step) if is_number(step) else None,
                 "eval.json" if data is self.eval else f"eval-step-{step:08d}.json", tokens, flops,
                 heldout["loss"] if isinstance(heldout, dict) and is_number(heldout.get("loss")) else None,
                 100 * head if is_number(head) else None, pairs.get("headline") if pairs else None,
-                sum(scores) / len(scores) if scores else None))
+                sum(scores) / len(scores) if scores else None, pairs, results))
         return points
 
     @property
@@ -178,15 +181,24 @@ class RunData:
         return result_score(r)
 
 
+def _positive(value: Any) -> bool:
+    return is_number(value) and value > 0
+
+
 def _pairs(data: dict[str, Any]) -> dict[str, Any]:
     block = data.get("minimal_pairs")
-    ok = isinstance(block, dict) and isinstance(block.get("scores"), dict) and block.get("headline") in block["scores"]
+    ok = (isinstance(block, dict) and isinstance(block.get("scores"), dict) and isinstance(block.get("headline"), str)
+          and block["headline"] in block["scores"])
     return block if ok else {}
 
 
 def check_pairs(data: dict[str, Any], path: Path) -> None:
     """A zero-shot headline record the tables cannot read (a damaged or hand-made eval.json) is an error
     naming the file and key, not a traceback."""
+    raw = data.get("minimal_pairs")
+    if isinstance(raw, dict) and "headline" in raw and not isinstance(raw["headline"], str):
+        raise ValueError(f"{path}: minimal_pairs.headline is {raw['headline']!r}, not a scorer's name: the file is damaged "
+                         "(evaluate the checkpoint again)")
     block = _pairs(data)
     if not block:
         return
