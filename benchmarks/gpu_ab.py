@@ -1,17 +1,24 @@
 """The first GPU's recipe A/B: cramlm's GPU-day recipe (`gpu-24h`) against cramming's
-(`crammed-bert-24h`, bert-o4) on crammed-bert at equal FLOPs, a few minutes each, on the shared
-corpus (vocab 8192, 128-token blocks), both schedules keyed to the same FLOP budget. Each run is
-judged by its held-out loss (labelled by objective: an ELECTRA run's is its generator's MLM loss,
-not comparable with an MLM run's) and, where minimal pairs are given, by zero-shot accuracy (the
-figure both objectives share). A step of benchmarks/gpu_check.sh (``GPU_CHECK_STEPS=ab``).
+(`crammed-bert-24h`, bert-o4) on crammed-bert at equal FLOPs, about a minute each, on the shared
+corpus (vocab 8192, 128-token blocks), every schedule keyed to the same FLOP budget. Three contenders,
+in this order (a check cut short keeps the first ones):
 
-    python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR [--flops 1.5e16] [--pairs DIR]
+- ``cramming``: crammed-bert-24h, MLM with AdamW;
+- ``cramlm-mlm``: gpu-24h's fields (Muon, QK-norm, zero-init) with cramming's MLM objective: its held-out
+  MLM loss compares with cramming's directly, the GPU's reading of the multiplier the CPU law predicts;
+- ``cramlm``: gpu-24h whole (ELECTRA): its held-out loss is its generator's (labelled by objective, not
+  comparable with an MLM run's), so it is judged against the others by zero-shot accuracy, the figure
+  every objective shares.
+
+A step of benchmarks/gpu_check.sh (``GPU_CHECK_STEPS=ab``).
+
+    python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR [--flops 1e16] [--pairs DIR] [--contenders a,b]
     python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR --dry     # CPU, tiny sizes (CI)
 
-Writes ``RES/ab.json`` after every run (a check cut short keeps what it measured) and prints a table.
-At 1.5e16 FLOPs both recipes' ``train.min_updates=1000`` holds the batch at one or two microbatches of
-128 (~1,000 steps): the recipes are compared in that small-batch regime, not at a GPU day's batch of
-8,192 sequences (which such a budget would spend in ~23 steps).
+Writes ``RES/ab.json`` after every run and prints a table, with the held-out difference of each pair of
+runs that share an objective. At 1e16 FLOPs the recipes' ``train.min_updates=1000`` holds the batch at one
+microbatch of 128 (~900 steps): the recipes are compared in that small-batch regime, not at a GPU day's
+batch of 8,192 sequences (which such a budget would spend in ~15 steps).
 """
 
 from __future__ import annotations
@@ -24,14 +31,17 @@ import sys
 import time
 from pathlib import Path
 
-CONTENDERS = {"cramming": "crammed-bert-24h", "cramlm": "gpu-24h"}
+# name -> (recipe, overrides), in the order they run
+CONTENDERS = {"cramming": ("crammed-bert-24h", []), "cramlm-mlm": ("gpu-24h", ["train.objective=mlm"]),
+              "cramlm": ("gpu-24h", [])}
 TINY = ["arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.intermediate_size=64",
         "arch.max_seq_length=32", "data.seq_length=32", "data.tokenizer.vocab_size=512",
         "data.max_entries_in_raw_dataset=20", "train.batch_size=8", "impl.microbatch_size=8", "budget=null",
         "train.budget.steps=2"]
 
 
-def pretrain_cmd(recipe: str, name: str, work: Path, data_dir: str, flops: float, dry: bool) -> list[str]:
+def pretrain_cmd(recipe: str, overrides: list[str], name: str, work: Path, data_dir: str, flops: float,
+                 dry: bool) -> list[str]:
     # eager on the GPU too: compiling a contender (its static, dynamic-shape and eval-mode graphs, ELECTRA's
     # generator beside) takes minutes that the step does not have; compilation does not change the maths
     size = TINY if dry else ["budget=null", f"train.budget.flops={flops:g}", "impl.microbatch_size=128",
@@ -39,7 +49,7 @@ def pretrain_cmd(recipe: str, name: str, work: Path, data_dir: str, flops: float
                              "impl.compile=false"]
     data = "data=default" if dry else "data=shared-corpus"
     return [sys.executable, "-m", "cramlm", "run", recipe, f"name={name}", "stages=[data,pretrain]", data,
-            f"base_dir={work / 'runs'}", f"impl.data_cache={work / 'data'}", "impl.progress=false", *size]
+            f"base_dir={work / 'runs'}", f"impl.data_cache={work / 'data'}", "impl.progress=false", *overrides, *size]
 
 
 def eval_cmd(run: Path, pairs: str | None, dry: bool) -> list[str]:
@@ -67,16 +77,26 @@ def record(run: Path) -> dict:
     return out
 
 
+def same_objective(result: dict) -> list[dict]:
+    """Each pair of runs whose held-out losses compare (one objective): the later one's loss minus the earlier's."""
+    runs = [(name, (r.get("heldout") or {})) for name, r in result["runs"].items()]
+    return [{"a": a, "b": b, "objective": ha["objective"], "b_minus_a": hb["loss"] - ha["loss"]}
+            for i, (a, ha) in enumerate(runs) for b, hb in runs[i + 1:]
+            if ha.get("loss") is not None and hb.get("loss") is not None and ha.get("objective") == hb.get("objective")]
+
+
 def table(result: dict) -> str:
     lines = ["| contender | recipe | objective | steps | FLOPs | tokens/s | MFU | held-out loss | zero-shot |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["runs"].items():
         acc = ((r.get("zero_shot") or {}).get(r.get("zero_shot_headline")) or {}).get("accuracy")
         loss = (r.get("heldout") or {}).get("loss")
-        lines.append(f"| {name} | {CONTENDERS[name]} | {r.get('objective')} | {r.get('steps') or '-'} | "
+        recipe, overrides = CONTENDERS[name]
+        lines.append(f"| {name} | {' '.join([recipe, *overrides])} | {r.get('objective')} | {r.get('steps') or '-'} | "
                      f"{(r.get('flops') or 0):.3g} | {(r.get('tokens_per_second') or 0):,.0f} | "
                      f"{100 * (r.get('mfu') or 0):.1f}% | {'-' if loss is None else f'{loss:.3f}'} | "
                      f"{'-' if acc is None else f'{100 * acc:.1f}'} |")
+    lines += [f"held-out {d['objective']}: {d['b']} - {d['a']} = {d['b_minus_a']:+.3f}" for d in result.get("same_objective", [])]
     return "\n".join(lines)
 
 
@@ -85,23 +105,33 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, required=True, help="results folder (ab.json)")
     ap.add_argument("--work", type=Path, required=True, help="runs and data (never under --out)")
     ap.add_argument("--data-dir", required=True, help="the folder holding corpus/ (the shared corpus)")
-    ap.add_argument("--flops", type=float, default=1.5e16, help="each contender's FLOP budget (1.5e16: about 85 s eager at the 22%% MFU the first H200 check measured)")
+    ap.add_argument("--flops", type=float, default=1e16, help="each contender's FLOP budget (1e16: about 57 s eager at the 22%% MFU the first H200 check measured)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS),
+                    help=f"a comma list of contenders to run, in the order given (default: {','.join(CONTENDERS)})")
     ap.add_argument("--pairs", help="minimal pairs (a folder of JSONL paradigms; the first 300 pairs of each) for "
                     "zero-shot scoring; omitted: held-out only")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes, the shipped corpus: the script's plumbing only")
     args = ap.parse_args(argv)
     import os
 
+    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CONTENDERS]
+    if unknown or not chosen:
+        print(f"Error: --contenders: {', '.join(unknown) or 'none given'} (choose from {', '.join(CONTENDERS)})", file=sys.stderr)
+        return 2
+
     env = dict(os.environ, CRAMLM_DATA_DIR=args.data_dir)
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"flops_budget": None if args.dry else args.flops, "dry": args.dry, "runs": {}, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     failed = 0
-    for name, recipe in CONTENDERS.items():
+    for name in chosen:
+        recipe, overrides = CONTENDERS[name]
         run = args.work / "runs" / name
-        failed += call(pretrain_cmd(recipe, name, args.work, args.data_dir, args.flops, args.dry), env) != 0
+        failed += call(pretrain_cmd(recipe, overrides, name, args.work, args.data_dir, args.flops, args.dry), env) != 0
         if (run / "summary.json").is_file():
             failed += call(eval_cmd(run, args.pairs, args.dry), env) != 0
         result["runs"][name] = record(run)
+        result["same_objective"] = same_objective(result)
         (args.out / "ab.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     return failed

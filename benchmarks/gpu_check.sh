@@ -17,8 +17,8 @@
 #              off the clock, count_compile=false) on the shipped corpus (the 24 h
 #              recipe's batch and microbatch, compile=auto): tokens/s and MFU from its summary
 #   eval       `cramlm eval` of that run on the shipped task
-#   ab         cramlm's GPU-day recipe (gpu-24h) against crammed-bert-24h at equal FLOPs, a few minutes
-#              each: held-out loss and zero-shot minimal pairs (benchmarks/gpu_ab.py; GPU_CHECK_STEPS=ab)
+#   ab         cramlm's GPU-day recipe (gpu-24h; and its fields with MLM) against crammed-bert-24h at equal
+#              FLOPs, about a minute each: held-out loss, zero-shot minimal pairs (benchmarks/gpu_ab.py; GPU_CHECK_STEPS=ab)
 #   extras     while time is left: model_step base with packed documents (FlexAttention vs the dense
 #              mask), train_step base with --compile
 # GPU_CHECK_STEPS=a,b runs only those steps (env and peak always run), e.g. a second call with
