@@ -1,0 +1,39 @@
+"""benchmarks/gpu_ab.py: held-out losses are compared only between runs of one objective (an ELECTRA
+run's is its generator's), the contenders run in the order given, and an unknown one is an Error."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import gpu_ab  # noqa: E402
+
+
+def test_only_runs_of_one_objective_are_compared_on_held_out_loss():
+    result = {"runs": {"cramming": {"heldout": {"loss": 5.0, "objective": "mlm"}},
+                       "cramlm-mlm": {"heldout": {"loss": 4.75, "objective": "mlm"}},
+                       "cramlm": {"heldout": {"loss": 3.0, "objective": "rtd"}}}}
+    pairs = gpu_ab.same_objective(result)
+    assert pairs == [{"a": "cramming", "b": "cramlm-mlm", "objective": "mlm", "b_minus_a": -0.25}]
+    result["same_objective"] = pairs
+    assert "held-out mlm: cramlm-mlm - cramming = -0.250" in gpu_ab.table(result)
+
+
+def test_a_run_without_a_held_out_loss_is_left_out():
+    result = {"runs": {"cramming": {"heldout": {"loss": None, "objective": None}},
+                       "cramlm-mlm": {"heldout": {"loss": 4.75, "objective": "mlm"}}}}
+    assert gpu_ab.same_objective(result) == []
+
+
+def test_the_mlm_contender_is_gpu_24h_with_crammings_objective_and_runs_second(tmp_path):
+    assert list(gpu_ab.CONTENDERS) == ["cramming", "cramlm-mlm", "cramlm"]
+    recipe, overrides = gpu_ab.CONTENDERS["cramlm-mlm"]
+    cmd = gpu_ab.pretrain_cmd(recipe, overrides, "cramlm-mlm", tmp_path, "data", 1e16, dry=False)
+    assert cmd[4:6] == ["gpu-24h", "name=cramlm-mlm"] and "train.objective=mlm" in cmd and "train.budget.flops=1e+16" in cmd
+
+
+def test_an_unknown_contender_is_an_error_naming_it(tmp_path, capsys):
+    rc = gpu_ab.main(["--out", str(tmp_path / "res"), "--work", str(tmp_path / "work"), "--data-dir", str(tmp_path),
+                      "--contenders", "cramming,bert"])
+    assert rc == 2 and not (tmp_path / "res").exists()
+    assert capsys.readouterr().err.strip() == "Error: --contenders: bert (choose from cramming, cramlm-mlm, cramlm)"
