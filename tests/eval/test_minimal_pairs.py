@@ -312,7 +312,7 @@ def test_clm_and_rtd_scores_match_a_hand_computation():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Tiny real runs (mlm on crammed-bert, mlm on bert-original, clm, rtd) and their exports."""
+    """Tiny real runs (mlm on crammed-bert, mlm on bert-original, clm on gpt2 and llama, rtd) and their exports."""
     from cramlm.cli.export import export_run
     from tests.train.helpers import run_inprocess
 
@@ -322,8 +322,9 @@ def runs(tmp_path_factory):
     run_inprocess(root, "mlm", *steps)
     run_inprocess(root, "bert", *steps, "arch=bert-original-tiny")
     run_inprocess(root, "gpt", *steps, "arch=gpt2-tiny", "data.tokenizer.vocab_size=400")
+    run_inprocess(root, "llama", *steps, "arch=llama-tiny", "data.tokenizer.vocab_size=400")
     run_inprocess(root, "rtd", *steps, "train.objective=rtd")
-    for name in ("mlm", "bert", "gpt", "rtd"):
+    for name in ("mlm", "bert", "gpt", "llama", "rtd"):
         export_run(str(root / name), str(root / f"hf-{name}"))
     return root
 
@@ -383,7 +384,8 @@ def test_the_masked_scorer_matches_transformers_on_the_export_to_1e_4(runs, name
     assert gap.max() > 100 * 1e-4  # the variants differ far beyond the tolerance
 
 
-def test_the_causal_scorer_gives_lm_evaluation_harness_s_loglikelihoods(runs):
+@pytest.mark.parametrize("name", ["gpt", "llama"])  # exported as GPT2LMHeadModel, LlamaForCausalLM
+def test_the_causal_scorer_gives_lm_evaluation_harness_s_loglikelihoods(runs, name):
     pytest.importorskip("lm_eval")
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
@@ -392,11 +394,11 @@ def test_the_causal_scorer_gives_lm_evaluation_harness_s_loglikelihoods(runs):
 
     pairs = load_pairs(PairsConfig(paths=[str(FIXTURES)]))
     texts = [t for p in pairs for t in (p.good, p.bad)]
-    lm = HFLM(pretrained=str(runs / "hf-gpt"), device="cpu", batch_size=4)
+    lm = HFLM(pretrained=str(runs / f"hf-{name}"), device="cpu", batch_size=4)
     requests = [Instance(request_type="loglikelihood", doc={}, arguments=("", t), idx=i) for i, t in enumerate(texts)]
     theirs = [ll for ll, _ in lm.loglikelihood(requests, disable_tqdm=True)]
-    run = scorer_scores(load_checkpoint(str(runs / "gpt"), runs), texts)["log-probability log-probability"]
-    export = scorer_scores(load_checkpoint(str(runs / "hf-gpt"), runs), texts)["log-probability log-probability"]
+    run = scorer_scores(load_checkpoint(str(runs / name), runs), texts)["log-probability log-probability"]
+    export = scorer_scores(load_checkpoint(str(runs / f"hf-{name}"), runs), texts)["log-probability log-probability"]
     np.testing.assert_allclose(run, theirs, atol=1e-4, rtol=0)
     np.testing.assert_allclose(export, theirs, atol=1e-4, rtol=0)
 
@@ -505,7 +507,8 @@ def evaluate(checkpoint: Path, out: Path, *extra: str) -> dict:
     ("mlm", "mlm", "pll-word-l2r"), ("gpt", "clm", "log-probability"), ("rtd", "rtd", "detector"),
     ("hf-bert", "mlm", "pll-word-l2r"), ("hf-mlm", "mlm", "pll-word-l2r"), ("hf-gpt", "clm", "log-probability"),
     ("hf-rtd", "rtd", "detector"), ("mlm-untrained", "mlm", "pll-word-l2r"), ("rtd-untrained", "rtd", "detector"),
-    ("hf-gpt-untrained", "clm", "log-probability"),
+    ("hf-gpt-untrained", "clm", "log-probability"), ("llama", "clm", "log-probability"),
+    ("hf-llama", "clm", "log-probability"),
 ])
 def test_every_checkpoint_kind_scores_minimal_pairs_in_cramlm_eval(runs, tmp_path, checkpoint, kind, headline):
     got = evaluate(runs / checkpoint, tmp_path, "trust_remote_code=true")
