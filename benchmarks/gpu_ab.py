@@ -17,8 +17,10 @@ A step of benchmarks/gpu_check.sh (``GPU_CHECK_STEPS=ab``).
 
 Writes ``RES/ab.json`` after every run and prints a table, with the held-out difference of each pair of
 runs that share an objective. At 1e16 FLOPs the recipes' ``train.min_updates=1000`` holds the batch at one
-microbatch of 128 (~900 steps): the recipes are compared in that small-batch regime, not at a GPU day's
-batch of 8,192 sequences (which such a budget would spend in ~15 steps).
+microbatch of 128 (cramming ~1,030 steps, 1.7e7 tokens; the Muon contenders ~800-860, 1.3-1.4e7: ELECTRA's
+generator and Muon's Newton-Schulz, ~17% of a step at this batch against under 1% at a GPU day's, are
+counted): the recipes are compared in that small-batch regime, not at a GPU day's batch of 8,192 sequences
+(which such a budget would spend in ~15 steps).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     import os
 
-    chosen = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    chosen = list(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))  # each once
     unknown = [c for c in chosen if c not in CONTENDERS]
     if unknown or not chosen:
         print(f"Error: --contenders: {', '.join(unknown) or 'none given'} (choose from {', '.join(CONTENDERS)})", file=sys.stderr)
