@@ -23,8 +23,8 @@ x4-256x4.json, 384x6.json 384x6-x2.json, 512x8.json); ``--rates`` the contenders
 ``--budget-rows`` also reads the shipped recipe (muon-full, momentum 0.85, each size's lr) at each
 budget multiple it was trained at (1x, 2x, ...) on the same tuned frontier: does the multiplier
 hold from the smallest to the largest size when each is given more compute? A size with none of the
-recipe's own runs (512x8) stands at 1x by its ablation's muon-full at the sweep's best lr, when that
-trained momentum 0.85.
+recipe's own run at 1x (512x8) stands at 1x by its ablation's muon-full at the sweep's best lr, when that
+trained momentum 0.85 (its larger budgets: screen-512x8-runs.json, the same command at 2x).
 """
 
 from __future__ import annotations
@@ -202,8 +202,8 @@ def budget_rows(results: list[dict], stored: Stored, runs: list[dict] = ()) -> l
         named = from_name(run["folder"].name, fronts)
         if named and is_recipe(named):
             cands.append({**named, "seed": run["cfg"].get("seed", 0), **run["summary"]})
-    for r in results:  # a size without the recipe's own runs: its ablation's muon-full (momentum 0.85, best lr) at 1x
-        if "recipe_1x" in r and not any(c["size"] == r["size"] for c in cands):
+    for r in results:  # a size without the recipe's own run at 1x: its ablation's muon-full (momentum 0.85, best lr)
+        if "recipe_1x" in r and not any(c["size"] == r["size"] and c["times"] == 1 for c in cands):
             cands += [{"size": r["size"], "times": 1, "seed": int(s), **c} for s, c in r["recipe_1x"].items()]
     rows = []
     for size in fronts:

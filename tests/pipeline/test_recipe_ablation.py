@@ -211,6 +211,12 @@ def test_committed_runs_read_by_name_and_each_budget_multiple_gets_its_row(tmp_p
     rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}, other], stored)
     assert [(r["size"], r["times"], list(r["per_seed"])) for r in rows] == [("128x4", 1, [0]), ("128x4", 2, [1]), ("256x4", 1, [0])]
     assert rows[2]["median"] == pytest.approx(2 ** 0.5)  # 4.5: halfway from 5.0 at 2e13 to 4.0 at 4e13
+    # the recipe's own run of that size at 2x stands beside its 1x row, not in place of it
+    (tmp_path / "screen-b-runs.json").write_text(json.dumps({"256x4-x2-mom0.85-s0": {**run, "flops": 4e13, "val_loss": 3.5}}))
+    stored = flc.Stored(folder=tmp_path, ablations={"128x4": [], "256x4": []})
+    rows = flc.budget_rows([{"size": "128x4", **front["128x4"]}, other], stored)
+    assert [(r["size"], r["times"]) for r in rows] == [("128x4", 1), ("128x4", 2), ("256x4", 1), ("256x4", 2)]
+    assert rows[3]["median"] == pytest.approx(2 ** 0.5)  # 3.5 at 4e13: the frontier's 8e13 at 2 ** 0.5 x 4e13
 
 
 def test_an_ablation_whose_candidate_trained_the_recipes_momentum_gives_its_size_a_1x_row(tmp_path):
