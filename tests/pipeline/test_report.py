@@ -605,3 +605,70 @@ def test_the_checkpoints_figure_joins_only_comparable_evaluations(tmp_path):
     result = CliRunner().invoke(main, ["report", str(run)])
     assert result.exit_code == 1 and result.output.startswith(
         f"Error: {run / 'eval-step-00000010.json'}: minimal_pairs.headline is [1], not a scorer's name"), result.output
+
+
+def test_train_losses_of_another_masking_rate_are_labelled_and_said_not_to_compare(tmp_path, monkeypatch):
+    """Two MLM runs at 40 % and 15 % masking share a loss panel (their held-out losses compare), but their
+    train losses measure different tasks: each train curve names its rate, and a note says so. A rate left
+    at its default equals the same rate written out."""
+    from cramlm.report import plots
+
+    runs = {}
+    for name, rate in (("m40", "0.4"), ("m15", "0.15"), ("m25", None), ("m25b", "0.25")):
+        folder = demo_like_run(tmp_path / name, {"sst": ("accuracy", 0.6, 0.5)})
+        config = folder / "config.yaml"
+        text = config.read_text().replace("name: r\n", f"name: {name}\n")
+        runs[name] = folder
+        config.write_text(text.replace("batch_ramp: 0.0}", f"batch_ramp: 0.0, mlm_probability: {rate}}}") if rate else text)
+    assert load_run_data(runs["m40"]).train_task == {"mlm_probability": 0.4}
+    assert load_run_data(runs["m25"]).train_task == {"mlm_probability": 0.25}  # the default
+
+    drawn = {}
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.stem, fig) and save(fig, path))
+    html = write_report(runs["m40"], runs["m15"], out=tmp_path / "cmp").read_text()
+    (ax,) = drawn["loss_vs_tokens"].axes  # one objective and tokenizer: one panel
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "m40 train (mlm_probability 0.4)" in labels and "m15 train (mlm_probability 0.15)" in labels
+    assert "train on different tasks (m40 mlm_probability 0.4; m15 mlm_probability 0.15)" in html
+
+    drawn.clear()
+    html = write_report(runs["m25"], runs["m25b"], out=tmp_path / "same").read_text()
+    assert "train on different tasks" not in html
+    assert [line.get_label() for line in drawn["loss_vs_tokens"].axes[0].get_lines()] == ["m25 train", "m25b train"]
+
+
+def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_path, monkeypatch):
+    """ELECTRA minimises generator MLM + 50 x detector BCE (~22 nats when the generator's MLM is ~4): the
+    panel of the held-out "RTD generator MLM" loss draws the logged generator MLM (mlm_loss) as the train
+    curve, and the runs table names the sum it states. A run without mlm_loss lines draws its loss."""
+    from cramlm.report import plots
+
+    folder = demo_like_run(tmp_path / "e", {"sst": ("accuracy", 0.6, 0.5)})
+    config = folder / "config.yaml"
+    config.write_text(config.read_text().replace("batch_ramp: 0.0}", "batch_ramp: 0.0, objective: rtd, rtd: {rtd_weight: 40.0}}"))
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.update(mlm_loss=line["loss"] - 4, rtd_loss=0.4, loss=line["loss"] - 4 + 40 * 0.4)
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    run = load_run_data(folder)
+    assert run.objective == "rtd" and run.train_task == {"mlm_probability": 0.25, "rtd.rtd_weight": 40.0}
+
+    drawn = {}
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.stem, fig) and save(fig, path))
+    html = write_report(folder).read_text()
+    (ax,) = drawn["loss_vs_tokens"].axes
+    (train,) = ax.get_lines()
+    assert ax.get_ylabel() == "RTD generator MLM loss (nats per token)"
+    assert train.get_label() == "train (generator MLM)" and list(train.get_ydata()) == [line["mlm_loss"] for line in lines]
+    row = next(r for r in html.split("<tr>") if r.startswith("<td>Train loss, first"))
+    assert "(generator MLM + 40 x detector BCE)" in row
+
+    for line in lines:
+        del line["mlm_loss"]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    drawn.clear()
+    write_report(folder)
+    (train,) = drawn["loss_vs_tokens"].axes[0].get_lines()
+    assert train.get_label() == "train" and list(train.get_ydata()) == [line["loss"] for line in lines]

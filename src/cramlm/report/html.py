@@ -16,7 +16,9 @@ from typing import Any, Callable
 import yaml
 
 from cramlm.io import on_full_disk, write_text
-from cramlm.report.rundata import RunData, as_percent, is_number, load_run_data, percent_scores, result_score
+from cramlm.report.rundata import (
+    RunData, as_percent, is_number, load_run_data, loss_groups, percent_scores, result_score, train_task_differences,
+    train_task_words)
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; padding: 0 1em; max-width: 1100px; color: #222; }
@@ -159,6 +161,21 @@ def _heldout_bpb(heldout: Any) -> str | None:
     return f"{heldout['bpb']:.3f}" if isinstance(heldout, dict) and is_number(heldout.get("bpb")) else None
 
 
+def _train_loss(run: RunData) -> str | None:
+    """'43.549 → 22.015 (generator MLM + 50 x detector BCE)': the loss the run minimised, first and
+    last logged, with its objective's words where it is not one task's loss (its ``train_loss``)."""
+    first, last = run.summary.get("first_loss"), run.summary.get("last_loss")
+    if not (is_number(first) and is_number(last)):
+        return None
+    text, form = f"{first:.3f} → {last:.3f}", run.objective_config.train_loss
+    if form != "train":
+        try:
+            text += f" ({form.removeprefix('train: ').format(**{k.split('.')[-1]: v for k, v in run.train_task.items()})})"
+        except (KeyError, ValueError, TypeError):  # a value the words cannot take (hand-edited): the numbers alone
+            pass
+    return text
+
+
 def _val_loss(run: RunData) -> str | None:
     """summary.json's val_loss, else the last one logged (a run still training, or an older one)."""
     if is_number(run.summary.get("val_loss")):
@@ -202,8 +219,7 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
      if is_number(r.summary.get("mfu")) and is_number(r.summary.get("peak_flops")) else None),
     ("Processes", lambda r: r.summary.get("world_size") if (r.summary.get("world_size") or 1) > 1 else None),
     ("Training precision", lambda r: r.summary.get("precision")),
-    ("Train loss, first → last logged (nats per token)", lambda r: f"{r.summary['first_loss']:.3f} → {r.summary['last_loss']:.3f}"
-     if is_number(r.summary.get("first_loss")) and is_number(r.summary.get("last_loss")) else None),
+    ("Train loss, first → last logged (nats per token)", lambda r: _train_loss(r)),
     ("Validation loss at the end of training (nats per token)", lambda r: _val_loss(r)),
     ("Validation bits per byte at the end of training", lambda r: f"{r.summary['val_bpb']:.3f}" if is_number(r.summary.get("val_bpb")) else None),
     ("Held-out loss, evaluation (nats per token)", lambda r: _heldout_loss(r.heldout)),
@@ -248,6 +264,15 @@ def facts_table(runs: list[RunData]) -> str:
         notes.append('<p class="note">These runs differ in objective or tokenizer, so their losses in nats per token '
                      "do not compare; bits per byte do (and an MLM's and a causal LM's bits per byte measure different "
                      f"tasks). Loss plots get one panel per objective and tokenizer ({len(loss_kinds)}).</p>")
+    from cramlm.eval.tables import objective_label
+
+    for (objective, _), members in loss_groups(runs).items():
+        if differ := train_task_differences(members):
+            each = "; ".join(f"{html.escape(run.name)} {html.escape(train_task_words(run, differ))}" for run in members)
+            notes.append(f'<p class="note">These {html.escape(objective_label(objective))} runs train on different tasks '
+                         f"({each}), so their train losses do not compare"
+                         + (" (more masked tokens: less context for each)" if "mlm_probability" in differ else "")
+                         + "; their held-out losses do: heldout-v1 scores every run on the same masks.</p>")
     raw = "".join(
         f"<details><summary>summary.json{'' if len(runs) == 1 else ' of ' + html.escape(run.name)} (raw)</summary>"
         f"<pre>{html.escape(json.dumps(run.summary, indent=2))}</pre></details>"

@@ -12,7 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 
 from cramlm.io import atomic_write  # noqa: E402
-from cramlm.report.rundata import RunData, as_percent, is_number, percent_scores, result_score  # noqa: E402
+from cramlm.report.rundata import (  # noqa: E402
+    RunData, as_percent, is_number, loss_groups, percent_scores, result_score, train_task_differences, train_task_words)
 
 DPI = 110
 
@@ -49,27 +50,24 @@ def loss_title(objective: str) -> str:
     return objective_label(objective)
 
 
-def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:
-    """Runs by (objective, tokenizer): losses in nats per token compare only within a group."""
-    groups: dict[tuple[str, str | None], list[RunData]] = {}
-    for run in runs:
-        groups.setdefault((run.objective, run.tokenizer), []).append(run)
-    return groups
-
-
 def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Path) -> Path:
     """Train loss (solid) and validation loss (dashed, when logged) against ``x``; one panel per
     objective and tokenizer, so that an MLM and a causal loss never share an axis (bits per byte,
-    :func:`bpb_figure`, is the measure they share)."""
+    :func:`bpb_figure`, is the measure they share). Runs of a panel whose train losses measure different
+    tasks (another masking rate: ``train_task_differences``) say their settings beside "train"."""
     groups = loss_groups(runs)
     fig, axes = plt.subplots(1, len(groups), figsize=(7 if len(groups) == 1 else 5 * len(groups), 4), squeeze=False)
     many = len(runs) > 1
     color_of = dict(zip((r.name for r in runs), colors(len(runs))))
     for ax, ((objective, tokenizer), members) in zip(axes[0], groups.items()):
+        differ = train_task_differences(members)
         for run in members:
             color = color_of[run.name]
-            xs, ys = run.series(x, "loss")
-            ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, "train"))
+            curve, words = run.train_curve
+            xs, ys = run.series(x, curve)
+            words = ", ".join(w for w in (words, train_task_words(run, differ) if differ else "") if w)
+            train = f"train ({words})" if words else "train"
+            ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, train))
             if run.has("val_loss"):
                 xs, ys = run.series(x, "val_loss")
                 # open diamonds: a run often validates only at its end, and one point must stay visible

@@ -104,6 +104,31 @@ class RunData:
         return config_class("objective", self.objective)
 
     @property
+    def train_curve(self) -> tuple[str, str]:
+        """(metrics key, words) of the train curve drawn on the held-out loss's axis: the objective's
+        ``train_curve`` where the run logged it (ELECTRA: "mlm_loss", the generator's MLM, not the loss
+        it minimises, which adds rtd_weight x the detector's BCE), else ("loss", "")."""
+        cfg = self.objective_config
+        return (cfg.train_curve, cfg.train_curve_title) if self.has(cfg.train_curve) else ("loss", "")
+
+    @property
+    def train_task(self) -> dict[str, Any]:
+        """What the run's train loss measures: its objective's ``train_loss_keys`` (``mlm_probability``,
+        ``rtd.rtd_weight``, ...) with their values from its config, else the defaults. Two runs of one
+        objective whose train tasks differ have train losses that do not compare."""
+        from cramlm.train.config import TrainConfig
+
+        out, train = {}, self.config.get("train")
+        for key in self.objective_config.train_loss_keys:
+            value: Any = train if isinstance(train, dict) else {}
+            default: Any = TrainConfig()
+            for part in key.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+                default = getattr(default, part, None)
+            out[key] = value if value is not None else default
+        return out
+
+    @property
     def tokenizer(self) -> str | None:
         """Which tokenizer the run used, in words (None when nothing says)."""
         for where in (self.summary, self.heldout):
@@ -319,3 +344,24 @@ def result_score(result: dict[str, Any]) -> float | None:
 def as_percent(metric: str, value: float) -> float:
     """Scores shown as percentages, like cramming's tables (errors and losses stay as they are)."""
     return value if any(word in metric.lower() for word in ("mse", "loss", "perplexity")) else 100 * value
+
+
+def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunData]]:
+    """Runs by (objective, tokenizer): losses in nats per token compare only within a group."""
+    groups: dict[tuple[str, str | None], list[RunData]] = {}
+    for run in runs:
+        groups.setdefault((run.objective, run.tokenizer), []).append(run)
+    return groups
+
+
+def train_task_differences(members: list[RunData]) -> list[str]:
+    """The train-task keys (``RunData.train_task``) whose values differ among runs of one loss group:
+    their train losses measure different tasks (their held-out losses still compare)."""
+    tasks = [run.train_task for run in members]
+    return [key for key in dict.fromkeys(k for task in tasks for k in task) if len({repr(t.get(key)) for t in tasks}) > 1]
+
+
+def train_task_words(run: RunData, keys: list[str]) -> str:
+    """'mlm_probability 0.4, rtd.rtd_weight 50': the run's values of ``keys``."""
+    return ", ".join(f"{key} {value:g}" if is_number(value) else f"{key} {value}" for key, value in
+                     ((k, run.train_task.get(k)) for k in keys))

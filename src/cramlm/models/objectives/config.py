@@ -25,11 +25,19 @@ class ObjectiveConfig(Config):
     val_loss: ClassVar[str] = "val_loss: "  # the console's name of the validation loss, before "part of the held-out set"
     heldout_scored_by: ClassVar[str | None] = None  # eval.json's heldout.scored_by, where the label alone does not say
     parts_title: ClassVar[str] = ""  # what the run's trained-parts file holds (objectives that save one)
+    # the train config's keys (under ``train``) that decide what the train loss measures: runs of one objective
+    # that differ in one have train losses of different tasks (held-out losses compare: heldout-v1 masks all alike)
+    train_loss_keys: ClassVar[tuple[str, ...]] = ()
+    # the metrics key the report draws as the train curve on the held-out loss's axis (the same task as
+    # the validation there), and its words beside "train" when it is not the loss the run minimises
+    train_curve: ClassVar[str] = "loss"
+    train_curve_title: ClassVar[str] = ""
 
 
 class MLMObjectiveConfig(ObjectiveConfig):
     title: ClassVar[str] = "masked LM"
     loss_title: ClassVar[str] = "MLM"
+    train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability",)
 
 
 class CLMObjectiveConfig(ObjectiveConfig):
@@ -49,6 +57,9 @@ class RTDConfig(ObjectiveConfig):
     val_loss: ClassVar[str] = "generator MLM on "
     heldout_scored_by: ClassVar[str | None] = "the RTD generator (MLM loss on the heldout-v1 masks)"
     parts_title: ClassVar[str] = "the RTD generator and detector"
+    train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability", "rtd.rtd_weight")
+    train_curve: ClassVar[str] = "mlm_loss"  # the loss minimised adds rtd_weight x the detector's BCE
+    train_curve_title: ClassVar[str] = "generator MLM"
 
     generator_size: Annotated[float, Field(gt=0, le=1)] = Field(
         0.25, description="the generator's width (hidden size, FFN width, heads at the same head dim) as a "
@@ -71,6 +82,7 @@ class HybridConfig(ObjectiveConfig):
     val_loss: ClassVar[str] = "masked next-token on "
     heldout_scored_by: ClassVar[str | None] = ("masked next-token prediction on the heldout-v1 masks (the token at i "
                                                "predicted at position i-1, bidirectional attention)")
+    train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability", "hybrid.causal_fraction")
 
     causal_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0625, description="share of the training sequences trained as a causal LM (causal attention, next-token "
