@@ -125,14 +125,16 @@ class PretrainConfig(Config):
 
     def _check_objective(self) -> None:
         """train.objective must train this kind of arch (a masked or a causal LM)."""
-        from cramlm.config.registry import config_class
+        from cramlm.config.registry import config_class, names
         from cramlm.models.objectives.base import run_objective_name
 
         name = run_objective_name(self)
         objective, arch = config_class("objective", name), type(self.arch).objective
         if objective.arch_kind != arch:
             needs, has = ("a masked LM", "causal") if objective.arch_kind == "mlm" else ("a causal LM", "a masked LM")
-            raise ValueError(f"train.objective={name} ({objective.title}) needs {needs}; arch.type={self.arch.type} is {has}")
+            fits = [n for n in names("objective") if config_class("objective", n).arch_kind == arch]
+            raise ValueError(f"train.objective={name} ({objective.title}) needs {needs}; arch.type={self.arch.type} is {has} "
+                             f"(its objectives: {', '.join(f'train.objective={n}' for n in fits)})")
 
     @model_validator(mode="after")
     def _tokenizer_for_objective(self):
