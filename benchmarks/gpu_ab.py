@@ -14,6 +14,11 @@ A step of benchmarks/gpu_check.sh (``GPU_CHECK_STEPS=ab``).
 
     python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR [--flops 1e16] [--pairs DIR] [--contenders a,b]
     python benchmarks/gpu_ab.py --out RES --work WORK --data-dir DIR --dry     # CPU, tiny sizes (CI)
+    python benchmarks/gpu_ab.py --out RES --work W2 --data-dir DIR --data-cache CACHE --prepare   # the data alone, ahead
+
+The contenders share one prepared-data entry (the shared corpus, WordPiece 8192): ``--prepare`` makes it
+ahead (gpu_check.sh: in the background of the first call, into an ignored folder a warm machine keeps), and
+``--data-cache`` points the A/B at it; ``ab.json``'s ``data_prepared_before`` says whether it was there.
 
 Writes ``RES/ab.json`` after every run and prints a table, with the held-out difference of each pair of
 runs that share an objective. At 1e16 FLOPs the recipes' ``train.min_updates=1000`` holds the batch at one
@@ -43,15 +48,21 @@ TINY = ["arch.hidden_size=32", "arch.num_layers=2", "arch.num_heads=2", "arch.in
 
 
 def pretrain_cmd(recipe: str, overrides: list[str], name: str, work: Path, data_dir: str, flops: float,
-                 dry: bool) -> list[str]:
+                 dry: bool, data_cache: Path | None = None, stages: str = "data,pretrain") -> list[str]:
     # eager on the GPU too: compiling a contender (its static, dynamic-shape and eval-mode graphs, ELECTRA's
     # generator beside) takes minutes that the step does not have; compilation does not change the maths
     size = TINY if dry else ["budget=null", f"train.budget.flops={flops:g}", "impl.microbatch_size=128",
                              "train.validate_every=0", "train.checkpoint_minutes=null", "train.checkpoint_at=[]",
                              "impl.compile=false"]
     data = "data=default" if dry else "data=shared-corpus"
-    return [sys.executable, "-m", "cramlm", "run", recipe, f"name={name}", "stages=[data,pretrain]", data,
-            f"base_dir={work / 'runs'}", f"impl.data_cache={work / 'data'}", "impl.progress=false", *overrides, *size]
+    return [sys.executable, "-m", "cramlm", "run", recipe, f"name={name}", f"stages=[{stages}]", data,
+            f"base_dir={work / 'runs'}", f"impl.data_cache={data_cache or work / 'data'}", "impl.progress=false", *overrides, *size]
+
+
+def prepared(cache: Path) -> bool:
+    """Whether ``cache`` holds a finished data entry (one with its manifest; an entry is written in a hidden
+    temporary folder, manifest last, and renamed into place whole)."""
+    return any(not p.parent.name.startswith(".") for p in cache.glob("*/manifest.json"))
 
 
 def eval_cmd(run: Path, pairs: str | None, dry: bool) -> list[str]:
@@ -112,6 +123,11 @@ def main(argv: list[str]) -> int:
                     help=f"a comma list of contenders to run, in the order given (default: {','.join(CONTENDERS)})")
     ap.add_argument("--pairs", help="minimal pairs (a folder of JSONL paradigms; the first 300 pairs of each) for "
                     "zero-shot scoring; omitted: held-out only")
+    ap.add_argument("--data-cache", type=Path, help="the prepared-data cache the contenders share (default: WORK/data); "
+                    "one that an earlier --prepare filled spares the A/B the preparation (~1 minute of CPU for the shared corpus)")
+    ap.add_argument("--prepare", action="store_true", help="only prepare the contenders' data into --data-cache (they "
+                    "share one entry) and exit: gpu_check.sh runs it in the background of the first call, so that the "
+                    "A/B call finds it")
     ap.add_argument("--dry", action="store_true", help="CPU, tiny sizes, the shipped corpus: the script's plumbing only")
     args = ap.parse_args(argv)
     import os
@@ -123,13 +139,19 @@ def main(argv: list[str]) -> int:
         return 2
 
     env = dict(os.environ, CRAMLM_DATA_DIR=args.data_dir)
+    cache = args.data_cache or args.work / "data"
+    if args.prepare:
+        recipe, overrides = CONTENDERS[chosen[0]]
+        return call(pretrain_cmd(recipe, overrides, "prepare-data", args.work, args.data_dir, args.flops, args.dry, cache,
+                                 stages="data"), env)
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"flops_budget": None if args.dry else args.flops, "dry": args.dry, "runs": {}, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    result: dict = {"flops_budget": None if args.dry else args.flops, "dry": args.dry, "runs": {},
+                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "data_prepared_before": prepared(cache)}
     failed = 0
     for name in chosen:
         recipe, overrides = CONTENDERS[name]
         run = args.work / "runs" / name
-        failed += call(pretrain_cmd(recipe, overrides, name, args.work, args.data_dir, args.flops, args.dry), env) != 0
+        failed += call(pretrain_cmd(recipe, overrides, name, args.work, args.data_dir, args.flops, args.dry, cache), env) != 0
         if (run / "summary.json").is_file():
             failed += call(eval_cmd(run, args.pairs, args.dry), env) != 0
         result["runs"][name] = record(run)

@@ -37,3 +37,24 @@ def test_an_unknown_contender_is_an_error_naming_it(tmp_path, capsys):
                       "--contenders", "cramming,bert"])
     assert rc == 2 and not (tmp_path / "res").exists()
     assert capsys.readouterr().err.strip() == "Error: --contenders: bert (choose from cramming, cramlm-mlm, cramlm)"
+
+
+def test_the_data_prepared_ahead_is_the_contenders_cache_and_counts_only_when_finished(tmp_path):
+    """--prepare runs the data stage alone into --data-cache, which every contender then reads; a cache
+    counts as prepared only with an entry's manifest (a preparation renames its entry into place whole,
+    so one stopped half-way leaves only a hidden temporary folder)."""
+    cache = tmp_path / "cache"
+    recipe, overrides = gpu_ab.CONTENDERS["cramming"]
+    prepare = gpu_ab.pretrain_cmd(recipe, overrides, "prepare-data", tmp_path / "w1", "data", 1e16, False, cache, stages="data")
+    run = gpu_ab.pretrain_cmd(recipe, overrides, "cramming", tmp_path / "w2", "data", 1e16, False, cache)
+    assert "stages=[data]" in prepare and "stages=[data,pretrain]" in run
+    assert f"impl.data_cache={cache}" in prepare and f"impl.data_cache={cache}" in run
+    assert f"impl.data_cache={tmp_path / 'w2' / 'data'}" in gpu_ab.pretrain_cmd(recipe, overrides, "cramming", tmp_path / "w2",
+                                                                              "data", 1e16, False)
+    assert not gpu_ab.prepared(cache)
+    (cache / ".shared-corpus-2314d486f12a.tmp-123").mkdir(parents=True)
+    (cache / ".shared-corpus-2314d486f12a.tmp-123" / "manifest.json").write_text("{}")  # stopped before its rename
+    assert not gpu_ab.prepared(cache)
+    (cache / "shared-corpus-2314d486f12a").mkdir()
+    (cache / "shared-corpus-2314d486f12a" / "manifest.json").write_text("{}")
+    assert gpu_ab.prepared(cache)
