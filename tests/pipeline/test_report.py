@@ -653,6 +653,9 @@ def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_pa
     (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     run = load_run_data(folder)
     assert run.objective == "rtd" and run.train_task == {"mlm_probability": 0.25, "rtd.rtd_weight": 40.0}
+    default = demo_like_run(tmp_path / "d", {"sst": ("accuracy", 0.6, 0.5)})
+    (default / "config.yaml").write_text((default / "config.yaml").read_text().replace("batch_ramp: 0.0}", "batch_ramp: 0.0, objective: rtd}"))
+    assert load_run_data(default).train_task == {"mlm_probability": 0.25, "rtd.rtd_weight": 50.0}  # ELECTRA's default
 
     drawn = {}
     save = plots.save

@@ -36,6 +36,9 @@ class AuxConfig(ObjectiveConfig):
     loss_title: ClassVar[str] = "aux MLM"
     heldout_scored_by: ClassVar[str | None] = "the arch's MLM head on the heldout-v1 masks"
     parts_title: ClassVar[str] = "the auxiliary head"
+    train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability", "objective_options.aux_weight")
+    train_curve: ClassVar[str] = "mlm_loss"  # the loss minimised adds aux_weight x the detection loss
+    train_curve_title: ClassVar[str] = "MLM"
 
     aux_weight: float = 0.5
 
@@ -120,6 +123,11 @@ def test_a_plugin_objective_evaluates(tmp_path, monkeypatch):
     assert 0 < got["heldout"]["loss"] < 20
     assert got["minimal_pairs"]["headline"] == "pll-word-l2r" and got["minimal_pairs"]["scores"]["pll-word-l2r"]["pairs"] == 8
     assert [r["task"] for r in got["results"]] == ["whales"] and 0 <= got["results"][0]["score"] <= 100
+    from cramlm.report.rundata import load_run_data  # the report reads what the plugin's config says of it
+
+    run = load_run_data(tmp_path / "aux")
+    assert run.train_task == {"mlm_probability": 0.25, "objective_options.aux_weight": 0.5}  # its class's default
+    assert run.train_curve == ("mlm_loss", "MLM")
 
 
 def test_a_plugin_objectives_options_are_set_in_the_config_and_checked_by_its_class():

@@ -114,18 +114,24 @@ class RunData:
     @property
     def train_task(self) -> dict[str, Any]:
         """What the run's train loss measures: its objective's ``train_loss_keys`` (``mlm_probability``,
-        ``rtd.rtd_weight``, ...) with their values from its config, else the defaults. Two runs of one
-        objective whose train tasks differ have train losses that do not compare."""
+        ``rtd.rtd_weight``, a plugin's ``objective_options.mask_rate``) with their values from its config,
+        else the defaults (the objective's config class for its own options, the train group's for the rest).
+        Two runs of one objective whose train tasks differ have train losses that do not compare."""
         from cramlm.train.config import TrainConfig
 
-        out, train = {}, self.config.get("train")
-        for key in self.objective_config.train_loss_keys:
+        out, train, options = {}, self.config.get("train"), self.objective_config
+        for key in options.train_loss_keys:
             value: Any = train if isinstance(train, dict) else {}
-            default: Any = TrainConfig()
             for part in key.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
-                default = getattr(default, part, None)
-            out[key] = value if value is not None else default
+            head, _, field = key.rpartition(".")
+            if value is None and head and field in options.model_fields:
+                value = options.model_fields[field].get_default(call_default_factory=True)
+            elif value is None:
+                value = TrainConfig()
+                for part in key.split("."):
+                    value = getattr(value, part, None)
+            out[key] = value
         return out
 
     @property
