@@ -220,3 +220,20 @@ def test_sweep_shows_zero_shot_minimal_pairs_against_compute(tmp_path):
                  f"eval.minimal_pairs.paths=[{pairs}]", "eval.lm_eval=false", "--no-report", cwd=tmp_path)
     assert "zero-shot %" not in out and f"32x2-4ktok {head} on 6 pairs in 2 paradigms" in out
     assert "not shown against compute" in json.loads((folder / "sweep.json").read_text())["zero_shot_error"]
+
+
+def test_a_point_without_validation_reads_its_objectives_train_curve(tmp_path):
+    """No val_loss: the last train-loss window, of the curve that measures the held-out loss's task (an
+    ELECTRA point: its generator's MLM, ~4 nats, not the sum it minimises with 50 x the detector's BCE)."""
+    from cramlm.pipeline.sweep import final_loss
+
+    run = tmp_path / "p"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: p\narch: {type: crammed-bert}\ntrain: {objective: rtd}\n")
+    lines = [{"step": s, "tokens": 100 * s, "loss": 30.0 - s, "mlm_loss": 5.0 - s / 10, "rtd_loss": 0.5} for s in (10, 20)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (run / "summary.json").write_text(json.dumps({"name": "p", "objective": "rtd", "last_loss": 10.0}))
+    assert final_loss(run) == (3.0, "train_loss")
+    (run / "config.yaml").write_text("name: p\narch: {type: crammed-bert}\n")  # MLM: its loss is its task's
+    (run / "summary.json").write_text(json.dumps({"name": "p", "objective": "mlm", "last_loss": 10.0}))
+    assert final_loss(run) == (10.0, "train_loss")

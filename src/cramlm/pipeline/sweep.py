@@ -116,11 +116,15 @@ def _same_training(sizes: list[str], budgets: list[str], trained: dict[tuple[str
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
     """The last validation loss when the run logged one (val_loss: token-weighted over the first
     train.validate_sequences held-out sequences, data/heldout.py; the grid's points share data and
-    recipe, so the same sequences), else the last train-loss window."""
+    recipe, so the same sequences), else the last train-loss window: of the objective's train curve
+    (ELECTRA: its generator's MLM, the task of its held-out loss, not the sum it minimises)."""
     run = load_run_data(run_dir)
     val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
     if val:
         return float(val[-1]), "val_loss"
+    curve, _ = run.train_curve
+    if curve != "loss":
+        return float(run.series("step", curve)[1][-1]), "train_loss"
     last = run.summary.get("last_loss")
     return (float(last), "train_loss") if is_number(last) else (None, "none")
 
