@@ -675,3 +675,14 @@ def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_pa
     write_report(folder)
     (train,) = drawn["loss_vs_tokens"].axes[0].get_lines()
     assert train.get_label() == "train" and list(train.get_ydata()) == [line["loss"] for line in lines]
+
+
+def test_a_hybrid_runs_train_curve_says_it_mixes_the_causal_rows_in(tmp_path):
+    """The hybrid minimises the masked next-token and causal losses weighted by their shares of the rows, and
+    its held-out loss is masked next-token alone: its train curve says what it is."""
+    folder = demo_like_run(tmp_path / "h", {"sst": ("accuracy", 0.6, 0.5)})
+    (folder / "config.yaml").write_text((folder / "config.yaml").read_text().replace(
+        "batch_ramp: 0.0}", "batch_ramp: 0.0, objective: hybrid, hybrid: {causal_fraction: 0.125}}"))
+    run = load_run_data(folder)
+    assert run.train_curve == ("loss", "masked next-token + causal shares")
+    assert run.train_task == {"mlm_probability": 0.25, "hybrid.causal_fraction": 0.125}

@@ -83,6 +83,7 @@ class HybridConfig(ObjectiveConfig):
     heldout_scored_by: ClassVar[str | None] = ("masked next-token prediction on the heldout-v1 masks (the token at i "
                                                "predicted at position i-1, bidirectional attention)")
     train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability", "hybrid.causal_fraction")
+    train_curve_title: ClassVar[str] = "masked next-token + causal shares"  # the causal rows' loss weighted in
 
     causal_fraction: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0625, description="share of the training sequences trained as a causal LM (causal attention, next-token "
