@@ -63,9 +63,9 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
         differ = train_task_differences(members)
         for run in members:
             color = color_of[run.name]
-            curve, words = run.train_curve
+            curve, title = run.train_curve
             xs, ys = run.series(x, curve)
-            words = ", ".join(w for w in (words, train_task_words(run, differ) if differ else "") if w)
+            words = ", ".join(w for w in (title, train_task_words(run, differ) if differ else "") if w)
             train = f"train ({words})" if words else "train"
             ax.plot([v * scale for v in xs], ys, color=color, marker=_marker(xs), ms=3, label=_label(run, many, train))
             if run.has("val_loss"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,7 @@ class RunData:
         cfg = self.objective_config
         return (cfg.train_curve, cfg.train_curve_title) if self.has(cfg.train_curve) else ("loss", "")
 
-    @property
+    @cached_property
     def train_task(self) -> dict[str, Any]:
         """What the run's train loss measures: its objective's ``train_loss_keys`` (``mlm_probability``,
         ``rtd.rtd_weight``, a plugin's ``objective_options.mask_rate``) with their values from its config,
@@ -119,7 +120,7 @@ class RunData:
         Two runs of one objective whose train tasks differ have train losses that do not compare."""
         from cramlm.train.config import TrainConfig
 
-        out, train, options = {}, self.config.get("train"), self.objective_config
+        out, train, options, defaults = {}, self.config.get("train"), self.objective_config, None
         for key in options.train_loss_keys:
             value: Any = train if isinstance(train, dict) else {}
             for part in key.split("."):
@@ -128,7 +129,7 @@ class RunData:
             if value is None and head and field in options.model_fields:
                 value = options.model_fields[field].get_default(call_default_factory=True)
             elif value is None:
-                value = TrainConfig()
+                value = defaults = defaults or TrainConfig()
                 for part in key.split("."):
                     value = getattr(value, part, None)
             out[key] = value
@@ -369,5 +370,5 @@ def train_task_differences(members: list[RunData]) -> list[str]:
 
 def train_task_words(run: RunData, keys: list[str]) -> str:
     """'mlm_probability 0.4, rtd.rtd_weight 50': the run's values of ``keys``."""
-    return ", ".join(f"{key} {value:g}" if is_number(value) else f"{key} {value}" for key, value in
-                     ((k, run.train_task.get(k)) for k in keys))
+    task = run.train_task
+    return ", ".join(f"{key} {task.get(key):g}" if is_number(task.get(key)) else f"{key} {task.get(key)}" for key in keys)
