@@ -50,6 +50,7 @@ HOUR = 1.49e14  # cpu-1h's hour: 2,541 ELECTRA steps of 64 x 128 tokens (momentu
 KS = (1, 2, 4, 8)
 WARMUP = 0.05  # of the 1x budget, in absolute terms at every budget
 DECAY = 0.2  # of each budget: the cooldown (Hagele et al.: 20% with 1 - sqrt matches cosine)
+EVERY = 50  # steps between a point's checkpoints: a killed run (a session's hard stop) trains <= 50 steps again
 TASKS = ["rotten_tomatoes", "spam", "epistemic_nli", "fever_claims", "vitaminc"]
 LINES = {
     "rtd": ["cpu-1h"],
@@ -116,12 +117,12 @@ def branch_point(long_run: Path, k: int) -> Path | None:
 def branch_cmd(out: Path, line: str, seed: int, k: int, point: Path) -> list[str]:
     run = out / name(line, seed, k)
     resume = "auto" if any((run / "checkpoints").glob("step-*")) else str(point)
-    return pretrain_cmd(out, line, seed, k, [name(line, seed, k), *wsd(k), "train.checkpoint_every=200", "--resume", resume, "--allow-change",
+    return pretrain_cmd(out, line, seed, k, [name(line, seed, k), *wsd(k), f"train.checkpoint_every={EVERY}", "--resume", resume, "--allow-change",
                                              "train.budget.flops", "--allow-change", "train.schedule.warmup"])
 
 
 def own_cmd(out: Path, line: str, seed: int, k: int) -> list[str]:
-    return pretrain_cmd(out, line, seed, k, [name(line, seed, k, "own"), "train.checkpoint_every=200", "--resume", "auto"])
+    return pretrain_cmd(out, line, seed, k, [name(line, seed, k, "own"), f"train.checkpoint_every={EVERY}", "--resume", "auto"])
 
 
 def eval_cmd(out: Path, run: str, data_dir: str, twin: bool = False) -> list[str]:
