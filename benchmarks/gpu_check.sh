@@ -99,18 +99,32 @@ if [ $DRY = 0 ]; then
 fi
 
 # --- the A/B's data (the shared corpus, WordPiece 8192: ~1 minute of one CPU core), prepared in the background
-# while the GPU steps run, pinned to the last 4 CPUs and niced: into an ignored folder that a warm machine keeps
+# while the GPU steps run, niced and (with 8 CPUs or more) pinned to the last 4: into an ignored folder that a warm machine keeps
 # between calls, so the A/B call (GPU_CHECK_STEPS=ab) finds it (dry: inside $WORK, the same path through the code)
 AB_DATA=${CRAMLM_DATA_DIR:-$REPO/.gpu-data}
 if [ $DRY = 1 ]; then AB_CACHE=$WORK/ab-data; else AB_CACHE=$REPO/.gpu-work/ab-data; fi
 PREP_PID=
 if want ab && { [ $DRY = 1 ] || [ -d "$AB_DATA/corpus" ]; } && ! ls "$AB_CACHE"/*/manifest.json >/dev/null 2>&1; then
-  PIN=(); [ "$(nproc)" -ge 8 ] && command -v taskset >/dev/null && PIN=(taskset -c $(($(nproc) - 4))-$(($(nproc) - 1)))
-  echo "ab data: preparing in the background into $AB_CACHE (log: ab_prepare.log)"
-  "${PIN[@]}" nice -n 19 "$PY" benchmarks/gpu_ab.py --out "$WORK/ab-prepare" --work "$WORK/ab-prepare" --data-dir "$AB_DATA" \
-    --data-cache "$AB_CACHE" --prepare $([ $DRY = 1 ] && echo --dry) > "$RES/ab_prepare.log" 2>&1 &
+  # the last 4 of the CPUs this process may use (a container's set need not start at 0), where there are 8 or more
+  CPUS=$("$PY" -c 'import os; c = sorted(os.sched_getaffinity(0)); print(",".join(map(str, c[-4:])) if len(c) >= 8 else "")' 2>/dev/null)
+  PIN=(); [ -n "$CPUS" ] && command -v taskset >/dev/null && PIN=(taskset -c "$CPUS")
+  echo "ab data: preparing in the background into $AB_CACHE (log: ab_prepare.log; CPUs ${CPUS:-any}, nice 19)"
+  ${PIN[@]+"${PIN[@]}"} nice -n 19 timeout --kill-after=10 $((240 * SCALE)) "$PY" benchmarks/gpu_ab.py --out "$WORK/ab-prepare" \
+    --work "$WORK/ab-prepare" --data-dir "$AB_DATA" --data-cache "$AB_CACHE" --prepare $([ $DRY = 1 ] && echo --dry) \
+    > "$RES/ab_prepare.log" 2>&1 &
   PREP_PID=$!
 fi
+# prep_wait S: wait up to S seconds for the background preparation (stopped after that: the A/B prepares
+# its own), and say how it ended
+prep_wait() {
+  [ -n "$PREP_PID" ] || return 0
+  local waited=0
+  while kill -0 "$PREP_PID" 2>/dev/null && [ "$waited" -lt "$1" ]; do sleep 1; waited=$((waited + 1)); done
+  kill -0 "$PREP_PID" 2>/dev/null && { echo "ab data: preparation stopped after ${1}s more"; kill "$PREP_PID"; }
+  wait "$PREP_PID"
+  echo "ab data: preparation ended (exit $?; ab_prepare.log)"
+  PREP_PID=
+}
 
 # --- pytest -m cuda
 # one line per test (a session cut short still shows how far it got); a test stuck past 100 s fails
@@ -184,7 +198,8 @@ fi
 # come from $CRAMLM_DATA_DIR, else the carried .gpu-data/ (benchmarks/results/gpu/README.md); the data prepared
 # above (this call's background, or the first call's) is waited for
 if want ab && { [ $DRY = 1 ] || [ -n "${GPU_CHECK_STEPS:-}" ] || [ $((LIMIT - ($(date +%s) - START))) -gt 300 ]; }; then
-  [ -n "$PREP_PID" ] && { echo "ab data: waiting for the preparation"; wait "$PREP_PID"; }
+  [ -n "$PREP_PID" ] && echo "ab data: waiting for the preparation"
+  prep_wait $((240 * SCALE))
   AB=(--out "$RES" --work "$WORK/ab" --data-dir "$AB_DATA" --data-cache "$AB_CACHE")
   if [ $DRY = 1 ]; then AB+=(--dry --pairs "$REPO/tests/eval/fixtures/minimal_pairs"); elif [ -d "$AB_DATA/minimal_pairs/blimp" ]; then AB+=(--pairs "$AB_DATA/minimal_pairs/blimp"); fi
   run ab 300 "$RES/ab.json" "$PY" benchmarks/gpu_ab.py "${AB[@]}"
@@ -202,6 +217,7 @@ if [ $DRY = 0 ] && want train_step_compile && [ $((LIMIT - ($(date +%s) - START)
     --steps 5 --warmup 2 --precision bf16 --compile --peak-flops "$PEAK" --out "$RES/train_step_compile.json"
 fi
 
+prep_wait 30  # a preparation still running works in $WORK: it ends (or stops) before $WORK goes
 rm -rf "$WORK"
 echo "gpu_check: $(( $(date +%s) - START ))s"
 "${REPORT[@]}" table "$RES"

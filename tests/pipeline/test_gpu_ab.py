@@ -58,3 +58,15 @@ def test_the_data_prepared_ahead_is_the_contenders_cache_and_counts_only_when_fi
     (cache / "shared-corpus-2314d486f12a").mkdir()
     (cache / "shared-corpus-2314d486f12a" / "manifest.json").write_text("{}")
     assert gpu_ab.prepared(cache)
+
+
+def test_prepare_fills_the_cache_alone_and_the_ab_then_finds_it(tmp_path):
+    """`gpu_ab.py --prepare --dry` (gpu_check.sh's background step, on the shipped corpus) writes a finished
+    entry into --data-cache, which ``prepared`` counts, and nothing under --out."""
+    cache, out = tmp_path / "cache", tmp_path / "res"
+    args = ["--out", str(out), "--work", str(tmp_path / "prep"), "--data-dir", str(tmp_path), "--data-cache", str(cache), "--dry"]
+    assert not gpu_ab.prepared(cache)
+    assert gpu_ab.main([*args, "--prepare"]) == 0
+    assert gpu_ab.prepared(cache) and not out.exists()
+    entries = [p.name for p in cache.iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1 and (cache / entries[0] / "manifest.json").is_file()

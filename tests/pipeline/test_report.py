@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cramlm.cli import main
 from cramlm.report import write_report
-from cramlm.report.rundata import load_run_data
+from cramlm.report.rundata import load_run_data, train_task_differences
 
 
 def fake_run(folder: Path, name: str, loss0: float, with_extras: bool) -> Path:
@@ -641,7 +641,8 @@ def test_train_losses_of_another_masking_rate_are_labelled_and_said_not_to_compa
 def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_path, monkeypatch):
     """ELECTRA minimises generator MLM + 50 x detector BCE (~22 nats when the generator's MLM is ~4): the
     panel of the held-out "RTD generator MLM" loss draws the logged generator MLM (mlm_loss) as the train
-    curve, and the runs table names the sum it states. A run without mlm_loss lines draws its loss."""
+    curve, and the runs table names the sum it states. A run without mlm_loss lines draws its loss, and
+    its label says it is the sum."""
     from cramlm.report import plots
 
     folder = demo_like_run(tmp_path / "e", {"sst": ("accuracy", 0.6, 0.5)})
@@ -674,7 +675,76 @@ def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_pa
     drawn.clear()
     write_report(folder)
     (train,) = drawn["loss_vs_tokens"].axes[0].get_lines()
-    assert train.get_label() == "train" and list(train.get_ydata()) == [line["loss"] for line in lines]
+    assert train.get_label() == "train (generator MLM + 40 x detector BCE)"
+    assert list(train.get_ydata()) == [line["loss"] for line in lines]
+
+
+def electra_run(folder: Path, name: str, weight: str | None) -> Path:
+    """A demo-like ELECTRA run logging its generator's MLM (mlm_loss) beside the sum it minimises."""
+    folder = demo_like_run(folder, {"sst": ("accuracy", 0.6, 0.5)})
+    config = folder / "config.yaml"
+    text = config.read_text().replace("name: r\n", f"name: {name}\n")
+    config.write_text(text.replace("batch_ramp: 0.0}", "batch_ramp: 0.0, objective: rtd" + (f", rtd: {{rtd_weight: {weight}}}" if weight else "") + "}"))
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        line.update(mlm_loss=line["loss"], rtd_loss=0.4, loss=line["loss"] + 20)
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return folder
+
+
+def test_electra_runs_differing_in_rtd_weight_share_their_train_curves_not_their_sums(tmp_path, monkeypatch):
+    """ELECTRA's drawn train curve is its generator's MLM, which rtd_weight does not change: runs at two
+    weights draw unlabelled curves, and the note says that only the sums they minimised do not compare.
+    A weight written as an integer is the default 50.0, not another task."""
+    from cramlm.report import plots
+
+    a, b, c = (electra_run(tmp_path / n, n, w) for n, w in (("w10", "10"), ("w50", "50"), ("default", None)))
+    assert load_run_data(b).train_task["rtd.rtd_weight"] == 50 and load_run_data(c).train_task["rtd.rtd_weight"] == 50.0
+    assert train_task_differences([load_run_data(b), load_run_data(c)]) == []
+    assert train_task_differences([load_run_data(a), load_run_data(c)]) == ["rtd.rtd_weight"]
+    assert train_task_differences([load_run_data(a), load_run_data(c)], curve=True) == []
+
+    drawn = {}
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.stem, fig) and save(fig, path))
+    html = write_report(a, c, out=tmp_path / "cmp").read_text()
+    assert [line.get_label() for line in drawn["loss_vs_tokens"].axes[0].get_lines()] == [
+        "w10 train (generator MLM)", "default train (generator MLM)"]
+    assert ("train on different tasks (w10 rtd.rtd_weight 10; default rtd.rtd_weight 50), so the losses they minimised "
+            "(the runs table's train loss) do not compare; their train curves (generator MLM) do") in html
+    assert "(generator MLM + 10 x detector BCE)" in html and "(generator MLM + 50 x detector BCE)" in html
+    drawn.clear()
+    assert "train on different tasks" not in write_report(b, c, out=tmp_path / "same").read_text()
+
+
+def test_a_masking_rate_changed_on_a_resume_labels_the_run_with_both(tmp_path, monkeypatch):
+    """A run resumed with --allow-change train.mlm_probability (config-history.jsonl: 0.15 from step 0, 0.4
+    from step 1,200) trained two tasks: its train task says so, and it differs from a run at 0.4 throughout."""
+    from cramlm.report import plots
+
+    runs = {}
+    for name in ("changed", "m40"):
+        folder = demo_like_run(tmp_path / name, {"sst": ("accuracy", 0.6, 0.5)})
+        config = folder / "config.yaml"
+        text = config.read_text().replace("name: r\n", f"name: {name}\n")
+        config.write_text(text.replace("batch_ramp: 0.0}", "batch_ramp: 0.0, mlm_probability: 0.4}"))
+        runs[name] = folder
+    segment = {"name": "changed", "train": {"mlm_probability": 0.15}}
+    (runs["changed"] / "config-history.jsonl").write_text("\n".join(json.dumps(line) for line in [
+        {"step": 0, "changes": {}, "config": segment},
+        {"step": 1200, "changes": {"train.mlm_probability": [0.15, 0.4]}, "config": {**segment, "train": {"mlm_probability": 0.4}}},
+        {"step": 1800, "changes": {"impl.threads": [1, 2]}, "config": {**segment, "train": {"mlm_probability": 0.4}}},
+    ]) + "\n{torn")
+    assert load_run_data(runs["changed"]).train_task == {"mlm_probability": "0.15 → 0.4 at step 1,200"}
+    assert load_run_data(runs["m40"]).train_task == {"mlm_probability": 0.4}  # no history: its config.yaml
+
+    drawn = {}
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.setdefault(path.stem, fig) and save(fig, path))
+    html = write_report(runs["changed"], runs["m40"], out=tmp_path / "cmp").read_text()
+    assert "changed train (mlm_probability 0.15 → 0.4 at step 1,200)" in [
+        line.get_label() for line in drawn["loss_vs_tokens"].axes[0].get_lines()]
+    assert "train on different tasks (changed mlm_probability 0.15 → 0.4 at step 1,200; m40 mlm_probability 0.4)" in html
 
 
 def test_a_hybrid_runs_train_curve_says_it_mixes_the_causal_rows_in(tmp_path):

@@ -167,13 +167,8 @@ def _train_loss(run: RunData) -> str | None:
     first, last = run.summary.get("first_loss"), run.summary.get("last_loss")
     if not (is_number(first) and is_number(last)):
         return None
-    text, form = f"{first:.3f} → {last:.3f}", run.objective_config.train_loss
-    if form != "train":
-        try:
-            text += f" ({form.removeprefix('train: ').format(**{k.split('.')[-1]: v for k, v in run.train_task.items()})})"
-        except (KeyError, ValueError, TypeError):  # a value the words cannot take (hand-edited): the numbers alone
-            pass
-    return text
+    words = run.train_loss_words
+    return f"{first:.3f} → {last:.3f}" + (f" ({words})" if words else "")
 
 
 def _val_loss(run: RunData) -> str | None:
@@ -269,10 +264,15 @@ def facts_table(runs: list[RunData]) -> str:
     for (objective, _), members in loss_groups(runs).items():
         if differ := train_task_differences(members):
             each = "; ".join(f"{html.escape(run.name)} {html.escape(train_task_words(run, differ))}" for run in members)
+            if train_task_differences(members, curve=True):
+                which = "their train losses do not compare" + (
+                    " (more masked tokens: less context for each)" if "mlm_probability" in differ else "")
+            else:  # the curves measure one task (ELECTRA's generator MLM at one masking rate); the sums do not
+                title = html.escape(members[0].train_curve[1] or "train")
+                which = (f"the losses they minimised (the runs table's train loss) do not compare; their train curves "
+                         f"({title}) do")
             notes.append(f'<p class="note">These {html.escape(objective_label(objective))} runs train on different tasks '
-                         f"({each}), so their train losses do not compare"
-                         + (" (more masked tokens: less context for each)" if "mlm_probability" in differ else "")
-                         + "; their held-out losses do: heldout-v1 scores every run on the same masks.</p>")
+                         f"({each}), so {which}; their held-out losses do: heldout-v1 scores every run on the same masks.</p>")
     raw = "".join(
         f"<details><summary>summary.json{'' if len(runs) == 1 else ' of ' + html.escape(run.name)} (raw)</summary>"
         f"<pre>{html.escape(json.dumps(run.summary, indent=2))}</pre></details>"

@@ -54,13 +54,13 @@ def loss_figure(runs: list[RunData], x: str, xlabel: str, scale: float, path: Pa
     """Train loss (solid) and validation loss (dashed, when logged) against ``x``; one panel per
     objective and tokenizer, so that an MLM and a causal loss never share an axis (bits per byte,
     :func:`bpb_figure`, is the measure they share). Runs of a panel whose train losses measure different
-    tasks (another masking rate: ``train_task_differences``) say their settings beside "train"."""
+    tasks (another masking rate: ``train_task_differences`` of the drawn curves) say their settings beside "train"."""
     groups = loss_groups(runs)
     fig, axes = plt.subplots(1, len(groups), figsize=(7 if len(groups) == 1 else 5 * len(groups), 4), squeeze=False)
     many = len(runs) > 1
     color_of = dict(zip((r.name for r in runs), colors(len(runs))))
     for ax, ((objective, tokenizer), members) in zip(axes[0], groups.items()):
-        differ = train_task_differences(members)
+        differ = train_task_differences(members, curve=True)
         for run in members:
             color = color_of[run.name]
             curve, title = run.train_curve

@@ -47,6 +47,7 @@ class RunData:
     eval: dict[str, Any] = field(default_factory=dict)
     eval_untrained: dict[str, Any] = field(default_factory=dict)  # the untrained twin's eval.json
     pipeline: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)  # config-history.jsonl: each segment's step and config
     # (step, eval-step-N.json) of each of its checkpoints evaluated (`cramlm eval checkpoint=<run>/checkpoints/step-N`)
     checkpoint_evals: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
 
@@ -108,26 +109,65 @@ class RunData:
     def train_curve(self) -> tuple[str, str]:
         """(metrics key, words) of the train curve drawn on the held-out loss's axis: the objective's
         ``train_curve`` where the run logged it (ELECTRA: "mlm_loss", the generator's MLM, not the loss
-        it minimises, which adds rtd_weight x the detector's BCE), else ("loss", "")."""
+        it minimises, which adds rtd_weight x the detector's BCE), else ("loss", the loss's words: a run
+        from before its objective logged the curve draws what it minimised, and says so)."""
         cfg = self.objective_config
-        return (cfg.train_curve, cfg.train_curve_title) if self.has(cfg.train_curve) else ("loss", "")
+        return (cfg.train_curve, cfg.train_curve_title) if self.has(cfg.train_curve) else ("loss", self.train_loss_words)
+
+    @property
+    def train_curve_keys(self) -> tuple[str, ...]:
+        """The train keys that decide what the drawn train curve measures (``train_curve_keys``; all of
+        ``train_loss_keys`` when the run draws the loss it minimised)."""
+        cfg = self.objective_config
+        if self.has(cfg.train_curve) and cfg.train_curve_keys is not None:
+            return cfg.train_curve_keys
+        return cfg.train_loss_keys
+
+    @property
+    def train_loss_words(self) -> str:
+        """'generator MLM + 50 x detector BCE': the loss the run minimised in words, where it is not
+        one task's loss (its objective's ``train_loss``); "" otherwise or where a value cannot fill them."""
+        form = self.objective_config.train_loss
+        if form == "train":
+            return ""
+        try:
+            return form.removeprefix("train: ").format(**{k.split(".")[-1]: v for k, v in self.train_task.items()})
+        except (KeyError, ValueError, TypeError):  # a value the words cannot take (changed on a resume, hand-edited)
+            return ""
 
     @cached_property
     def train_task(self) -> dict[str, Any]:
         """What the run's train loss measures: its objective's ``train_loss_keys`` (``mlm_probability``,
         ``rtd.rtd_weight``, a plugin's ``objective_options.mask_rate``) with their values from its config,
         else the defaults (the objective's config class for its own options, the train group's for the rest).
-        Two runs of one objective whose train tasks differ have train losses that do not compare."""
+        A value changed on a resume (``--allow-change``; config-history.jsonl) reads "0.15 → 0.4 at step
+        1,200". Two runs of one objective whose train tasks differ have train losses that do not compare."""
+        keys = self.objective_config.train_loss_keys
+        segments = [(line.get("step"), line["config"]) for line in self.history if isinstance(line.get("config"), dict)]
+        tasks = [(step, self._train_task_of(config, keys)) for step, config in segments or [(0, self.config)]]
+        out = {}
+        for key in keys:
+            first = last = tasks[0][1][key]
+            words = [_words(first)]
+            for step, task in tasks[1:]:
+                if not same_value(task[key], last):
+                    last = task[key]
+                    words.append(f"{_words(last)} at step {step:,}" if is_number(step) else _words(last))
+            out[key] = first if len(words) == 1 else " → ".join(words)
+        return out
+
+    def _train_task_of(self, config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+        """``keys``' values in one config (a segment's), defaults where it leaves them out."""
         from cramlm.train.config import TrainConfig
 
-        out, train, options, defaults = {}, self.config.get("train"), self.objective_config, None
-        for key in options.train_loss_keys:
+        out, train, options, defaults = {}, config.get("train"), self.objective_config, None
+        for key in keys:
             value: Any = train if isinstance(train, dict) else {}
             for part in key.split("."):
                 value = value.get(part) if isinstance(value, dict) else None
-            head, _, field = key.rpartition(".")
-            if value is None and head and field in options.model_fields:
-                value = options.model_fields[field].get_default(call_default_factory=True)
+            head, _, name = key.rpartition(".")
+            if value is None and head and name in options.model_fields:
+                value = options.model_fields[name].get_default(call_default_factory=True)
             elif value is None:
                 value = defaults = defaults or TrainConfig()
                 for part in key.split("."):
@@ -329,6 +369,7 @@ def load_run_data(folder: str | Path) -> RunData:
         eval=_json(folder / "eval.json"),
         eval_untrained=_json(folder / "eval-untrained.json"),
         pipeline=_json(folder / "pipeline.json"),
+        history=read_metrics(folder / "config-history.jsonl"),  # JSON lines, a torn one ignored, as metrics'
     )
     check_pairs(run.eval, folder / "eval.json")
     check_pairs(run.eval_untrained, folder / "eval-untrained.json")
@@ -361,14 +402,27 @@ def loss_groups(runs: list[RunData]) -> dict[tuple[str, str | None], list[RunDat
     return groups
 
 
-def train_task_differences(members: list[RunData]) -> list[str]:
+def same_value(a: Any, b: Any) -> bool:
+    """Equal as settings: numbers by value (a plugin's options are stored as written: 1 and 1.0 are one rate)."""
+    return float(a) == float(b) if is_number(a) and is_number(b) else a == b
+
+
+def _words(value: Any) -> str:
+    return f"{value:g}" if is_number(value) else str(value)
+
+
+def train_task_differences(members: list[RunData], curve: bool = False) -> list[str]:
     """The train-task keys (``RunData.train_task``) whose values differ among runs of one loss group:
-    their train losses measure different tasks (their held-out losses still compare)."""
+    their train losses measure different tasks (their held-out losses still compare). ``curve``: only
+    the keys that decide a run's drawn train curve (``RunData.train_curve_keys``: ELECTRA's generator
+    MLM does not depend on rtd_weight)."""
     tasks = [run.train_task for run in members]
-    return [key for key in dict.fromkeys(k for task in tasks for k in task) if len({repr(t.get(key)) for t in tasks}) > 1]
+    keys = dict.fromkeys(k for run in members for k in (run.train_curve_keys if curve else run.train_task))
+    return [key for key in keys
+            if any(not same_value(t.get(key), tasks[0].get(key)) for t in tasks[1:])]
 
 
 def train_task_words(run: RunData, keys: list[str]) -> str:
     """'mlm_probability 0.4, rtd.rtd_weight 50': the run's values of ``keys``."""
     task = run.train_task
-    return ", ".join(f"{key} {task.get(key):g}" if is_number(task.get(key)) else f"{key} {task.get(key)}" for key in keys)
+    return ", ".join(f"{key} {_words(task.get(key))}" for key in keys)

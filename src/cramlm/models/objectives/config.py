@@ -32,6 +32,8 @@ class ObjectiveConfig(Config):
     # the validation there), and its words beside "train" when it is not the loss the run minimises
     train_curve: ClassVar[str] = "loss"
     train_curve_title: ClassVar[str] = ""
+    # the train keys that decide what that curve measures (None: all of train_loss_keys)
+    train_curve_keys: ClassVar[tuple[str, ...] | None] = None
 
 
 class MLMObjectiveConfig(ObjectiveConfig):
@@ -60,6 +62,7 @@ class RTDConfig(ObjectiveConfig):
     train_loss_keys: ClassVar[tuple[str, ...]] = ("mlm_probability", "rtd.rtd_weight")
     train_curve: ClassVar[str] = "mlm_loss"  # the loss minimised adds rtd_weight x the detector's BCE
     train_curve_title: ClassVar[str] = "generator MLM"
+    train_curve_keys: ClassVar[tuple[str, ...] | None] = ("mlm_probability",)  # the generator's task: not rtd_weight
 
     generator_size: Annotated[float, Field(gt=0, le=1)] = Field(
         0.25, description="the generator's width (hidden size, FFN width, heads at the same head dim) as a "
