@@ -137,6 +137,29 @@ def first_column(table_html: str) -> list[str]:
     return re.findall(r"<tr><td>([^<]*)</td>", table_html)
 
 
+def test_a_run_still_training_says_where_it_stands_and_what_it_reached_so_far(tmp_path):
+    """Without summary.json (a run training, or stopped before its end) the runs table says so and gives its
+    steps, tokens, budget used, time and train loss from the last logged line, each "so far"; a run stopped by
+    a signal names the signal and the checkpoint it resumes from. A finished run has no status row."""
+    folder = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    assert "<td>Status</td>" not in section(write_report(folder).read_text(), "Runs")
+    (folder / "summary.json").unlink()
+    (folder / "eval.json").unlink()
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
+    assert rows["Status"].startswith("not finished: last logged step 20, 91 % of the budget (metrics.jsonl written ")
+    assert rows["Optimizer steps"] == "20 so far" and rows["Tokens trained on"] == "163,840 so far"
+    assert rows["Budget used"] == "91 % so far" and rows["Training time (counted)"] == "54.6 s so far"
+    assert rows["Train loss, first → last logged (nats per token)"] == "8.940 → 8.090 so far"
+    assert rows["Throughput"] == "3,000 tokens/s (the last logged window)"
+
+    with (folder / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "event", "event": "interrupted", "step": 20, "signal": "SIGTERM",
+                            "checkpoint": str(folder / "checkpoints" / "step-00000020")}) + "\n")
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
+    assert rows["Status"] == ("stopped at step 20, 91 % of the budget (SIGTERM; checkpoint step-00000020): not finished, "
+                              "--resume auto continues")
+
+
 def test_runs_table_has_labels_and_units_not_raw_keys(tmp_path):
     run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
     html = write_report(run).read_text()

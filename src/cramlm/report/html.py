@@ -163,12 +163,49 @@ def _heldout_bpb(heldout: Any) -> str | None:
 
 def _train_loss(run: RunData) -> str | None:
     """'43.549 → 22.015 (generator MLM + 50 x detector BCE)': the loss the run minimised, first and
-    last logged, with its objective's words where it is not one task's loss (its ``train_loss``)."""
-    first, last = run.summary.get("first_loss"), run.summary.get("last_loss")
+    last logged, with its objective's words where it is not one task's loss (its ``train_loss``); a run
+    without summary.json, its metrics' first and last so far."""
+    first, last, so_far = run.summary.get("first_loss"), run.summary.get("last_loss"), ""
+    if not run.summary and (losses := run.logged("loss")[1]):
+        first, last, so_far = losses[0], losses[-1], " so far"
     if not (is_number(first) and is_number(last)):
         return None
     words = run.train_loss_words
-    return f"{first:.3f} → {last:.3f}" + (f" ({words})" if words else "")
+    return f"{first:.3f} → {last:.3f}{so_far}" + (f" ({words})" if words else "")
+
+
+def _last_logged(run: RunData) -> dict[str, Any]:
+    """A run without summary.json (training, or stopped before its end): its last train metrics line
+    ({} for a finished run or one that logged none)."""
+    if run.summary:
+        return {}
+    lines = [m for m in run.metrics if m.get("kind", "train") == "train" and is_number(m.get("step"))]
+    return lines[-1] if lines else {}
+
+
+def _status(run: RunData) -> str | None:
+    """Where a run without summary.json stands (a finished run: None, the row is left out)."""
+    last = _last_logged(run)
+    if not last:
+        return None
+    where = f"step {last['step']:,}" + (f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
+    stop = next((m for m in reversed(run.log) if m.get("kind") == "event"), {})
+    if stop.get("event") == "interrupted" and (stop.get("step") or 0) >= last["step"]:
+        return (f"stopped at {where} ({stop.get('signal') or 'a signal'}; checkpoint "
+                f"{Path(str(stop.get('checkpoint') or '?')).name}): not finished, --resume auto continues")
+    path = run.folder / "metrics.jsonl"
+    when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if path.is_file() else None
+    return (f"not finished: last logged {where}" + (f" (metrics.jsonl written {when})" if when else "")
+            + "; training still, or cut off without a signal")
+
+
+def _so_far(run: RunData, key: str, done: Callable[[Any], str | None], now: Callable[[Any], str]) -> str | None:
+    """summary.json's ``key`` as ``done`` writes it; without summary.json, the last logged value as
+    ``now`` writes it, followed by "so far"."""
+    if is_number(run.summary.get(key)):
+        return done(run.summary[key])
+    value = _last_logged(run).get(key)
+    return f"{now(value)} so far" if is_number(value) else None
 
 
 def _val_loss(run: RunData) -> str | None:
@@ -194,17 +231,21 @@ def _eval_means(run: RunData, results: list[dict] | None = None) -> tuple[float 
 # what the number is and its unit; summary.json is shown raw below the table.
 FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Model", _model),
+    ("Status", _status),
     ("Objective", _objective),
     ("Parameters", lambda r: r.summary.get("parameters")),
     ("Data", _data),
     ("Data warnings (from its preparation)", lambda r: "; ".join(r.summary["data_warnings"]) if r.summary.get("data_warnings") else None),
     ("Budget", _budget),
-    ("Budget used", lambda r: f"{100 * r.summary['t']:.0f} %" if is_number(r.summary.get("t")) else None),
-    ("Training time (counted)", lambda r: seconds_text(r.summary["train_seconds"]) if is_number(r.summary.get("train_seconds")) else None),
+    ("Budget used", lambda r: _so_far(r, "t", lambda v: f"{100 * v:.0f} %", lambda v: f"{100 * v:.0f} %")),
+    ("Training time (counted)", lambda r: seconds_text(r.summary["train_seconds"]) if is_number(r.summary.get("train_seconds"))
+     else _so_far(r, "elapsed", seconds_text, seconds_text)),
     ("Set-up time (not counted)", lambda r: seconds_text(r.summary["setup_seconds"]) if is_number(r.summary.get("setup_seconds")) else None),
-    ("Optimizer steps", lambda r: r.summary.get("steps")),
-    ("Tokens trained on", lambda r: r.summary.get("tokens")),
-    ("Throughput", lambda r: f"{r.summary['tokens_per_second']:,.0f} tokens/s" if is_number(r.summary.get("tokens_per_second")) else None),
+    ("Optimizer steps", lambda r: r.summary.get("steps") if r.summary else _so_far(r, "step", str, "{:,}".format)),
+    ("Tokens trained on", lambda r: r.summary.get("tokens") if r.summary else _so_far(r, "tokens", str, "{:,}".format)),
+    ("Throughput", lambda r: f"{r.summary['tokens_per_second']:,.0f} tokens/s" if is_number(r.summary.get("tokens_per_second"))
+     else f"{v:,.0f} tokens/s (the last logged window)" if not r.summary and is_number(v := _last_logged(r).get("tokens_per_second"))
+     else None),
     ("Training compute", lambda r: si(r.summary["flops"], "FLOPs") + (f" ({si(r.summary['flops_per_token'], 'FLOPs')} per token)"
                                                                           if is_number(r.summary.get("flops_per_token")) else "")
      if is_number(r.summary.get("flops")) else None),
