@@ -147,6 +147,22 @@ def done(out: Path, run_name: str) -> bool:
     return (out / run_name / "summary.json").is_file()
 
 
+def ran_of(folder: Path) -> dict:
+    """When (UTC) a point finished training (pipeline.json's pretrain stage) and was evaluated (eval.json's
+    time on disk), and on which machines (its segment lines: code since 23fa128; the bridge's af07c0f
+    predates them, so README's segments table says where those ran and when each segment started)."""
+    from cramlm.report.rundata import read_metrics
+    from cramlm.report.segments import segments
+
+    pipeline = json.loads((folder / "pipeline.json").read_text()) if (folder / "pipeline.json").is_file() else {}
+    stage = (pipeline.get("stages") or {}).get("pretrain") or {}
+    machines = [s.machine for s in segments(read_metrics(folder / "metrics.jsonl")) if s.machine]
+    evaluated = (folder / "eval.json").stat().st_mtime if (folder / "eval.json").is_file() else None
+    return {"trained": stage.get("finished"),
+            "evaluated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(evaluated)) if evaluated else None,
+            "machines": list(dict.fromkeys(machines)) or None}
+
+
 def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -> dict:
     """Each finished point: held-out loss (eval.json's, else the run's last validation), each task's
     median and seeds; each line's twin. Every row names its code: the first word of ``--out``'s
@@ -188,6 +204,7 @@ def summarize(out: Path, merge: Path | None = None, twins: Path | None = None) -
         point["multiple"] = round(s["flops"] / HOUR, 3)
         point["eval"] = scores(folder / "eval.json")
         point["code"] = code_of(out / f"COMMIT.{folder.name}") or code
+        point["ran"] = ran_of(folder)
         result["points"][folder.name] = point
         if (twin := scores(folder / "eval-untrained.json")) is not None:
             line = parse(folder.name)["line"]

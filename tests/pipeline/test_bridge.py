@@ -52,8 +52,16 @@ def test_summary_table_has_each_point_its_twin_and_zero_shot(tmp_path):
               "generator word-l2r": {"accuracy": 0.55}}}}  # a record without its paradigms: no count
     (run / "eval.json").write_text(json.dumps(ev))
     (run / "eval-untrained.json").write_text(json.dumps({**ev, "minimal_pairs": None, "heldout": None}))
+    (run / "pipeline.json").write_text(json.dumps({"stages": {"pretrain": {"status": "done", "finished": "2026-12-07T14:10:51+00:00"}}}))
+    machine = {"host": "vm", "boot_id": "b090b6c3", "cpu": "AMD EPYC", "x86_family": 25}
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in [
+        {"kind": "segment", "step": 0, "wall": "2026-12-07T12:09:52Z", "machine": machine},
+        {"kind": "train", "step": 10, "loss": 4.0}]) + "\n")
     result = bridge.summarize(tmp_path)
     assert result["points"]["wsd-rtd-s0-1x"]["multiple"] == 1 and set(result["twins"]) == {"rtd"}
+    ran = result["points"]["wsd-rtd-s0-1x"]["ran"]
+    assert ran["trained"] == "2026-12-07T14:10:51+00:00" and ran["evaluated"].endswith("Z")
+    assert len(ran["machines"]) == 1 and "AMD EPYC" in ran["machines"][0]
     text = bridge.table(result)
     assert "| wsd-rtd-s0-1x | 1 | 4.100 | 90.0 | 70.0 | 61.0 (detector; 1 / 0) |" in text
     assert "| untrained twin (rtd) | 0 | - | 90.0 | 70.0 | - |" in text
