@@ -154,12 +154,16 @@ def ran_of(folder: Path) -> dict:
     from cramlm.report.rundata import read_metrics
     from cramlm.report.segments import segments
 
-    pipeline = json.loads((folder / "pipeline.json").read_text()) if (folder / "pipeline.json").is_file() else {}
-    stage = (pipeline.get("stages") or {}).get("pretrain") or {}
+    from datetime import datetime, timezone
+
+    try:
+        stage = json.loads((folder / "pipeline.json").read_text())["stages"]["pretrain"]
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not pipeline.json's shape
+        stage = {}
     machines = [s.machine for s in segments(read_metrics(folder / "metrics.jsonl")) if s.machine]
     evaluated = (folder / "eval.json").stat().st_mtime if (folder / "eval.json").is_file() else None
-    return {"trained": stage.get("finished"),
-            "evaluated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(evaluated)) if evaluated else None,
+    return {"trained": stage.get("finished") if isinstance(stage, dict) else None,
+            "evaluated": datetime.fromtimestamp(evaluated, timezone.utc).isoformat(timespec="seconds") if evaluated else None,
             "machines": list(dict.fromkeys(machines)) or None}
 
 

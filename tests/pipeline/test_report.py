@@ -159,6 +159,29 @@ def test_a_run_still_training_says_where_it_stands_and_what_it_reached_so_far(tm
     assert rows["Status"] == ("stopped at step 20, 91 % of the budget (SIGTERM; checkpoint step-00000020): not finished, "
                               "--resume auto continues")
 
+    def status_after(*lines) -> str:
+        with (folder / "metrics.jsonl").open("a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
+        return dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))["Status"]
+
+    assert status_after({"kind": "event", "event": "resumed", "step": 20}, {"kind": "train", "step": 25, "t": 0.95, "loss": 8.0},
+                        {"kind": "event", "event": "failed", "step": 25, "error": "RuntimeError: boom"}) == (
+        "failed at step 25, 95 % of the budget: RuntimeError: boom")
+    assert status_after({"kind": "event", "event": "resumed", "step": 25}, {"kind": "train", "step": 27, "t": 1.0, "loss": 8.0},
+                        {"kind": "finished", "step": 27}).startswith("trained to its end (step 27, 100 % of the budget); "
+                                                                     "its summary.json was not written")
+    (folder / "metrics.jsonl").write_text(json.dumps({"kind": "event", "event": "failed", "step": 0, "error": "OSError: disk"}) + "\n")
+    assert status_after() == "failed at step 0: OSError: disk"  # before its first train line
+
+
+def test_beside_an_unfinished_run_a_finished_one_says_finished(tmp_path):
+    done = demo_like_run(tmp_path / "done", {"sst": ("accuracy", 0.608, 0.556)})
+    going = demo_like_run(tmp_path / "going", {"sst": ("accuracy", 0.608, 0.556)})
+    (going / "summary.json").unlink()
+    runs = section(write_report(done, going, out=tmp_path / "cmp").read_text(), "Runs")
+    status = re.search(r"<tr><td>Status</td><td>([^<]*)</td><td>([^<]*)</td>", runs)
+    assert status[1] == "finished" and status[2].startswith("not finished: last logged step 20")
+
 
 def test_runs_table_has_labels_and_units_not_raw_keys(tmp_path):
     run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
@@ -759,6 +782,16 @@ def test_a_masking_rate_changed_on_a_resume_labels_the_run_with_both(tmp_path, m
         {"step": 1800, "changes": {"impl.threads": [1, 2]}, "config": {**segment, "train": {"mlm_probability": 0.4}}},
     ]) + "\n{torn")
     assert load_run_data(runs["changed"]).train_task == {"mlm_probability": "0.15 → 0.4 at step 1,200"}
+    history = (runs["changed"] / "config-history.jsonl").read_text()
+    went_back = {"step": 800.0, "changes": {}, "config": segment}  # resumed from step 800, before the change: it goes
+    (runs["changed"] / "config-history.jsonl").write_text(history.replace("\n{torn", "\n" + json.dumps(went_back) + "\n"))
+    (runs["changed"] / "config.yaml").write_text((runs["changed"] / "config.yaml").read_text().replace("0.4", "0.15"))
+    assert load_run_data(runs["changed"]).train_task == {"mlm_probability": 0.15}
+    again = {"step": 1500.0, "changes": {"train.mlm_probability": [0.15, 0.4]}, "config": {**segment, "train": {"mlm_probability": 0.4}}}
+    (runs["changed"] / "config-history.jsonl").write_text(history.replace("\n{torn", "\n" + json.dumps(went_back) + "\n" + json.dumps(again)))
+    (runs["changed"] / "config.yaml").write_text((runs["changed"] / "config.yaml").read_text().replace("0.15", "0.4"))
+    assert load_run_data(runs["changed"]).train_task == {"mlm_probability": "0.15 → 0.4 at step 1,500"}
+    (runs["changed"] / "config-history.jsonl").write_text(history)
     assert load_run_data(runs["m40"]).train_task == {"mlm_probability": 0.4}  # no history: its config.yaml
 
     drawn = {}

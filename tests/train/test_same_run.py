@@ -67,6 +67,25 @@ def test_allow_change_records_the_change_and_the_history(finished):
     assert history[1]["changes"]["train.budget.steps"] == [2, 3]
 
 
+def test_a_resume_from_before_a_change_supersedes_it_in_the_history(finished):
+    """A run changed at step 2 (--allow-change train.mlm_probability) and then resumed from its step-1
+    checkpoint with the config of its start trained at one rate throughout, as it stands: the resume adds
+    a history line at step 1 (though it changes nothing against its checkpoint), which supersedes the line
+    at step 2, and the report's train task reads one rate."""
+    from cramlm.report.rundata import load_run_data
+
+    run = copy_run(finished, "went-back")
+    result = resume(finished, "went-back", "train.mlm_probability=0.4", "train.keep_checkpoints=0",
+                    cli=("--resume", "auto", "--allow-change", "train.mlm_probability"))
+    assert result.exit_code == 0, result.output
+    assert load_run_data(run).train_task == {"mlm_probability": "0.25 → 0.4 at step 2"}
+    back = invoke("pretrain", "--resume", str(run / "checkpoints" / "step-00000001"), *overrides(finished.parent, "went-back", *STEPS))
+    assert back.exit_code == 0, back.output
+    history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [0, 2, 1] and history[2]["changes"] == {}
+    assert load_run_data(run).train_task == {"mlm_probability": 0.25}
+
+
 def test_an_allowed_optimizer_change_takes_effect(finished):
     """The checkpoint brings the optimizer's state, the resume's config its settings: an allowed
     weight decay (or Muon lr, momentum, ...) change trains with the new value (was: recorded as a

@@ -184,15 +184,24 @@ def _last_logged(run: RunData) -> dict[str, Any]:
 
 
 def _status(run: RunData) -> str | None:
-    """Where a run without summary.json stands (a finished run: None, the row is left out)."""
-    last = _last_logged(run)
-    if not last:
+    """Where a run without summary.json stands (training, stopped, failed, or trained to its end with its
+    summary not written), from its log's last lines; None for a finished run (the row is left out, or
+    says "finished" beside an unfinished one) or one with no log."""
+    if run.summary or not run.log:
         return None
-    where = f"step {last['step']:,}" + (f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
-    stop = next((m for m in reversed(run.log) if m.get("kind") == "event"), {})
-    if stop.get("event") == "interrupted" and (stop.get("step") or 0) >= last["step"]:
-        return (f"stopped at {where} ({stop.get('signal') or 'a signal'}; checkpoint "
-                f"{Path(str(stop.get('checkpoint') or '?')).name}): not finished, --resume auto continues")
+    last = _last_logged(run)
+    steps = [m["step"] for m in run.log if is_number(m.get("step"))]
+    step = last.get("step") if last else (max(steps) if steps else None)
+    where = (f"step {step:,}" if is_number(step) else "no step logged") + (
+        f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
+    end = next((m for m in reversed(run.log) if m.get("kind") in ("event", "finished")), {})
+    if end.get("kind") == "finished":
+        return f"trained to its end ({where}); its summary.json was not written (the save stopped: run it again with --resume auto)"
+    if end.get("event") == "failed":
+        return f"failed at {where}: {end.get('error') or 'an error'}"
+    if end.get("event") == "interrupted" and (end.get("step") or 0) >= (step or 0):
+        return (f"stopped at {where} ({end.get('signal') or 'a signal'}; checkpoint "
+                f"{Path(str(end.get('checkpoint') or '?')).name}): not finished, --resume auto continues")
     path = run.folder / "metrics.jsonl"
     when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if path.is_file() else None
     return (f"not finished: last logged {where}" + (f" (metrics.jsonl written {when})" if when else "")
@@ -213,7 +222,7 @@ def _val_loss(run: RunData) -> str | None:
     if is_number(run.summary.get("val_loss")):
         return f"{run.summary['val_loss']:.3f}"
     logged = run.series("step", "val_loss")[1]
-    return f"{logged[-1]:.3f} (last logged)" if logged else None
+    return f"{logged[-1]:.3f} ({'last logged' if run.summary else 'so far'})" if logged else None
 
 
 def _eval_means(run: RunData, results: list[dict] | None = None) -> tuple[float | None, float | None, bool]:
@@ -285,6 +294,10 @@ def run_facts(run: RunData) -> dict[str, Any]:
 
 def facts_table(runs: list[RunData]) -> str:
     facts = [run_facts(run) for run in runs]
+    if any("Status" in f for f in facts):  # beside an unfinished run, a finished one says so
+        for run, f in zip(runs, facts):
+            if run.summary:
+                f["Status"] = "finished"
     keys = [label for label, _ in FACTS if any(label in f for f in facts)]
     table = _table([""] + [run.name for run in runs], [[k] + [f.get(k, "") for f in facts] for k in keys])
     notes = []

@@ -143,8 +143,15 @@ class RunData:
         A value changed on a resume (``--allow-change``; config-history.jsonl) reads "0.15 → 0.4 at step
         1,200". Two runs of one objective whose train tasks differ have train losses that do not compare."""
         keys = self.objective_config.train_loss_keys
-        segments = [(line.get("step"), line["config"]) for line in self.history if isinstance(line.get("config"), dict)]
-        tasks = [(step, self._train_task_of(config, keys)) for step, config in segments or [(0, self.config)]]
+        segments: list[tuple[Any, dict]] = []
+        for line in self.history:  # a line at step s replaces the lines from s on (a resume from an older checkpoint)
+            if isinstance(line.get("config"), dict):
+                step = line.get("step")
+                segments = [(s, c) for s, c in segments if is_number(s) and is_number(step) and s < step] + [(step, line["config"])]
+        tasks = [(step, self._train_task_of(config, keys)) for step, config in segments]
+        now = self._train_task_of(self.config, keys)
+        if not tasks or (self.config and any(not same_value(tasks[-1][1][k], now[k]) for k in keys)):
+            tasks = [(0, now)]  # none, or config.yaml (the latest segment's) disagrees: a history that does not say when
         out = {}
         for key in keys:
             first = last = tasks[0][1][key]
@@ -152,7 +159,7 @@ class RunData:
             for step, task in tasks[1:]:
                 if not same_value(task[key], last):
                     last = task[key]
-                    words.append(f"{_words(last)} at step {step:,}" if is_number(step) else _words(last))
+                    words.append(f"{_words(last)} at step {int(step):,}" if is_number(step) else _words(last))
             out[key] = first if len(words) == 1 else " → ".join(words)
         return out
 

@@ -110,6 +110,16 @@ def record_segment(run_dir: Path, step: int, changes: dict, config: dict, fresh:
     write_text(path, previous + line + "\n")
 
 
+def history_end(run_dir: Path) -> int:
+    """The step of the config history's last line (0: none, or unreadable)."""
+    path = run_dir / HISTORY
+    try:
+        step = json.loads(path.read_text(encoding="utf-8").splitlines()[-1]).get("step")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0
+    return step if isinstance(step, int) else 0
+
+
 def prepare_run_dir(cfg: PretrainConfig, resume_from: Path | None, say) -> None:
     """Rank 0: the run folder, no interrupted checkpoint writes, no checkpoints of an earlier run of
     this name (`cramlm run` retraining in its own folder; any other fresh run has claimed an empty
@@ -151,14 +161,15 @@ def logged_steps(run_dir: Path) -> int | None:
 
 def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict, restarted: bool = False) -> None:
     """Rank 0, once the run has started or its resume has loaded (a refused resume writes nothing):
-    this segment's config (config.yaml; config-history.jsonl keeps every segment's) and the run's
-    tokenizer. ``restarted``: a start again from step 0 after one cut off before its first
-    checkpoint, whose history line stays."""
+    this segment's config (config.yaml; config-history.jsonl keeps every segment's: a line for the
+    start, for each resume with changes, and for a resume from a checkpoint older than its last line,
+    whose lines from that step on it supersedes) and the run's tokenizer. ``restarted``: a start again
+    from step 0 after one cut off before its first checkpoint, whose history line stays."""
     from cramlm.train.checkpoint import written_state
 
     run_dir = cfg.run_dir
-    if resume_from is None or changes:
-        step = written_state(resume_from)["usage"]["steps"] if resume_from else 0
+    step = written_state(resume_from)["usage"]["steps"] if resume_from else 0
+    if resume_from is None or changes or step < history_end(run_dir):  # (a resume from before a later line: it is superseded)
         record_segment(run_dir, step, changes, cfg.model_dump(mode="json"), fresh=resume_from is None and not restarted)
     write_text(run_dir / "config.yaml", to_yaml(cfg))
     shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
