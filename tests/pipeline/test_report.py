@@ -812,3 +812,18 @@ def test_a_hybrid_runs_train_curve_says_it_mixes_the_causal_rows_in(tmp_path):
     run = load_run_data(folder)
     assert run.train_curve == ("loss", "masked next-token + causal shares")
     assert run.train_task == {"mlm_probability": 0.25, "hybrid.causal_fraction": 0.125}
+
+
+def test_a_number_past_floats_range_in_a_run_file_is_not_a_number_and_the_report_is_written(tmp_path):
+    """A hand-edited summary.json or config with 10**400 (valid JSON and YAML): the row is left out, no
+    OverflowError."""
+    from cramlm.report.rundata import is_number
+
+    assert not is_number(10**400) and not is_number(True) and not is_number(float("nan")) and is_number(3)
+    folder = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "tokens_per_second": 10**400, "val_loss": 10**400}))
+    config = folder / "config.yaml"
+    config.write_text(config.read_text().replace("batch_ramp: 0.0}", f"batch_ramp: 0.0, mlm_probability: {10**400}}}"))
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
+    assert "Throughput" not in rows and "Optimizer steps" in rows

@@ -318,7 +318,13 @@ def _interpolate(steps: list[float], values: list[float], step: Any) -> float | 
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float, not a bool; an int past float's range (10**400 in a hand-edited file) is not one."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _read_text(path: Path) -> str:
