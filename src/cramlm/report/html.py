@@ -190,8 +190,7 @@ def _status(run: RunData) -> str | None:
     if run.summary or not run.log:
         return None
     last = _last_logged(run)
-    steps = [m["step"] for m in run.log if is_number(m.get("step"))]
-    step = last.get("step") if last else (max(steps) if steps else None)
+    step = last.get("step") if last else max((m["step"] for m in run.log if is_number(m.get("step"))), default=None)
     where = (f"step {step:,}" if is_number(step) else "no step logged") + (
         f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
     end = next((m for m in reversed(run.log) if m.get("kind") in ("event", "finished")), {})
@@ -208,13 +207,14 @@ def _status(run: RunData) -> str | None:
             + "; training still, or cut off without a signal")
 
 
-def _so_far(run: RunData, key: str, done: Callable[[Any], str | None], now: Callable[[Any], str]) -> str | None:
-    """summary.json's ``key`` as ``done`` writes it; without summary.json, the last logged value as
-    ``now`` writes it, followed by "so far"."""
-    if is_number(run.summary.get(key)):
-        return done(run.summary[key])
+def _so_far(run: RunData, key: str, write: Callable[[Any], str]) -> str | None:
+    """A run without summary.json: the last logged ``key`` as ``write`` writes it, followed by "so far"."""
     value = _last_logged(run).get(key)
-    return f"{now(value)} so far" if is_number(value) else None
+    return f"{write(value)} so far" if is_number(value) else None
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.0f} %"
 
 
 def _val_loss(run: RunData) -> str | None:
@@ -246,14 +246,14 @@ FACTS: list[tuple[str, Callable[[RunData], Any]]] = [
     ("Data", _data),
     ("Data warnings (from its preparation)", lambda r: "; ".join(r.summary["data_warnings"]) if r.summary.get("data_warnings") else None),
     ("Budget", _budget),
-    ("Budget used", lambda r: _so_far(r, "t", lambda v: f"{100 * v:.0f} %", lambda v: f"{100 * v:.0f} %")),
+    ("Budget used", lambda r: _percent(r.summary["t"]) if is_number(r.summary.get("t")) else _so_far(r, "t", _percent)),
     ("Training time (counted)", lambda r: seconds_text(r.summary["train_seconds"]) if is_number(r.summary.get("train_seconds"))
-     else _so_far(r, "elapsed", seconds_text, seconds_text)),
+     else _so_far(r, "elapsed", seconds_text)),
     ("Set-up time (not counted)", lambda r: seconds_text(r.summary["setup_seconds"]) if is_number(r.summary.get("setup_seconds")) else None),
-    ("Optimizer steps", lambda r: r.summary.get("steps") if r.summary else _so_far(r, "step", str, "{:,}".format)),
-    ("Tokens trained on", lambda r: r.summary.get("tokens") if r.summary else _so_far(r, "tokens", str, "{:,}".format)),
+    ("Optimizer steps", lambda r: r.summary.get("steps") if r.summary else _so_far(r, "step", "{:,}".format)),
+    ("Tokens trained on", lambda r: r.summary.get("tokens") if r.summary else _so_far(r, "tokens", "{:,}".format)),
     ("Throughput", lambda r: f"{r.summary['tokens_per_second']:,.0f} tokens/s" if is_number(r.summary.get("tokens_per_second"))
-     else f"{v:,.0f} tokens/s (the last logged window)" if not r.summary and is_number(v := _last_logged(r).get("tokens_per_second"))
+     else f"{v:,.0f} tokens/s (the last logged window)" if is_number(v := _last_logged(r).get("tokens_per_second"))
      else None),
     ("Training compute", lambda r: si(r.summary["flops"], "FLOPs") + (f" ({si(r.summary['flops_per_token'], 'FLOPs')} per token)"
                                                                           if is_number(r.summary.get("flops_per_token")) else "")
