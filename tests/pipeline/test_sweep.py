@@ -234,6 +234,30 @@ def test_a_point_without_validation_reads_its_objectives_train_curve(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (run / "summary.json").write_text(json.dumps({"name": "p", "objective": "rtd", "last_loss": 10.0}))
     assert final_loss(run) == (3.0, "train_loss")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in line.items() if k != "mlm_loss"}) + "\n" for line in lines))
+    assert final_loss(run) == (10.0, "train_sum")  # ELECTRA logging only the sum it minimised: another kind
     (run / "config.yaml").write_text("name: p\narch: {type: crammed-bert}\n")  # MLM: its loss is its task's
     (run / "summary.json").write_text(json.dumps({"name": "p", "objective": "mlm", "last_loss": 10.0}))
     assert final_loss(run) == (10.0, "train_loss")
+
+
+def test_points_with_losses_of_different_kinds_are_neither_fitted_nor_ranked():
+    """A validation loss and a train loss (or ELECTRA's sum of tasks) are no one curve: the fit, the
+    L(N, D) fit and the ranking at one clock budget are refused, naming each point's kind."""
+    from cramlm.pipeline.sweep import fit_points
+
+    def point(size, budget, flops, loss, kind):
+        return {"size": size, "budget": budget, "flops": flops, "loss": loss, "loss_kind": kind,
+                "non_embedding_parameters": {"a": 1e5, "b": 4e5}[size], "tokens": flops / 1e6}
+
+    same = [point(s, b, f, 10 * f ** -0.1, "val_loss") for s, f0 in (("a", 1e12), ("b", 4e12))
+            for b, f in (("1x", f0), ("2x", 2 * f0), ("4x", 4 * f0))]
+    fit, _, errors = fit_points(same, fitting=True)
+    assert fit is not None and "loss_kinds" not in errors
+    mixed = [*same[:-1], {**same[-1], "loss_kind": "train_sum", "loss": 22.0}]
+    fit, fit_nd, errors = fit_points(mixed, fitting=True)
+    assert fit is None and fit_nd is None
+    assert "different kinds" in errors["fit"] and "b-4x train_sum" in errors["fit"] and "a-1x val_loss" in errors["fit_nd"]
+    assert errors["loss_kinds"] == "train_sum, val_loss"
+    _, _, errors = fit_points([{**p, "budget": "1h"} for p in mixed[2:]], fitting=False)
+    assert "different kinds" in errors["fit"] and all("vs_best" not in p for p in mixed)

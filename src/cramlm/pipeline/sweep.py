@@ -113,11 +113,15 @@ def _same_training(sizes: list[str], budgets: list[str], trained: dict[tuple[str
     return f" ({'; '.join(same)}: the one-step minimum is a batch of batch_size x seq_length tokens)" if same else ""
 
 
+LOSS_WORDS = {"val_loss": "val loss", "train_loss": "train loss", "train_sum": "train loss (a sum of tasks)"}
+
+
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
     """The last validation loss when the run logged one (val_loss: token-weighted over the first
     train.validate_sequences held-out sequences, data/heldout.py; the grid's points share data and
     recipe, so the same sequences), else the last train-loss window: of the objective's train curve
-    (ELECTRA: its generator's MLM, the task of its held-out loss, not the sum it minimises)."""
+    (ELECTRA: its generator's MLM, the task of its held-out loss, not the sum it minimises; "train_sum"
+    where only that sum was logged)."""
     run = load_run_data(run_dir)
     val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
     if val:
@@ -126,7 +130,10 @@ def final_loss(run_dir: Path) -> tuple[float | None, str]:
     if curve != "loss":
         return float(run.series("step", curve)[1][-1]), "train_loss"
     last = run.summary.get("last_loss")
-    return (float(last), "train_loss") if is_number(last) else (None, "none")
+    if not is_number(last):
+        return None, "none"
+    # a sum of tasks (ELECTRA before it logged its generator's MLM) is no point on a task's curve
+    return float(last), "train_sum" if run.train_loss_words else "train_loss"
 
 
 def final_bpb(run_dir: Path) -> float | None:
@@ -196,7 +203,8 @@ def plot_sweep(points: list[dict[str, Any]], fit: dict[str, float] | None, path:
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
     ax.set_xlabel("training compute C (FLOPs)")
-    ax.set_ylabel(f"final {points[0]['loss_kind'].replace('_', ' ')}")
+    kinds = sorted({p["loss_kind"] for p in points})
+    ax.set_ylabel("final " + " / ".join(LOSS_WORDS.get(k, k) for k in kinds) + (" (kinds differ: do not compare)" if len(kinds) > 1 else ""))
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save(fig, path)
@@ -285,6 +293,11 @@ def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None
     """(compute-law fit, L(N, D) fit, why a fit is missing). One wall-clock budget (``fitting``
     false) is a comparison at equal compute: each point gets its distance to the best instead."""
     fit, fit_nd, errors = None, None, {}
+    if len(kinds := {p["loss_kind"] for p in points}) > 1:  # e.g. a point of an older sweep without val_loss
+        why = ("the points' final losses are of different kinds ("
+               + ", ".join(f"{p['size']}-{p['budget']} {p['loss_kind']}" for p in points) + "): not fitted or ranked; "
+               + "re-run the points so each logs the same kind (train.validate_sequences > 0: val_loss)")
+        return None, None, {"fit": why, "fit_nd": why, "loss_kinds": ", ".join(sorted(kinds))}
     if not fitting:
         errors["fit"] = "one wall-clock budget: a comparison of shapes at equal compute, not fitted"
         best = min(points, key=lambda p: p["loss"])
@@ -358,6 +371,8 @@ def sweep(recipe: str, sizes: list[str], budgets: list[str], name: str, override
         print(f"fit: L(N, D) = {fit_nd['E']:.4g} + {fit_nd['A']:.4g} / N^{fit_nd['a']:.4f} + {fit_nd['B']:.4g} / D^{fit_nd['b']:.4f}"
               f"  (R^2 {fit_nd['r2']:.3f})")
     print(f"written: {folder / 'sweep.json'}, {folder / 'sweep.png'}" + (f", {folder / 'report.html'}" if report else ""))
+    if "loss_kinds" in errors:
+        raise FitError(f"no fit: {errors['fit']} (the points are in {folder / 'sweep.json'})")
     if not fitting:
         print(f"best for {budgets[0]}: {best['size']} (loss {best['loss']:.4f}); "
               + ", ".join(f"{p['size']} {100 * p['vs_best']:+.1f}%" for p in sorted(points, key=lambda p: p["loss"])[1:]))
