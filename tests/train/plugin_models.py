@@ -70,3 +70,16 @@ class TinyCausal(nn.Module):
 @register("model", "tiny-causal", TinyCausalConfig)
 def build_tiny_causal(cfg: TinyCausalConfig, vocab_size: int) -> TinyCausal:
     return TinyCausal(cfg, vocab_size)
+
+
+class TinyMaskedConfig(TinyCausalConfig):
+    """The same blocks as a masked LM's config (``arch.type=tiny-masked``): an encoder that is not
+    crammed-bert, for the objectives that build on crammed-bert alone (rtd, hybrid)."""
+
+    type: Literal["tiny-masked"] = "tiny-masked"  # type: ignore[assignment]
+    objective: ClassVar[str] = "mlm"
+
+
+@register("model", "tiny-masked", TinyMaskedConfig)
+def build_tiny_masked(cfg: TinyMaskedConfig, vocab_size: int) -> TinyCausal:
+    return TinyCausal(cfg, vocab_size)  # bidirectional use is the caller's: configs are what the tests check

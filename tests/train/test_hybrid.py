@@ -179,6 +179,14 @@ def test_hybrid_needs_a_crammed_bert_encoder(tmp_path):
     with pytest.raises(click.ClickException, match=r"train.objective=hybrid .* needs a masked LM; .* is causal "
                        r"\(its objectives: train.objective=clm\)"):  # what would fit: `cramlm run default arch=gpt2-tiny`
         resolve_or_exit("pretrain", overrides(tmp_path, "x", *CAUSAL, "train.objective=hybrid"))
+    masked = ["plugins=[tests.train.plugin_models]", "arch.type=tiny-masked"]  # a masked LM, not crammed-bert
+    for objective in ("hybrid", "rtd"):  # refused when the config is read, not when the model is built
+        with pytest.raises(click.ClickException, match=rf"train.objective={objective} .* needs arch.type=crammed-bert; "
+                           r"arch.type=tiny-masked is not \(its objectives: [^)]*train.objective=mlm") as e:
+            resolve_or_exit("pretrain", overrides(tmp_path, "x", *masked, f"train.objective={objective}"))
+        assert "objective=rtd" not in e.value.message.split("its objectives")[1]  # only what would train it
+        assert "objective=hybrid" not in e.value.message.split("its objectives")[1]
+    resolve_or_exit("pretrain", overrides(tmp_path, "x", *masked))  # its own: MLM
     with pytest.raises(click.ClickException, match="train.hybrid is set but train.objective=mlm"):
         resolve_or_exit("pretrain", overrides(tmp_path, "x", "train.hybrid.causal_fraction=0.5"))
     with pytest.raises(click.ClickException, match="train.rtd is set but train.objective=mlm"):  # not silently ignored

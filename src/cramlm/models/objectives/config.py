@@ -19,6 +19,7 @@ class ObjectiveConfig(Config):
     """The options of an objective (none here) and, as class variables, what is said about it."""
 
     arch_kind: ClassVar[Literal["mlm", "clm"]] = "mlm"  # the arch it trains: a masked LM or a causal LM
+    arch_types: ClassVar[tuple[str, ...] | None] = None  # the arch.type values it builds on (None: any of its kind)
     title: ClassVar[str] = ""  # the banner's words after the name
     loss_title: ClassVar[str] = ""  # the held-out loss in words (report axes and columns)
     train_loss: ClassVar[str] = "train"  # the console's name of the train loss ({key}: from summary.json)
@@ -53,6 +54,7 @@ class RTDConfig(ObjectiveConfig):
     (this block) is trained with MLM on the masked batch; its samples replace the masked tokens and
     the model (the arch, the discriminator) learns which tokens were replaced at every position."""
 
+    arch_types: ClassVar[tuple[str, ...] | None] = ("crammed-bert",)  # it wraps a CrammedBert
     title: ClassVar[str] = "ELECTRA: generator MLM + replaced-token detection"
     loss_title: ClassVar[str] = "RTD generator MLM"
     train_loss: ClassVar[str] = "train: generator MLM + {rtd_weight:g} x detector BCE"
@@ -79,6 +81,7 @@ class HybridConfig(ObjectiveConfig):
     position i-1, at train.mlm_probability) and on causal next-token prediction (causal attention),
     chosen per sequence; it serves as an encoder, a masked LM and a causal LM."""
 
+    arch_types: ClassVar[tuple[str, ...] | None] = ("crammed-bert",)  # it wraps a CrammedBert
     title: ClassVar[str] = "GPT-BERT: masked next-token + causal LM"
     loss_title: ClassVar[str] = "hybrid masked next-token"
     train_loss: ClassVar[str] = "train: masked next-token + causal shares"
