@@ -244,10 +244,10 @@ def test_a_point_without_validation_reads_its_objectives_train_curve(tmp_path):
 def test_points_with_losses_of_different_kinds_are_neither_fitted_nor_ranked():
     """A validation loss and a train loss (or ELECTRA's sum of tasks) are no one curve: the fit, the
     L(N, D) fit and the ranking at one clock budget are refused, naming each point's kind."""
-    from cramlm.pipeline.sweep import fit_points
+    from cramlm.pipeline.sweep import fit_points, table
 
     def point(size, budget, flops, loss, kind):
-        return {"size": size, "budget": budget, "flops": flops, "loss": loss, "loss_kind": kind,
+        return {"size": size, "budget": budget, "flops": flops, "loss": loss, "loss_kind": kind, "parameters": 1,
                 "non_embedding_parameters": {"a": 1e5, "b": 4e5}[size], "tokens": flops / 1e6}
 
     same = [point(s, b, f, 10 * f ** -0.1, "val_loss") for s, f0 in (("a", 1e12), ("b", 4e12))
@@ -259,5 +259,6 @@ def test_points_with_losses_of_different_kinds_are_neither_fitted_nor_ranked():
     assert fit is None and fit_nd is None
     assert "different kinds" in errors["fit"] and "b-4x train_sum" in errors["fit"] and "a-1x val_loss" in errors["fit_nd"]
     assert errors["loss_kinds"] == "train_sum, val_loss"
+    assert "22.0000 (train_sum)" in table(mixed, None) and "(val_loss)" not in table(same, None)
     _, _, errors = fit_points([{**p, "budget": "1h"} for p in mixed[2:]], fitting=False)
     assert "different kinds" in errors["fit"] and all("vs_best" not in p for p in mixed)

@@ -229,8 +229,9 @@ def plot_zero_shot(ax, points: list[dict[str, Any]], sizes: list[str]) -> None:
 def table(points: list[dict[str, Any]], fit: dict[str, float] | None) -> str:
     """The grid as an aligned text table, with the fitted loss per point."""
     header = ["size", "budget", "params", "non-emb", "tokens", "compute", "loss", "bits/byte", "fit"]
+    mixed = len({p["loss_kind"] for p in points}) > 1  # each loss then says its kind
     rows = [[p["size"], p["budget"], f"{p['parameters']:,}", f"{p['non_embedding_parameters']:,}",
-             f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}",
+             f"{p['tokens']:,}", f"{p['flops']:.3g}", f"{p['loss']:.4f}" + (f" ({p['loss_kind']})" if mixed else ""),
              f"{p['bpb']:.4f}" if is_number(p.get("bpb")) else "-",
              f"{float(compute_law(fit, p['flops'])):.4f}" if fit else "-"] for p in points]
     if scored := [p for p in points if is_number(p.get("zero_shot"))]:  # minimal pairs, % (ties half); one scorer
