@@ -84,6 +84,19 @@ def test_a_resume_from_before_a_change_supersedes_it_in_the_history(finished):
     history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [0, 2, 1] and history[2]["changes"] == {}
     assert load_run_data(run).train_task == {"mlm_probability": 0.25}
+    # a change at step 1, then a resume from the checkpoint of that step (written before the change) with the
+    # start's config, which changes nothing against it: the run trains at 0.25 from step 1, and a line at step 1 says so
+    run = copy_run(finished, "went-back-to-1")
+    step1 = str(run / "checkpoints" / "step-00000001")
+    result = invoke("pretrain", "--resume", step1, "--allow-change", "train.mlm_probability",
+                    *overrides(finished.parent, "went-back-to-1", *STEPS, "train.mlm_probability=0.4"))
+    assert result.exit_code == 0, result.output
+    assert load_run_data(run).train_task == {"mlm_probability": "0.25 → 0.4 at step 1"}
+    back = invoke("pretrain", "--resume", step1, *overrides(finished.parent, "went-back-to-1", *STEPS))
+    assert back.exit_code == 0, back.output
+    history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in history] == [0, 1, 1] and history[2]["changes"] == {}
+    assert load_run_data(run).train_task == {"mlm_probability": 0.25}
 
 
 def test_an_allowed_optimizer_change_takes_effect(finished):

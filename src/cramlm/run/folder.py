@@ -162,14 +162,16 @@ def logged_steps(run_dir: Path) -> int | None:
 def record_run(cfg: PretrainConfig, data, resume_from: Path | None, changes: dict, restarted: bool = False) -> None:
     """Rank 0, once the run has started or its resume has loaded (a refused resume writes nothing):
     this segment's config (config.yaml; config-history.jsonl keeps every segment's: a line for the
-    start, for each resume with changes, and for a resume from a checkpoint older than its last line,
+    start, for each resume with changes, and for a resume from a checkpoint not newer than its last line,
     whose lines from that step on it supersedes) and the run's tokenizer. ``restarted``: a start again
     from step 0 after one cut off before its first checkpoint, whose history line stays."""
     from cramlm.train.checkpoint import written_state
 
     run_dir = cfg.run_dir
     step = written_state(resume_from)["usage"]["steps"] if resume_from else 0
-    if resume_from is None or changes or step < history_end(run_dir):  # (a resume from before a later line: it is superseded)
+    # a resume from a checkpoint not after the last line (written by the segment before that line's change):
+    # its line at that step supersedes the later ones
+    if resume_from is None or changes or step <= history_end(run_dir):
         record_segment(run_dir, step, changes, cfg.model_dump(mode="json"), fresh=resume_from is None and not restarted)
     write_text(run_dir / "config.yaml", to_yaml(cfg))
     shutil.copyfile(data.folder / "tokenizer.json", run_dir / "tokenizer.json")
