@@ -723,6 +723,14 @@ def test_an_electra_run_draws_its_generator_mlm_on_the_generator_mlm_axis(tmp_pa
     (train,) = drawn["loss_vs_tokens"].axes[0].get_lines()
     assert train.get_label() == "train (generator MLM + 40 x detector BCE)"
     assert list(train.get_ydata()) == [line["loss"] for line in lines]
+    # rtd_weight changed on a resume (50 to step 4, 40 after): the words keep the key's name, not a number
+    segment = {"train": {"objective": "rtd", "rtd": {"rtd_weight": 50.0}}}
+    (folder / "config-history.jsonl").write_text("\n".join(json.dumps(line) for line in [
+        {"step": 0, "changes": {}, "config": segment},
+        {"step": 4, "changes": {"train.rtd.rtd_weight": [50.0, 40.0]}, "config": {"train": {"objective": "rtd", "rtd": {"rtd_weight": 40.0}}}}]))
+    run = load_run_data(folder)
+    assert run.train_task["rtd.rtd_weight"] == "50 → 40 at step 4"
+    assert run.train_loss_words == "generator MLM + rtd_weight x detector BCE"
 
 
 def electra_run(folder: Path, name: str, weight: str | None) -> Path:

@@ -113,7 +113,7 @@ def _same_training(sizes: list[str], budgets: list[str], trained: dict[tuple[str
     return f" ({'; '.join(same)}: the one-step minimum is a batch of batch_size x seq_length tokens)" if same else ""
 
 
-LOSS_WORDS = {"val_loss": "val loss", "train_loss": "train loss", "train_sum": "train loss (a sum of tasks)"}
+LOSS_WORDS = {"val_loss": "val loss", "train_loss": "train loss", "train_sum": "train loss (several tasks')"}
 
 
 def final_loss(run_dir: Path) -> tuple[float | None, str]:
@@ -121,7 +121,7 @@ def final_loss(run_dir: Path) -> tuple[float | None, str]:
     train.validate_sequences held-out sequences, data/heldout.py; the grid's points share data and
     recipe, so the same sequences), else the last train-loss window: of the objective's train curve
     (ELECTRA: its generator's MLM, the task of its held-out loss, not the sum it minimises; "train_sum"
-    where only that sum was logged)."""
+    where only a loss of several tasks was logged: that sum, the hybrid's shares)."""
     run = load_run_data(run_dir)
     val = [m["val_loss"] for m in run.metrics if is_number(m.get("val_loss"))]
     if val:
@@ -132,8 +132,9 @@ def final_loss(run_dir: Path) -> tuple[float | None, str]:
     last = run.summary.get("last_loss")
     if not is_number(last):
         return None, "none"
-    # a sum of tasks (ELECTRA before it logged its generator's MLM) is no point on a task's curve
-    return float(last), "train_sum" if run.train_loss_words else "train_loss"
+    # what the objective minimised, where that is no one task's loss (ELECTRA's sum before it logged its
+    # generator's MLM, the hybrid's masked + causal shares): no point on a task's curve
+    return float(last), "train_sum" if run.objective_config.train_loss != "train" else "train_loss"
 
 
 def final_bpb(run_dir: Path) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -126,14 +127,16 @@ class RunData:
     @property
     def train_loss_words(self) -> str:
         """'generator MLM + 50 x detector BCE': the loss the run minimised in words, where it is not
-        one task's loss (its objective's ``train_loss``); "" otherwise or where a value cannot fill them."""
+        one task's loss (its objective's ``train_loss``; a value the words cannot take, such as one changed
+        on a resume, stays its key's name: 'generator MLM + rtd_weight x detector BCE'); "" for one task's."""
         form = self.objective_config.train_loss
         if form == "train":
             return ""
+        form = form.removeprefix("train: ")
         try:
-            return form.removeprefix("train: ").format(**{k.split(".")[-1]: v for k, v in self.train_task.items()})
-        except (KeyError, ValueError, TypeError):  # a value the words cannot take (changed on a resume, hand-edited)
-            return ""
+            return form.format(**{k.split(".")[-1]: v for k, v in self.train_task.items()})
+        except (KeyError, ValueError, TypeError):  # a value the words cannot take (changed on a resume, hand-edited):
+            return re.sub(r"\{(\w+)(:[^}]*)?\}", r"\1", form)  # the key's name ("rtd_weight x detector BCE")
 
     @cached_property
     def train_task(self) -> dict[str, Any]:
