@@ -183,6 +183,29 @@ def test_beside_an_unfinished_run_a_finished_one_says_finished(tmp_path):
     assert status[1] == "finished" and status[2].startswith("not finished: last logged step 20")
 
 
+def test_a_finished_run_extended_and_cut_off_is_not_finished(tmp_path):
+    """A finished run resumed with a larger budget and killed keeps its old summary.json: the log trained past
+    it, so the run is not finished, its values are the log's "so far" and the old summary is named. A damaged
+    summary.json (not JSON, or not an object) is an error naming the file, not a run whose summary was not written."""
+    import click
+
+    folder = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
+    steps = json.loads((folder / "summary.json").read_text())["steps"]
+    with (folder / "metrics.jsonl").open("a") as f:
+        for line in ({"kind": "finished", "step": steps}, {"kind": "event", "event": "resumed", "step": steps},
+                     {"kind": "train", "step": steps + 12, "t": 0.4, "loss": 7.0, "tokens": 999_999}):
+            f.write(json.dumps(line) + "\n")
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
+    assert rows["Status"].startswith(f"not finished: last logged step {steps + 12}, 40 % of the budget")
+    assert rows["Status"].endswith(f"its summary.json, of step {steps:,}, is from before it trained on")
+    assert rows["Optimizer steps"] == f"{steps + 12} so far" and rows["Tokens trained on"] == "999,999 so far"
+    assert load_run_data(folder).stale_summary["steps"] == steps and not load_run_data(folder).summary
+    for damaged in ('{"steps": 3', "[1, 2]"):
+        (folder / "summary.json").write_text(damaged)
+        with pytest.raises((ValueError, click.ClickException), match="summary.json: .*the file is damaged"):
+            write_report(folder)
+
+
 def test_runs_table_has_labels_and_units_not_raw_keys(tmp_path):
     run = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
     html = write_report(run).read_text()

@@ -194,17 +194,21 @@ def _status(run: RunData) -> str | None:
     where = (f"step {step:,}" if is_number(step) else "no step logged") + (
         f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
     end = next((m for m in reversed(run.log) if m.get("kind") in ("event", "finished")), {})
+    past = ("" if not run.stale_summary else f"; its summary.json, of step {run.stale_summary['steps']:,}, is from before it "
+            "trained on" if is_number(run.stale_summary.get("steps")) else "; its summary.json is from before it trained on")
     if end.get("kind") == "finished":
-        return f"trained to its end ({where}); its summary.json was not written (the save stopped: run it again with --resume auto)"
+        return (f"trained to its end ({where}); its summary.json was not written (the save stopped: run it again with "
+                f"--resume auto){past}")
     if end.get("event") == "failed":
-        return f"failed at {where}: {end.get('error') or 'an error'}"
-    if end.get("event") == "interrupted" and (end.get("step") or 0) >= (step or 0):
+        return f"failed at {where}: {end.get('error') or 'an error'}{past}"
+    stopped_at = end.get("step") if is_number(end.get("step")) else 0
+    if end.get("event") == "interrupted" and stopped_at >= (step if is_number(step) else 0):
         return (f"stopped at {where} ({end.get('signal') or 'a signal'}; checkpoint "
-                f"{Path(str(end.get('checkpoint') or '?')).name}): not finished, --resume auto continues")
+                f"{Path(str(end.get('checkpoint') or '?')).name}): not finished, --resume auto continues{past}")
     path = run.folder / "metrics.jsonl"
     when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if path.is_file() else None
     return (f"not finished: last logged {where}" + (f" (metrics.jsonl written {when})" if when else "")
-            + "; training still, or cut off without a signal")
+            + "; training still, or cut off without a signal" + past)
 
 
 def _so_far(run: RunData, key: str, write: Callable[[Any], str]) -> str | None:

@@ -44,7 +44,8 @@ class RunData:
     config: dict[str, Any] = field(default_factory=dict)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # the run as it stands (segments.current_lines)
     log: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl's every line, superseded ones too
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # {} where absent or older than the log (stale_summary)
+    stale_summary: dict[str, Any] = field(default_factory=dict)  # summary.json of a finish the run trained on from
     eval: dict[str, Any] = field(default_factory=dict)
     eval_untrained: dict[str, Any] = field(default_factory=dict)  # the untrained twin's eval.json
     pipeline: dict[str, Any] = field(default_factory=dict)
@@ -340,11 +341,29 @@ def _read_text(path: Path) -> str:
 
 
 def _json(path: Path) -> dict[str, Any]:
+    """A run's JSON file ({} where absent); one that is not a JSON object is an error naming it (cramlm
+    writes them whole, through a rename: such a file was damaged after)."""
     try:
         data = json.loads(_read_text(path))
-    except (FileNotFoundError, json.JSONDecodeError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno}): the file is damaged") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a JSON {type(data).__name__}, not the object cramlm writes: the file is damaged")
+    return data
+
+
+def trained_past(summary: dict[str, Any], log: list[dict[str, Any]], current: list[dict[str, Any]]) -> bool:
+    """Whether the run trained on after the finish its summary.json describes (a finished run resumed with a
+    larger budget and cut off): train or validation lines after the log's last "finished" line, or (a log
+    from before those lines) a current step past the summary's."""
+    trained = ("train", "val")
+    finished = [i for i, m in enumerate(log) if m.get("kind") == "finished"]
+    if finished:
+        return any(m.get("kind", "train") in trained for m in log[finished[-1] + 1:])
+    steps = [m["step"] for m in current if m.get("kind", "train") in trained and is_number(m.get("step"))]
+    return is_number(summary.get("steps")) and bool(steps) and max(steps) > summary["steps"]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -375,13 +394,16 @@ def load_run_data(folder: str | Path) -> RunData:
         loaded = safe_load_text(_read_text(folder / "config.yaml"), str(folder / "config.yaml"))
         config = loaded if isinstance(loaded, dict) else {}
     log = read_metrics(folder / "metrics.jsonl")
+    summary, metrics = _json(folder / "summary.json"), current_lines(log)
+    stale = summary if summary and trained_past(summary, log, metrics) else {}
     run = RunData(
         folder=folder,
         name=str(config.get("name") or folder.name),
         config=config,
-        metrics=current_lines(log),
+        metrics=metrics,
         log=log,
-        summary=_json(folder / "summary.json"),
+        summary={} if stale else summary,
+        stale_summary=stale,
         eval=_json(folder / "eval.json"),
         eval_untrained=_json(folder / "eval-untrained.json"),
         pipeline=_json(folder / "pipeline.json"),
