@@ -822,8 +822,18 @@ def test_a_masking_rate_changed_on_a_resume_labels_the_run_with_both(tmp_path, m
     (runs["changed"] / "config-history.jsonl").write_text(history.replace("\n{torn", "\n" + json.dumps(went_back) + "\n" + json.dumps(again)))
     (runs["changed"] / "config.yaml").write_text((runs["changed"] / "config.yaml").read_text().replace("0.15", "0.4"))
     assert load_run_data(runs["changed"]).train_task == {"mlm_probability": "0.15 → 0.4 at step 1,500"}
+    for step in ("x", None, True, -5):  # a hand-edited step: that line is no segment, the others stand
+        odd = {"step": step, "changes": {}, "config": {**segment, "train": {"mlm_probability": 0.4}}}
+        (runs["changed"] / "config-history.jsonl").write_text(history.replace("\n{torn", "\n" + json.dumps(odd)))
+        assert load_run_data(runs["changed"]).train_task == {"mlm_probability": "0.15 → 0.4 at step 1,200"}, step
     (runs["changed"] / "config-history.jsonl").write_text(history)
     assert load_run_data(runs["m40"]).train_task == {"mlm_probability": 0.4}  # no history: its config.yaml
+    config, text = runs["m40"] / "config.yaml", (runs["m40"] / "config.yaml").read_text()
+    for damaged, key in (("arch: 5", "arch"), ("train: [1, 2]", "train"), ("train: {optim: 0.1}", "train.optim")):
+        config.write_text(damaged + "\n")
+        with pytest.raises(ValueError, match=rf"config.yaml: {key} is .*, not a mapping of its settings"):
+            load_run_data(runs["m40"])
+    config.write_text(text)
 
     drawn = {}
     save = plots.save

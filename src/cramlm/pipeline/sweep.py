@@ -298,7 +298,8 @@ def fit_points(points: list[dict[str, Any]], fitting: bool) -> tuple[dict | None
     if len(kinds := {p["loss_kind"] for p in points}) > 1:  # e.g. a point of an older sweep without val_loss
         why = ("the points' final losses are of different kinds ("
                + ", ".join(f"{p['size']}-{p['budget']} {p['loss_kind']}" for p in points) + "): not fitted or ranked; "
-               + "re-run the points so each logs the same kind (train.validate_sequences > 0: val_loss)")
+               + "train them again so each logs one kind (a finished point is skipped: delete the odd points' folders, "
+               + "or add force=[pretrain] for every point; train.validate_sequences > 0 logs val_loss)")
         return None, None, {"fit": why, "fit_nd": why, "loss_kinds": ", ".join(sorted(kinds))}
     if not fitting:
         errors["fit"] = "one wall-clock budget: a comparison of shapes at equal compute, not fitted"

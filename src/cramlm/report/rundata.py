@@ -149,9 +149,9 @@ class RunData:
         keys = self.objective_config.train_loss_keys
         segments: list[tuple[Any, dict]] = []
         for line in self.history:  # a line at step s replaces the lines from s on (a resume from an older checkpoint)
-            if isinstance(line.get("config"), dict):
-                step = line.get("step")
-                segments = [(s, c) for s, c in segments if is_number(s) and is_number(step) and s < step] + [(step, line["config"])]
+            step = line.get("step")
+            if isinstance(line.get("config"), dict) and is_number(step) and step >= 0:  # (a hand-edited step: no line)
+                segments = [(s, c) for s, c in segments if s < step] + [(step, line["config"])]
         tasks = [(step, self._train_task_of(config, keys)) for step, config in segments]
         now = self._train_task_of(self.config, keys)
         if not tasks or (self.config and any(not same_value(tasks[-1][1][k], now[k]) for k in keys)):
@@ -381,6 +381,19 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
+SECTIONS = ("arch", "data", "train", "impl", "eval", "train.optim", "train.budget", "train.rtd", "train.hybrid", "data.tokenizer")
+
+
+def check_sections(config: dict[str, Any], path: Path) -> None:
+    """A run's config.yaml whose groups are not mappings (``arch: 5``: hand-edited) is an error naming the key."""
+    for key in SECTIONS:
+        value: Any = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{path}: {key} is {value!r}, not a mapping of its settings: the file is damaged")
+
+
 def load_run_data(folder: str | Path) -> RunData:
     folder = Path(folder)
     if not folder.is_dir():
@@ -393,6 +406,7 @@ def load_run_data(folder: str | Path) -> RunData:
 
         loaded = safe_load_text(_read_text(folder / "config.yaml"), str(folder / "config.yaml"))
         config = loaded if isinstance(loaded, dict) else {}
+        check_sections(config, folder / "config.yaml")
     log = read_metrics(folder / "metrics.jsonl")
     summary, metrics = _json(folder / "summary.json"), current_lines(log)
     stale = summary if summary and trained_past(summary, log, metrics) else {}

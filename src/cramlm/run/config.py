@@ -131,14 +131,17 @@ class PretrainConfig(Config):
         name = run_objective_name(self)
         objective, arch = config_class("objective", name), type(self.arch).objective
 
+        def types(o) -> tuple[str, ...] | None:  # (a plugin's "crammed-bert" for ("crammed-bert",))
+            return (o.arch_types,) if isinstance(o.arch_types, str) else o.arch_types
+
         def trains(o) -> bool:
-            return o.arch_kind == arch and (o.arch_types is None or self.arch.type in o.arch_types)
+            return o.arch_kind == arch and (types(o) is None or self.arch.type in types(o))
 
         if not trains(objective):
             if objective.arch_kind != arch:
                 needs, has = ("a masked LM", "causal") if objective.arch_kind == "mlm" else ("a causal LM", "a masked LM")
             else:
-                needs, has = " or ".join(f"arch.type={t}" for t in objective.arch_types), "not"
+                needs, has = " or ".join(f"arch.type={t}" for t in types(objective)), "not"
             fits = [n for n in names("objective") if trains(config_class("objective", n))]
             raise ValueError(f"train.objective={name} ({objective.title}) needs {needs}; arch.type={self.arch.type} is {has} "
                              f"(its objectives: {', '.join(f'train.objective={n}' for n in fits)})")
