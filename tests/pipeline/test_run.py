@@ -390,7 +390,9 @@ def test_a_run_cut_off_in_pretraining_continues_when_run_again_and_refuses_anoth
 
     args = ["default", *[a for a in TINY_RUN if not a.startswith("budget=")], "budget=null", "train.budget.steps=6", "train.log_every=1",
             "train.checkpoint_every=2", "stages=[data,pretrain]"]
-    cramlm("run", *args, "name=whole", cwd=tmp_path)
+    out = cramlm("run", *args, "name=whole", cwd=tmp_path)
+    assert "cramlm run: finished (no report stage: cramlm report outputs/whole)" in out  # no report.html is claimed
+    assert not (tmp_path / "outputs" / "whole" / "report.html").exists()
     killed_after_step(5, ['run', *args, 'name=cut'], cwd=tmp_path)
     run = tmp_path / "outputs" / "cut"
     assert read_record(run)["stages"]["pretrain"]["status"] == "running"
