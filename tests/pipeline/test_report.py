@@ -191,10 +191,24 @@ def test_a_finished_run_extended_and_cut_off_is_not_finished(tmp_path):
 
     folder = demo_like_run(tmp_path / "r", {"sst": ("accuracy", 0.608, 0.556)})
     steps = json.loads((folder / "summary.json").read_text())["steps"]
-    with (folder / "metrics.jsonl").open("a") as f:
-        for line in ({"kind": "finished", "step": steps}, {"kind": "event", "event": "resumed", "step": steps},
-                     {"kind": "train", "step": steps + 12, "t": 0.4, "loss": 7.0, "tokens": 999_999}):
-            f.write(json.dumps(line) + "\n")
+    log = (folder / "metrics.jsonl").read_text()
+
+    def logged(*lines) -> None:
+        (folder / "metrics.jsonl").write_text(log + "".join(json.dumps(line) + "\n" for line in lines))
+
+    # resumed at its own budget (to write a summary again) and cut off after re-validating: no step trained past it
+    logged({"kind": "finished", "step": steps}, {"kind": "event", "event": "resumed", "step": steps},
+           {"kind": "val", "step": steps, "val_loss": 7.5})
+    assert load_run_data(folder).summary["steps"] == steps and not load_run_data(folder).stale_summary
+    # extended, trained to its new end, and its new summary not written (the save stopped)
+    logged({"kind": "finished", "step": steps}, {"kind": "train", "step": steps + 5, "t": 1.0, "loss": 7.0},
+           {"kind": "finished", "step": steps + 5})
+    rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
+    assert rows["Status"].startswith(f"trained to its end (step {steps + 5}, 100 % of the budget); its summary.json was not written")
+    assert rows["Status"].endswith(f"the one there is of step {steps:,}")
+    # extended and cut off
+    logged({"kind": "finished", "step": steps}, {"kind": "event", "event": "resumed", "step": steps},
+           {"kind": "train", "step": steps + 12, "t": 0.4, "loss": 7.0, "tokens": 999_999})
     rows = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td>", section(write_report(folder).read_text(), "Runs")))
     assert rows["Status"].startswith(f"not finished: last logged step {steps + 12}, 40 % of the budget")
     assert rows["Status"].endswith(f"its summary.json, of step {steps:,}, is from before it trained on")

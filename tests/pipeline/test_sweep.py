@@ -260,5 +260,8 @@ def test_points_with_losses_of_different_kinds_are_neither_fitted_nor_ranked():
     assert "different kinds" in errors["fit"] and "b-4x train_sum" in errors["fit"] and "a-1x val_loss" in errors["fit_nd"]
     assert errors["loss_kinds"] == "train_sum, val_loss"
     assert "22.0000 (train_sum)" in table(mixed, None) and "(val_loss)" not in table(same, None)
-    _, _, errors = fit_points([{**p, "budget": "1h"} for p in mixed[2:]], fitting=False)
-    assert "different kinds" in errors["fit"] and all("vs_best" not in p for p in mixed)
+    one_budget = [{**p, "budget": "1h"} for p in mixed[3:]]  # b's three points, one of another kind
+    _, _, errors = fit_points(one_budget, fitting=False)
+    assert "different kinds" in errors["fit"] and all("vs_best" not in p for p in one_budget)  # not ranked
+    _, _, errors = fit_points(same[3:], fitting=False)
+    assert "loss_kinds" not in errors and all("vs_best" in p for p in same[3:])

@@ -63,7 +63,8 @@ def run_command(list_: bool, show: bool, resume: str | None, allow_change: tuple
     run_or_exit(run_pipeline, cfg, Path(recipe).stem)
     if "eval" in cfg.stages and (summary := results_summary(cfg)):
         click.echo("\n" + summary)
-    wrote = f"; report: {cfg.run_dir / 'report.html'}" if "report" in cfg.stages else f" (no report stage: cramlm report {cfg.run_dir})"
+    wrote = (f"; report: {cfg.run_dir / 'report.html'}" if "report" in cfg.stages
+             else f" (no report stage: cramlm report {cfg.run_dir})" if "pretrain" in cfg.stages else "")
     click.echo(f"cramlm run: finished{wrote}")
 
 

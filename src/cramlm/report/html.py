@@ -197,8 +197,9 @@ def _status(run: RunData) -> str | None:
     past = ("" if not run.stale_summary else f"; its summary.json, of step {run.stale_summary['steps']:,}, is from before it "
             "trained on" if is_number(run.stale_summary.get("steps")) else "; its summary.json is from before it trained on")
     if end.get("kind") == "finished":
+        there = f"; the one there is of step {run.stale_summary['steps']:,}" if is_number(run.stale_summary.get("steps")) else ""
         return (f"trained to its end ({where}); its summary.json was not written (the save stopped: run it again with "
-                f"--resume auto){past}")
+                f"--resume auto){there}")
     if end.get("event") == "failed":
         return f"failed at {where}: {end.get('error') or 'an error'}{past}"
     stopped_at = end.get("step") if is_number(end.get("step")) else 0

@@ -355,15 +355,18 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def trained_past(summary: dict[str, Any], log: list[dict[str, Any]], current: list[dict[str, Any]]) -> bool:
-    """Whether the run trained on after the finish its summary.json describes (a finished run resumed with a
-    larger budget and cut off): train or validation lines after the log's last "finished" line, or (a log
-    from before those lines) a current step past the summary's."""
-    trained = ("train", "val")
+    """Whether summary.json describes an earlier finish than the run as it stands (a finished run resumed
+    with a larger budget, cut off or with its new summary not written): train lines after the log's last
+    "finished" line (a resume at its own budget re-validates but trains no step), or that line at another
+    step than the summary's; a log from before those lines: a current train step past the summary's."""
+    steps = summary.get("steps")
     finished = [i for i, m in enumerate(log) if m.get("kind") == "finished"]
     if finished:
-        return any(m.get("kind", "train") in trained for m in log[finished[-1] + 1:])
-    steps = [m["step"] for m in current if m.get("kind", "train") in trained and is_number(m.get("step"))]
-    return is_number(summary.get("steps")) and bool(steps) and max(steps) > summary["steps"]
+        last = log[finished[-1]]
+        return (any(m.get("kind", "train") == "train" for m in log[finished[-1] + 1:])
+                or (is_number(last.get("step")) and is_number(steps) and last["step"] != steps))
+    trained = [m["step"] for m in current if m.get("kind", "train") == "train" and is_number(m.get("step"))]
+    return is_number(steps) and bool(trained) and max(trained) > steps
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
