@@ -194,10 +194,11 @@ def _status(run: RunData) -> str | None:
     where = (f"step {step:,}" if is_number(step) else "no step logged") + (
         f", {100 * last['t']:.0f} % of the budget" if is_number(last.get("t")) else "")
     end = next((m for m in reversed(run.log) if m.get("kind") in ("event", "finished")), {})
-    past = ("" if not run.stale_summary else f"; its summary.json, of step {run.stale_summary['steps']:,}, is from before it "
-            "trained on" if is_number(run.stale_summary.get("steps")) else "; its summary.json is from before it trained on")
+    old = run.stale_summary.get("steps")  # the step of a summary.json from before the run trained on
+    of_step = f", of step {old:,}," if is_number(old) else ""
+    past = f"; its summary.json{of_step} is from before it trained on" if run.stale_summary else ""
     if end.get("kind") == "finished":
-        there = f"; the one there is of step {run.stale_summary['steps']:,}" if is_number(run.stale_summary.get("steps")) else ""
+        there = f"; the one there is of step {old:,}" if is_number(old) else ""
         return (f"trained to its end ({where}); its summary.json was not written (the save stopped: run it again with "
                 f"--resume auto){there}")
     if end.get("event") == "failed":
